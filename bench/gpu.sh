@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Both reference ladders of DESIGN.md on one CUDA GPU, in under 8 minutes:
+#   small GPT  (d2l-512, The Time Machine, T=128, B=64, batch-up to 512)
+#   GPT-2 124M (gpt2-124m, Tiny Shakespeare, B=16, T=1024, batch-up x4)
+# Results land in ${OUT:-bench/out}/<ladder>/<timestamp>/ (results.json, waterfall.png, log).
+# Each ladder is capped with SIGINT, which speedladder turns into "interrupted, results kept".
+#
+#   bash bench/gpu.sh           on a CUDA machine, from the source tree, installing nothing
+#   bash bench/gpu.sh --smoke   the same script on tiny shapes, on any device, in about a minute
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/out}
+PY=${PYTHON:-python3}
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+ladder() {  # ladder NAME SECONDS ARGS...: one speedladder run, its log kept beside its results
+  local name=$1 limit=$2
+  shift 2
+  mkdir -p "$OUT/$name"
+  echo "== $name: speedladder run $*"
+  local rc=0
+  timeout --signal=INT --kill-after=30 "$limit" "$PY" -m speedladder run --out "$OUT/$name" "$@" \
+    2>&1 | tee "$OUT/$name/log.txt" || rc=$?
+  echo "== $name: exit $rc"
+}
+
+if [[ "${1:-}" == "--smoke" ]]; then
+  ladder small 120 --preset tiny --steps 3 --loss-steps 5 --learns-steps 60
+  ladder gpt2 120 --preset tiny --data tinyshakespeare --tokenizer gpt2 --rungs eager,bf16,batch,ckpt \
+    --steps 2 --loss-steps 5 --learns-steps 20 --learns-min-drop 0.05
+else
+  { nvidia-smi || true; "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } \
+    > "$OUT/environment.txt" 2>&1
+  ladder small 230 --preset d2l-512
+  ladder gpt2 230 --preset gpt2-124m --data tinyshakespeare --batch-size 16 --seq-len 1024 \
+    --loss-steps 10 --learns-steps 150
+fi
+
+"$PY" bench/summary.py "$OUT"/small/*/results.json "$OUT"/gpt2/*/results.json

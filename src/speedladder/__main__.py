@@ -1,0 +1,5 @@
+import sys
+
+from speedladder.cli import main
+
+sys.exit(main())

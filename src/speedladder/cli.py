@@ -1,0 +1,163 @@
+"""The command line: parse, build, run, always leave a readable result behind.
+
+Every default shown by --help is read from the config dataclasses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from speedladder import __version__
+from speedladder.config import SETUPS, SOURCE_LADDER, GateConfig, RunConfig, TimingConfig, default
+from speedladder.errors import UsageError
+from speedladder.model import PRESETS
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _rungs(text: str) -> tuple[str, ...]:
+    return tuple(r.strip() for r in text.split(",") if r.strip())
+
+
+def _presets_help() -> str:
+    return ", ".join(f"{name} (B={s.batch_size}, T={s.seq_len}, {s.corpus})" for name, s in SETUPS.items())
+
+
+def add_workload_flags(p: argparse.ArgumentParser) -> None:
+    """Model, data, device and timing flags, shared by the commands that train."""
+    p.add_argument("--preset", choices=list(PRESETS), metavar="NAME",
+                   help=f"model and workload: {_presets_help()}. Default: d2l-512 on CUDA, "
+                        "d2l-cpu (scaled down to finish in minutes) elsewhere")
+    p.add_argument("--data", metavar="NAME|PATH",
+                   help="embedded corpus (timemachine, tinyshakespeare) or a UTF-8 text file. "
+                        "Default: the preset's corpus")
+    p.add_argument("--tokenizer", choices=["char", "gpt2"],
+                   help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks. Default: the preset's")
+    p.add_argument("--batch-size", type=int, metavar="B", help="sequences per step. Default: the preset's")
+    p.add_argument("--seq-len", type=int, metavar="T", help="tokens per sequence. Default: the preset's")
+    p.add_argument("--device", default=default(RunConfig, "device"),
+                   help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps. Default: %(default)s")
+    p.add_argument("--steps", type=int, metavar="N", help="steps per timed window. Default: the preset's")
+    p.add_argument("--windows", type=int, default=default(TimingConfig, "windows"), metavar="W",
+                   help="timed windows per rung, at least 3. Default: %(default)s")
+    p.add_argument("--warmup", type=int, metavar="N",
+                   help="compile-free warm-up steps before timing. Default: the preset's")
+    p.add_argument("--max-warmup", type=int, default=default(TimingConfig, "max_warmup"), metavar="N",
+                   help="stop waiting for compilation to settle after this many steps. Default: %(default)s")
+    p.add_argument("--lr", type=float, default=default(RunConfig, "lr"),
+                   help="AdamW learning rate. Default: %(default)s")
+    p.add_argument("--seed", type=int, default=default(RunConfig, "seed"),
+                   help="seed of the initial weights and the batches. Default: %(default)s")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="speedladder",
+                    description="Measure transformer training honestly, then climb a ladder of speed "
+                                "techniques one measured, verified rung at a time.")
+    parser.add_argument("--version", action="version", version=f"speedladder {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser("run", help="climb the ladder and write runs/<timestamp>/",
+                         description="Climb the ladder: time every rung in windows, check it still computes "
+                                     "the same function and still learns, print the table, write results.json "
+                                     "and waterfall.png.")
+    add_workload_flags(run)
+    run.add_argument("--rungs", type=_rungs, default=default(RunConfig, "rungs"), metavar="A,B,C",
+                     help=f"rungs in order, each building on the last that passed. Default: {','.join(SOURCE_LADDER)}")
+    run.add_argument("--batch-multiplier", type=int, metavar="K",
+                     help="the batch rung multiplies the batch by K. Default: the preset's")
+    run.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
+                     help="parent folder of the run folder DIR/<timestamp>/. Default: %(default)s")
+    run.add_argument("--peak-tflops", type=float, metavar="X",
+                     help="peak TFLOP/s for MFU, e.g. a measured bf16 ceiling. Default: the vendor table "
+                          "for known GPUs, none (MFU n/a) elsewhere")
+    gates = GateConfig()
+    run.add_argument("--loss-steps", type=int, default=gates.loss_steps, metavar="K",
+                     help="steps over the same first K batches compared with eager fp32. Default: %(default)s")
+    run.add_argument("--loss-band", type=float, default=gates.loss_band, metavar="F",
+                     help="largest allowed relative loss difference from eager fp32. Default: %(default)s")
+    run.add_argument("--learns-steps", type=int, default=gates.learns_steps, metavar="N",
+                     help="steps of the final learns-check; 0 skips it. Default: %(default)s")
+    run.add_argument("--learns-min-drop", type=float, default=gates.learns_min_drop, metavar="F",
+                     help="the learns-check's loss must fall by this fraction. Default: %(default)s")
+    run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+    report = sub.add_parser("report", help="print the table and redraw waterfall.png from a run folder",
+                            description="Read RUN_DIR/results.json, print its table and redraw its waterfall.png.")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or its results.json)")
+    return parser
+
+
+def run_config(args: argparse.Namespace) -> RunConfig:
+    return RunConfig(
+        preset=args.preset, data=args.data, tokenizer=args.tokenizer, batch_size=args.batch_size,
+        seq_len=args.seq_len, batch_multiplier=args.batch_multiplier, rungs=args.rungs, device=args.device,
+        lr=args.lr, seed=args.seed, out=args.out, peak_tflops=args.peak_tflops,
+        timing=TimingConfig(steps=args.steps, windows=args.windows, warmup=args.warmup,
+                            max_warmup=args.max_warmup),
+        gates=GateConfig(loss_steps=args.loss_steps, loss_band=args.loss_band, learns_steps=args.learns_steps,
+                         learns_min_drop=args.learns_min_drop),
+    )
+
+
+def finish(run_dir: Path) -> None:
+    """Print the table and draw the waterfall from the saved file, so all three agree."""
+    from speedladder import report, results
+
+    saved = results.load(run_dir)
+    report.print_report(saved)
+    png = report.waterfall(saved, run_dir / report.WATERFALL)
+    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from speedladder import results
+    from speedladder.ladder import Ladder, prepare
+    from speedladder.progress import Progress
+
+    progress = Progress(quiet=args.quiet)
+    work = prepare(run_config(args))
+    if work.cfg.preset_note:
+        progress(work.cfg.preset_note)
+    run_dir = results.new_run_dir(work.cfg.out)
+    progress(f"{work.cfg.preset}: {work.params:,} parameters on {work.device}; "
+             f"{work.corpus.n_tokens:,} tokens of {work.corpus.source}; writing {run_dir}")
+    ladder = Ladder(work, run_dir, progress)
+    try:
+        ladder.run()
+    except KeyboardInterrupt:
+        finish(run_dir)
+        print("interrupted: the rungs measured before the stop are kept", file=sys.stderr)
+        return 130
+    finish(run_dir)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from speedladder import report, results
+
+    saved = results.load(args.run_dir)
+    report.print_report(saved)
+    run_dir = Path(args.run_dir)
+    run_dir = run_dir if run_dir.is_dir() else run_dir.parent
+    print(f"waterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "report": cmd_report}[args.command](args)
+    except UsageError as e:
+        print(f"speedladder: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("speedladder: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,220 @@
+"""Configuration dataclasses: the one place where defaults live.
+
+The command line maps its flags onto these; `--help` shows these defaults.
+`resolve` turns a RunConfig (with "use the preset's" left as None) into a
+Resolved one in which every value is concrete; that is what results.json keeps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+from speedladder.errors import UsageError
+from speedladder.model import PRESETS, GPTConfig
+
+# The source text's ladder, R0..R4.
+SOURCE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "ckpt")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """The workload a preset is measured on unless flags say otherwise."""
+
+    corpus: str
+    tokenizer: str
+    batch_size: int
+    seq_len: int
+    batch_multiplier: int  # R3 multiplies the batch by this
+    steps_per_window: int
+    warmup_steps: int  # warm-up steps with no compilation needed before timing starts
+
+
+SETUPS: dict[str, Setup] = {
+    # The d2l-style source: T=128, B=64, batch-up to 512.
+    "d2l-512": Setup("timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8,
+                     steps_per_window=20, warmup_steps=5),
+    "d2l-256": Setup("timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8,
+                     steps_per_window=20, warmup_steps=5),
+    # Sized so `speedladder run` on 2 CPU cores ends within 5 minutes, compiles included.
+    "d2l-cpu": Setup("timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4,
+                     steps_per_window=8, warmup_steps=2),
+    # The nanoGPT-style source: B=16, T=1024. x4 batch-up keeps the fp32 control's logits in memory.
+    "gpt2-124m": Setup("tinyshakespeare", "gpt2", batch_size=16, seq_len=1024, batch_multiplier=4,
+                       steps_per_window=10, warmup_steps=3),
+    "tiny": Setup("timemachine", "char", batch_size=4, seq_len=32, batch_multiplier=2,
+                  steps_per_window=3, warmup_steps=1),
+}
+
+CUDA_DEFAULT_PRESET = "d2l-512"
+FALLBACK_PRESET = "d2l-cpu"  # without CUDA the reference setup would take far longer than a few minutes
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How each rung is timed (DESIGN.md, rules 2-4)."""
+
+    steps: int | None = None  # steps per timed window; None: the preset's
+    windows: int = 3  # timed windows per rung; every window's time is kept
+    warmup: int | None = None  # compile-free steps before timing; None: the preset's
+    max_warmup: int = 50  # give up waiting for compilation to settle after this many steps
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """Correctness gates (DESIGN.md, rule 7)."""
+
+    loss_steps: int = 20  # K: steps over the same first K batches compared with eager fp32
+    loss_band: float = 0.02  # a rung's loss may differ from eager fp32's by this fraction at any of those steps
+    learns_steps: int = 300  # length of the final learns-check; 0 skips it
+    learns_min_drop: float = 0.10  # the learns-check passes if the loss falls by at least this fraction
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What the user asked for. None means "the preset's" (see SETUPS)."""
+
+    preset: str | None = None  # None: d2l-512 on CUDA, d2l-cpu elsewhere
+    data: str | None = None  # an embedded corpus name or a path to a UTF-8 text file
+    tokenizer: str | None = None  # "char" or "gpt2"
+    batch_size: int | None = None
+    seq_len: int | None = None
+    batch_multiplier: int | None = None
+    rungs: tuple[str, ...] = SOURCE_LADDER
+    device: str = "auto"  # "auto": CUDA, else MPS, else CPU
+    lr: float = 1e-3  # AdamW, as in the sources
+    seed: int = 0
+    out: str = "runs"  # each run writes runs/<timestamp>/
+    peak_tflops: float | None = None  # override the peak table for MFU (e.g. a measured bf16 ceiling)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    gates: GateConfig = field(default_factory=GateConfig)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Every value concrete: what a run actually does."""
+
+    preset: str
+    preset_note: str | None  # why this preset was chosen, when the user did not choose it
+    model: GPTConfig
+    data: str
+    tokenizer: str
+    batch_size: int
+    seq_len: int
+    batch_multiplier: int
+    rungs: tuple[str, ...]
+    device: str
+    lr: float
+    seed: int
+    out: str
+    peak_tflops: float | None
+    steps: int
+    windows: int
+    warmup: int
+    max_warmup: int
+    gates: GateConfig
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def with_vocab(self, vocab_size: int) -> Resolved:
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
+
+
+def default(cls: type, name: str):
+    """The default of a dataclass field: lets the CLI show it without repeating it."""
+    f = cls.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(requested)
+    except RuntimeError:
+        raise UsageError(f"unknown device {requested!r} (use auto, cpu, cuda, cuda:N or mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {requested} asked for, but no CUDA device is available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"device {requested} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("device mps asked for, but MPS is not available")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"unsupported device type {dev.type!r} (use cpu, cuda or mps)")
+    return dev
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise UsageError(f"{name} must be positive, got {value}")
+
+
+def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] = ()) -> Resolved:
+    """Fill every "the preset's" with a value and check the result.
+
+    The model keeps its preset's vocabulary here; the caller sets the
+    tokenizer's with `with_vocab` once the corpus is loaded.
+    """
+    note = None
+    preset = cfg.preset
+    if preset is None:
+        preset = CUDA_DEFAULT_PRESET if device.type == "cuda" else FALLBACK_PRESET
+        if device.type != "cuda":
+            m = PRESETS[preset]
+            note = (f"no CUDA device: using the scaled-down preset {preset} (width {m.n_embd}, "
+                    f"{m.n_layer} blocks) so the ladder ends within minutes; "
+                    f"--preset {CUDA_DEFAULT_PRESET} gives the reference setup")
+    if preset not in PRESETS:
+        raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    setup = SETUPS[preset]
+    t = cfg.timing
+
+    batch_size = cfg.batch_size if cfg.batch_size is not None else setup.batch_size
+    seq_len = cfg.seq_len if cfg.seq_len is not None else setup.seq_len
+    mult = cfg.batch_multiplier if cfg.batch_multiplier is not None else setup.batch_multiplier
+    steps = t.steps if t.steps is not None else setup.steps_per_window
+    warmup = t.warmup if t.warmup is not None else setup.warmup_steps
+    for name, value in (("batch size", batch_size), ("sequence length", seq_len),
+                        ("batch multiplier", mult), ("steps per window", steps),
+                        ("learning rate", cfg.lr), ("loss-band steps", cfg.gates.loss_steps),
+                        ("loss band", cfg.gates.loss_band), ("max warm-up", t.max_warmup)):
+        _positive(name, value)
+    for name, value in (("warm-up steps", warmup), ("learns-check steps", cfg.gates.learns_steps),
+                        ("learns-check minimum drop", cfg.gates.learns_min_drop)):
+        if value < 0:
+            raise UsageError(f"{name} must be zero or more, got {value}")
+    if t.windows < 3:
+        raise UsageError(f"at least 3 timed windows are needed for a median and a spread, got {t.windows}")
+    if cfg.peak_tflops is not None:
+        _positive("peak TFLOP/s", cfg.peak_tflops)
+    model = PRESETS[preset]
+    if seq_len > model.block_size:
+        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
+
+    rungs = tuple(cfg.rungs)
+    if not rungs:
+        raise UsageError("no rungs given")
+    unknown = [r for r in rungs if r not in known_rungs]
+    if known_rungs and unknown:
+        raise UsageError(f"unknown rung {unknown[0]!r} (choose from {', '.join(known_rungs)})")
+    if len(set(rungs)) != len(rungs):
+        raise UsageError(f"a rung is listed twice in {','.join(rungs)}")
+    if "eager" in rungs and rungs[0] != "eager":
+        raise UsageError("eager is the baseline: it can only be the first rung")
+
+    return Resolved(
+        preset=preset, preset_note=note, model=model,
+        data=cfg.data if cfg.data is not None else setup.corpus,
+        tokenizer=cfg.tokenizer if cfg.tokenizer is not None else setup.tokenizer,
+        batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, rungs=rungs,
+        device=str(device), lr=cfg.lr, seed=cfg.seed, out=cfg.out, peak_tflops=cfg.peak_tflops,
+        steps=steps, windows=t.windows, warmup=warmup, max_warmup=t.max_warmup, gates=cfg.gates,
+    )

@@ -1,0 +1,183 @@
+"""Embedded corpora, the two tokenizers, and a batch stream of fixed shape.
+
+Nothing on a default path touches the network: the corpora and the GPT-2 ranks
+ship inside the package (data/), and tiktoken is built from the local ranks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from speedladder.errors import UsageError
+
+EMBEDDED_CORPORA = ("timemachine", "tinyshakespeare")
+TOKENIZERS = ("char", "gpt2")
+
+# GPT-2's split pattern, for tiktoken releases that do not carry it as r50k_pat_str.
+_GPT2_PAT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+_GPT2_EOT = 50256
+
+
+def data_file(name: str) -> Path:
+    """Path of a file shipped in speedladder/data."""
+    return Path(str(resources.files("speedladder").joinpath("data").joinpath(name)))
+
+
+def load_text(source: str) -> str:
+    """Text of an embedded corpus (by name) or of a UTF-8 file (by path)."""
+    path = data_file(f"{source}.txt") if source in EMBEDDED_CORPORA else Path(source)
+    if not path.is_file():
+        raise UsageError(f"data file not found: {source} "
+                         f"(embedded corpora: {', '.join(EMBEDDED_CORPORA)})")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"data file {source} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise UsageError(f"cannot read data file {source}: {e.strerror}") from None
+    if not text.strip():
+        raise UsageError(f"data file {source} is empty")
+    return text
+
+
+class Tokenizer(Protocol):
+    name: str
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class CharTokenizer:
+    """d2l's character-level tokenizer: lower-case, every run of non-letters -> one space.
+
+    As d2l's read_time_machine does, each line is preprocessed and stripped, and
+    the lines are concatenated (The Time Machine -> 170,580 characters). The
+    vocabulary is fixed (unknown, space, a..z: 28 symbols), so it does not depend
+    on the corpus; after the preprocessing nothing maps to unknown.
+    """
+
+    name = "char"
+    symbols = ("<unk>", " ", *"abcdefghijklmnopqrstuvwxyz")
+    vocab_size = len(symbols)
+
+    def __init__(self) -> None:
+        self._index = {s: i for i, s in enumerate(self.symbols)}
+
+    @staticmethod
+    def preprocess(text: str) -> str:
+        return "".join(re.sub("[^A-Za-z]+", " ", line).strip().lower() for line in text.splitlines())
+
+    def encode(self, text: str) -> list[int]:
+        return [self._index.get(c, 0) for c in self.preprocess(text)]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.symbols[i] if i > 0 else "?" for i in ids)
+
+
+class GPT2Tokenizer:
+    """GPT-2 byte-pair encoding through tiktoken, built from the shipped ranks (no download)."""
+
+    name = "gpt2"
+    vocab_size = 50257
+
+    def __init__(self) -> None:
+        import tiktoken
+        from tiktoken.load import load_tiktoken_bpe
+        from tiktoken_ext import openai_public
+
+        ranks = load_tiktoken_bpe(str(data_file("gpt2.tiktoken")))
+        self._enc = tiktoken.Encoding(
+            name="gpt2-speedladder",
+            # tiktoken >= 0.8 ships an equivalent pattern with possessive quantifiers (faster).
+            pat_str=getattr(openai_public, "r50k_pat_str", _GPT2_PAT),
+            mergeable_ranks=ranks,
+            special_tokens={"<|endoftext|>": _GPT2_EOT},
+        )
+
+    def encode(self, text: str) -> list[int]:
+        # Ordinary: text that happens to contain "<|endoftext|>" is encoded as text, not refused.
+        return self._enc.encode_ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
+
+
+def get_tokenizer(name: str) -> Tokenizer:
+    if name == "char":
+        return CharTokenizer()
+    if name == "gpt2":
+        return GPT2Tokenizer()
+    raise UsageError(f"unknown tokenizer {name!r} (choose from {', '.join(TOKENIZERS)})")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    source: str
+    tokenizer: str
+    vocab_size: int
+    tokens: torch.Tensor  # (N,) int64 on the host
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+
+def load_corpus(source: str, tokenizer_name: str) -> Corpus:
+    tok = get_tokenizer(tokenizer_name)
+    ids = tok.encode(load_text(source))
+    if len(ids) < 2:
+        raise UsageError(f"data file {source} has {len(ids)} token(s) after tokenizing; need at least 2")
+    return Corpus(source, tok.name, tok.vocab_size, torch.tensor(ids, dtype=torch.long))
+
+
+def check_fits(corpus: Corpus, batch_size: int, seq_len: int) -> None:
+    """A batch must not cover more tokens than the corpus has: it would repeat the corpus within a step."""
+    if batch_size * seq_len > corpus.n_tokens - 1:
+        raise UsageError(
+            f"batch {batch_size} x length {seq_len} = {batch_size * seq_len:,} tokens is more than "
+            f"the corpus {corpus.source} holds ({corpus.n_tokens - 1:,} usable tokens)")
+
+
+class BatchStream:
+    """Endless stream of (x, y) batches of one fixed shape (B, T), y = x shifted by one.
+
+    Each batch is B windows at random offsets drawn from a seeded generator, so
+    the same seed gives the same batches on any device, and no batch is ragged.
+    On CUDA the batch goes through pinned host memory with a non-blocking copy;
+    that copy is part of every timed step.
+    """
+
+    def __init__(self, corpus: Corpus, batch_size: int, seq_len: int, device: torch.device,
+                 seed: int) -> None:
+        check_fits(corpus, batch_size, seq_len)
+        self.tokens = corpus.tokens
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.device = device
+        self._gen = torch.Generator().manual_seed(seed)
+        self._span = torch.arange(seq_len + 1)  # (T+1,)
+        self._pin = device.type == "cuda"
+
+    def next_host(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next batch on the host, before any copy."""
+        starts = torch.randint(self.tokens.numel() - self.seq_len, (self.batch_size,), generator=self._gen)
+        chunk = self.tokens[starts[:, None] + self._span]  # (B, T+1): one gather, no Python loop
+        return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.next_host()
+        if self._pin:
+            # The caching host allocator keeps a pinned block until its copy has run, so no race.
+            x, y = x.pin_memory(), y.pin_memory()
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

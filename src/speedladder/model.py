@@ -1,0 +1,174 @@
+"""The GPT: one decoder-only transformer, its config and its named presets.
+
+Nothing here times, logs or distributes. Speed techniques are applied from the
+outside (see rungs.py), so the function this file defines is the reference.
+Attention is written out by hand, as in the source texts; fused attention is a
+later rung, not a property of the model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Architecture of a pre-LayerNorm decoder-only transformer."""
+
+    vocab_size: int
+    block_size: int  # longest sequence the learned position table covers
+    n_layer: int
+    n_head: int
+    n_embd: int
+    mlp_hidden: int
+    bias: bool = True  # biases in Linear and LayerNorm layers
+    tie_embeddings: bool = False  # output head shares the token-embedding matrix
+    activation: str = "gelu"  # "gelu" (GPT-2, tanh form) or "relu" (d2l's position-wise FFN)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "mlp_hidden"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.activation not in ("gelu", "relu"):
+            raise ValueError(f"activation must be 'gelu' or 'relu', got {self.activation!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+# Named sizes. The vocabulary given here is the one the preset is defined with;
+# a run replaces it with its tokenizer's size (dataclasses.replace).
+PRESETS: dict[str, GPTConfig] = {
+    # The small GPT of the d2l-style source: 28 characters, width 512, 6 blocks, ~19M parameters.
+    "d2l-512": GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=8, n_embd=512,
+                         mlp_hidden=2048, activation="relu"),
+    # Same at width 256: the source's example where bf16 goes backwards (matmuls too small).
+    "d2l-256": GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=4, n_embd=256,
+                         mlp_hidden=1024, activation="relu"),
+    # Scaled down so a whole ladder, compiles included, ends within minutes on 2 CPU cores.
+    "d2l-cpu": GPTConfig(vocab_size=28, block_size=64, n_layer=2, n_head=4, n_embd=128,
+                         mlp_hidden=512, activation="relu"),
+    # GPT-2 small, nanoGPT-compatible: 124,439,808 parameters counting position embeddings.
+    "gpt2-124m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,
+                           mlp_hidden=3072, tie_embeddings=True, activation="gelu"),
+    # For tests: compiles in seconds.
+    "tiny": GPTConfig(vocab_size=28, block_size=32, n_layer=2, n_head=2, n_embd=32,
+                      mlp_hidden=64, activation="relu"),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        mask = torch.tril(torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool))
+        # Not a parameter and not saved: it is a function of block_size alone.
+        self.register_buffer("causal_mask", mask.view(1, 1, cfg.block_size, cfg.block_size),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
+        att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = att @ v  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
+        self.act = nn.GELU(approximate="tanh") if cfg.activation == "gelu" else nn.ReLU()
+        self.proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LN block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # GPT-2 ties input and output embeddings
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the projections that write into the residual stream.
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        """Every parameter once (a tied matrix counts once), position table included."""
+        return sum(p.numel() for p in self.parameters())
+
+    def matmul_params(self) -> int:
+        """Parameters that take part in matrix products: N of the 6N FLOP rule.
+
+        Embedding lookups do no arithmetic, so the position table and an untied
+        token table are left out; a tied token table is kept, as it is the head.
+        """
+        n = self.num_params() - self.wpe.weight.numel()
+        if not self.cfg.tie_embeddings:
+            n -= self.wte.weight.numel()
+        return n
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        T = idx.shape[1]
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            # In fp32 whatever the autocast dtype: the softmax over the vocabulary is where bf16 loses.
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss

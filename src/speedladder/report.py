@@ -1,0 +1,215 @@
+"""The table, the notes and the waterfall: drawn from a saved results.json alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+WATERFALL = "waterfall.png"
+
+COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4"}
+STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
+                "pending": "interrupted"}
+
+
+def gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def _gate(r: dict) -> str:
+    gate = r.get("gate")
+    if r["status"] != "ok" or gate is None:
+        return "—"
+    if gate.get("reference"):
+        return "ref"
+    return "pass" if gate["passed"] else "FAIL"
+
+
+def _compile(r: dict) -> str:
+    if r["compile_s"] is None:
+        return "—"
+    return f"{r['compile_s']:.1f}" + (" (cache)" if r["timing"].get("cache_hits") else "")
+
+
+def rows(results: dict) -> list[dict[str, str]]:
+    """One row of display strings per rung or control, in ladder order."""
+    out = []
+    for r in results["rungs"]:
+        label = r["name"] if r["role"] == "rung" else f"└ {r['rung']} fp32 control"
+        row = {"rung": label, "tokens/s": "—", "min–max": "—", "× prev": "—", "× cum": "—", "step ms": "—",
+               "peak mem": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—", "gate": _gate(r),
+               "verdict": STATUS_LABEL.get(r["status"], "")}
+        if r["status"] == "ok":
+            t = r["tokens_per_s"]
+            row.update({
+                "tokens/s": f"{t['median']:,.0f}", "min–max": f"{t['min']:,.0f}–{t['max']:,.0f}",
+                "× prev": _x(r["speedup_prev"]), "× cum": _x(r["speedup_cum"]),
+                "step ms": f"{r['step_ms']:.1f}", "peak mem": gib(r["peak_memory_bytes"]),
+                "MFU": "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
+                "TFLOP/s": f"{r['tflops']:.2f}" if r["tflops"] >= 0.1 else f"{r['tflops']:.3f}",
+                "compile s": _compile(r),
+                "verdict": r["verdict"] if r["gate"]["passed"] else f"failed ({r['verdict']})",
+            })
+        out.append(row)
+    return out
+
+
+def title(results: dict) -> str:
+    c, e = results["config"], results["environment"]
+    return (f"speedladder · {c['preset']} on {e['device_name']} ({e['device_type']}) · "
+            f"{results['corpus']['source']} · B={c['batch_size']} T={c['seq_len']} · torch {e['torch']}")
+
+
+def table(results: dict) -> Table:
+    t = Table(title=escape(title(results)), title_justify="left")
+    data = rows(results)
+    for col in data[0] if data else ["rung"]:
+        t.add_column(col, justify="left" if col in ("rung", "gate", "verdict") else "right", no_wrap=True)
+    for row in data:
+        style = "bold" if row["rung"] == results.get("fastest") else None
+        t.add_row(*(escape(v) for v in row.values()), style=style)
+    return t
+
+
+def _control_note(rung: dict, control: dict) -> str:
+    b = rung["spec"]["batch_size"]
+    if control["status"] == "oom":
+        return f"fp32 at B={b} ran out of memory: bf16 bought the headroom for this batch."
+    if control["status"] != "ok":
+        return f"fp32 control at B={b}: {control['status']} ({control['detail']})."
+    ratio = rung["tokens_per_s"]["median"] / control["tokens_per_s"]["median"]
+    text = (f"at B={b}, {rung['precision']} runs {ratio:.2f}× the fp32 control's tokens/s "
+            f"({rung['tokens_per_s']['median']:,.0f} vs {control['tokens_per_s']['median']:,.0f})")
+    if rung["peak_memory_bytes"] and control["peak_memory_bytes"]:
+        text += (f", peak memory {gib(rung['peak_memory_bytes'])} vs {gib(control['peak_memory_bytes'])} "
+                 f"({control['peak_memory_bytes'] / rung['peak_memory_bytes']:.2f}× more in fp32)")
+    return text + "."
+
+
+def notes(results: dict) -> list[str]:
+    """Plain sentences under the table: what was skipped and why, gates, controls, learns-check, winner."""
+    out = []
+    c = results["config"]
+    if c.get("preset_note"):
+        out.append(c["preset_note"] + ".")
+    by_name = {r["name"]: r for r in results["rungs"]}
+    for r in results["rungs"]:
+        if r["status"] != "ok":
+            out.append(f"{r['name']}: {STATUS_LABEL.get(r['status'], r['status'])} — {r['detail']}")
+        elif not r["gate"]["passed"]:
+            out.append(f"{r['name']}: gate failed — {r['gate']['detail']}")
+        for w in r.get("warnings") or []:
+            out.append(f"{r['name']}: warning — {w}")
+        if r["role"] == "control":
+            out.append(f"{r['rung']}: " + _control_note(by_name[r["rung"]], r))
+    ok = [r for r in results["rungs"] if r["status"] == "ok"]
+    if any(r["compile_s"] is not None and r["timing"].get("cache_hits") for r in ok):
+        out.append("compile s marked (cache): graphs came from the compile caches of an earlier run; "
+                   "a cold compile takes longer.")
+    if ok and all(r["mfu"] is None for r in ok):
+        out.append("MFU n/a: no peak FLOP/s is known for this device; --peak-tflops sets one.")
+    lc = results.get("learns_check")
+    if lc and lc.get("skipped"):
+        out.append(f"learns-check skipped ({lc['detail']}).")
+    elif lc and "drop" in lc:
+        out.append(f"learns-check ({lc['rung']}, {lc['steps']} steps): loss {lc['first_loss']:.3f} → "
+                   f"{lc['final_loss']:.3f} ({-100 * lc['drop']:.0f}%): {'passed' if lc['passed'] else 'FAILED'}.")
+    elif lc:
+        out.append(f"learns-check ({lc['rung']}): FAILED — {lc['detail']}")
+    fastest = results.get("fastest")
+    if fastest:
+        f = by_name[fastest]
+        base = next(r["name"] for r in results["rungs"] if r["role"] == "rung" and r["status"] == "ok")
+        out.append(f"fastest rung that passed every gate: {fastest}, {f['speedup_cum']:.2f}× {base} "
+                   f"({f['tokens_per_s']['median']:,.0f} tokens/s).")
+    elif results.get("status") == "complete":
+        out.append("no rung passed every gate.")
+    if results.get("status") == "interrupted":
+        out.append("run interrupted: the rungs above were measured before the stop.")
+    return out
+
+
+def print_report(results: dict, console: Console | None = None) -> None:
+    # Wide enough for every column when the output is piped to a file (rich would assume 80).
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    console.print(table(results))
+    for line in notes(results):
+        console.print(escape(line), soft_wrap=True)
+
+
+def waterfall(results: dict, path: Path) -> Path:
+    """Draw the waterfall of a results dict into a PNG file."""
+    import matplotlib.pyplot as plt
+
+    fig = waterfall_figure(results)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def waterfall_figure(results: dict):
+    """One bar per rung from the level it built on to its own cumulative ×; colour by verdict."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rungs = [r for r in results["rungs"] if r["role"] == "rung"]
+    by_name = {r["name"]: r for r in results["rungs"]}
+    ok = [r for r in results["rungs"] if r["status"] == "ok"]
+    top = max([r["tokens_per_s"]["max"] / _baseline_median(results) for r in ok] + [1.0])
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rungs) + 2), 4.8))
+    for i, r in enumerate(rungs):
+        if r["status"] != "ok":
+            ax.text(i, 0.05 * top, STATUS_LABEL.get(r["status"], r["status"]), rotation=90, ha="center",
+                    va="bottom", color="#555555", fontsize=9)
+            continue
+        level = r["speedup_cum"]
+        start = by_name[r["built_on"]]["speedup_cum"] if r["built_on"] else 0.0
+        verdict = r["verdict"]
+        failed = not r["gate"]["passed"]
+        lo, hi = sorted((start, level))
+        ax.bar(i, hi - lo, bottom=lo, width=0.6, color=COLOURS.get(verdict, "#cccccc"),
+               hatch="///" if failed else None, edgecolor="black" if failed else "none", linewidth=0.8,
+               gid=r["name"])
+        base_med = _baseline_median(results)
+        ax.errorbar(i, level, yerr=[[level - r["tokens_per_s"]["min"] / base_med],
+                                    [r["tokens_per_s"]["max"] / base_med - level]],
+                    color="black", capsize=3, linewidth=1)
+        label = f"{level:.2f}×"
+        if r["peak_memory_bytes"] is not None:
+            label += f"\n{gib(r['peak_memory_bytes'])}"
+        ax.text(i, hi + 0.03 * top, label, ha="center", va="bottom", fontsize=9)
+        control = next((c for c in results["rungs"] if c["role"] == "control" and c["rung"] == r["name"]), None)
+        if control is not None and control["status"] == "ok":
+            ax.hlines(control["speedup_cum"], i - 0.4, i + 0.4, colors="black", linestyles="dashed", linewidth=1)
+            ax.text(i + 0.42, control["speedup_cum"], "fp32\ncontrol", fontsize=7, va="center")
+    ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
+    ax.set_xticks(range(len(rungs)), [r["name"] for r in rungs])
+    ax.set_xlim(-0.6, len(rungs) - 0.2)
+    ax.set_ylim(0, top * 1.3)
+    ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
+    c, e = results["config"], results["environment"]
+    ax.set_title(f"{c['preset']} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
+    handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
+    ax.legend(handles=handles, loc="upper left", fontsize=8, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def _baseline_median(results: dict) -> float:
+    for r in results["rungs"]:
+        if r["role"] == "rung" and r["status"] == "ok":
+            return r["tokens_per_s"]["median"]
+    return 1.0

@@ -1,0 +1,147 @@
+"""results.json: what a result needs to be trusted, written after every rung.
+
+The file holds the resolved config, the environment (device, versions, git
+commit), and for every rung its spec, raw window times, derived figures and
+gate verdicts. Reports are drawn from this file alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import speedladder
+from speedladder.errors import UsageError
+
+SCHEMA = "speedladder.results/1"
+FILENAME = "results.json"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
+    """One line from a helper command, or None where it is missing or fails (it is optional context)."""
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def git_commit() -> str | None:
+    """The commit of the speedladder source tree, with '-dirty' if it has changes; None if not a checkout."""
+    src = Path(speedladder.__file__).resolve().parent
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=src)
+    if commit is None:
+        return None
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src)
+    return commit + ("-dirty" if dirty else "")
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass  # not Linux: platform.processor() below is the fallback
+    return platform.processor() or platform.machine()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return "Apple GPU (MPS)"
+    return cpu_name()
+
+
+def environment(device: torch.device) -> dict:
+    env = {
+        "device": str(device),
+        "device_type": device.type,
+        "device_name": device_name(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "driver": None,
+        "cuda_capability": None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_threads": torch.get_num_threads(),
+        "speedladder": speedladder.__version__,
+        "git_commit": git_commit(),
+    }
+    if device.type == "cuda":
+        env["cuda_capability"] = list(torch.cuda.get_device_capability(device))
+        env["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader",
+                              f"--id={device.index or 0}"])
+    return env
+
+
+def new_run_dir(parent: str) -> Path:
+    """runs/<UTC timestamp>/, never reusing a folder."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = Path(parent)
+    path = base / stamp
+    n = 1
+    while path.exists():
+        path = base / f"{stamp}-{n}"
+        n += 1
+    try:
+        path.mkdir(parents=True)
+    except OSError as e:
+        raise UsageError(f"cannot create the run folder {path}: {e.strerror}") from None
+    return path
+
+
+def _finite(value: object) -> object:
+    """JSON has no NaN or infinity: a non-finite number is saved as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def save(results: dict, run_dir: Path) -> Path:
+    """Write atomically: an interruption mid-write leaves the previous complete file."""
+    results["updated"] = now()
+    path = run_dir / FILENAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_finite(results), indent=1, allow_nan=False))
+    os.replace(tmp, path)
+    return path
+
+
+def load(run: str | Path) -> dict:
+    """A run folder or a results.json path."""
+    path = Path(run)
+    if path.is_dir():
+        path = path / FILENAME
+    if not path.is_file():
+        raise UsageError(f"no {FILENAME} at {path}")
+    try:
+        results = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not a valid results file: {e}") from None
+    if not isinstance(results, dict) or results.get("schema") != SCHEMA:
+        raise UsageError(f"{path} is not a speedladder results file (schema {SCHEMA})")
+    return results
+
+
+def command_line() -> list[str]:
+    return [Path(sys.argv[0]).name, *sys.argv[1:]]

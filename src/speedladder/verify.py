@@ -1,0 +1,173 @@
+"""Correctness gates: a faster step must still compute the same function and still learn.
+
+1. Equivalence: on the same weights and the same batch, the rung's logits,
+   loss and gradients match eager fp32 within a tolerance chosen for the rung's
+   arithmetic (written beside each tolerance). The weights are eager fp32's
+   after the K steps of 2, not the initial ones: at initialization every logit
+   is near zero, and a wrong function can look right there.
+2. Loss band: over the same first K batches, the rung's training loss stays
+   within a stated fraction of eager fp32's, step by step.
+3. Learns-check: after the ladder, the fastest rung that passed trains for a
+   few hundred steps and its loss must fall clearly.
+The reference for 1 and 2 is always eager fp32 at the rung's own batch shape,
+computed once per shape and kept on the host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from speedladder.data import BatchStream, Corpus
+from speedladder.model import GPTConfig
+from speedladder.rungs import StepSpec
+from speedladder.step import TrainStep, matmul_precision
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float  # logits, elementwise, as torch.testing.assert_close takes it
+    atol_rms: float  # logits' atol, as a fraction of the reference logits' RMS (logits have no fixed scale)
+    loss_rtol: float  # the scalar loss
+    grad_rel: float  # ||g - g_ref|| / ||g_ref|| over all gradients at once
+    why: str
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    # Compiled fp32 kernels reorder sums and fuse ops: rounding-level differences (~1e-6 relative per op).
+    "fp32": Tolerance(rtol=1e-4, atol_rms=1e-4, loss_rtol=1e-5, grad_rel=1e-3,
+                      why="fp32: same arithmetic, reordered sums: rounding-level differences only"),
+    # TF32 keeps 10 mantissa bits (~5e-4 relative per product), compounded over the layers.
+    "tf32": Tolerance(rtol=1e-2, atol_rms=2e-2, loss_rtol=1e-3, grad_rel=5e-2,
+                      why="tf32: 10-bit mantissa in matmuls, ~5e-4 relative per product, compounded"),
+    # bf16 keeps 8 mantissa bits (~4e-3 relative per rounding), compounded over the layers.
+    "bf16": Tolerance(rtol=5e-2, atol_rms=1e-1, loss_rtol=1e-2, grad_rel=1e-1,
+                      why="bf16: 8-bit mantissa, ~4e-3 relative per rounding, compounded"),
+}
+
+# At most this many logits are kept per reference (16M floats = 64 MB): whole sequences, from the first.
+_PROBE_LOGITS = 1 << 24
+
+
+@dataclass
+class Reference:
+    """Eager fp32 at one batch shape, from the initial weights, on the host."""
+
+    batches: list[tuple[torch.Tensor, torch.Tensor]]  # the first K gate batches
+    weights: dict[str, torch.Tensor]  # eager fp32's after training over those batches
+    probe_rows: int  # sequences of the first batch whose logits are compared
+    logits: torch.Tensor  # (probe_rows, T, V)
+    loss: float
+    grads: dict[str, torch.Tensor]
+    curve: list[float]  # training loss over the K batches
+
+
+def gate_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, k: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same first K batches for every rung of a shape; drawn apart from the timing stream."""
+    stream = BatchStream(corpus, batch_size, seq_len, torch.device("cpu"), seed)
+    return [stream.next_host() for _ in range(k)]
+
+
+def _outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
+             rows: int) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+    step.reset(weights)
+    x, y = (t.to(step.device) for t in batch)
+    logits, loss = step.forward_backward(x, y)
+    grads = {n: p.grad.detach().float().cpu() for n, p in step.params.items() if p.grad is not None}
+    return logits[:rows].detach().float().cpu(), float(loss.detach()), grads
+
+
+def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+    """Train from the initial weights over the given batches; the losses, read once at the end."""
+    step.reset()
+    losses = [step(x.to(step.device), y.to(step.device)) for x, y in batches]
+    return torch.stack(losses).float().cpu().tolist()
+
+
+def reference(cfg: GPTConfig, init: dict[str, torch.Tensor], device: torch.device, lr: float,
+              batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Reference:
+    batch_size, seq_len = batches[0][0].shape
+    spec = StepSpec(batch_size, seq_len)  # eager fp32
+    rows = max(1, min(batch_size, _PROBE_LOGITS // (seq_len * cfg.vocab_size)))
+    with matmul_precision(spec):
+        step = TrainStep(spec, cfg, init, device, lr)
+        curve = loss_curve(step, batches)
+        weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
+        logits, loss, grads = _outputs(step, weights, batches[0], rows)
+    return Reference(batches, weights, rows, logits, loss, grads, curve)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def equivalence(step: TrainStep, ref: Reference) -> dict:
+    """Logits, loss and gradients of the rung against eager fp32, same weights, same batch."""
+    tol = TOLERANCES[step.spec.precision]
+    logits, loss, grads = _outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
+    names = sorted(ref.grads)
+    g = torch.cat([grads[n].flatten() for n in names if n in grads])
+    g_ref = torch.cat([ref.grads[n].flatten() for n in names])
+    atol = tol.atol_rms * float(ref.logits.pow(2).mean().sqrt())
+    out = {
+        "precision": step.spec.precision, "rtol": tol.rtol, "atol": atol, "loss_rtol": tol.loss_rtol,
+        "grad_rel_tol": tol.grad_rel, "tolerance_why": tol.why,
+        "logits_max_abs_err": float((logits - ref.logits).abs().max()),
+        "logits_rel_err": _rel(logits, ref.logits),
+        "loss": loss, "loss_ref": ref.loss,
+        "grad_rel_err": _rel(g, g_ref) if g.shape == g_ref.shape else math.inf,
+        "passed": True, "detail": "",
+    }
+    try:
+        torch.testing.assert_close(logits, ref.logits, rtol=tol.rtol, atol=atol, msg=lambda m: "logits: " + m)
+        torch.testing.assert_close(torch.tensor(loss), torch.tensor(ref.loss), rtol=tol.loss_rtol, atol=0.0,
+                                   msg=lambda m: "loss: " + m)
+    except AssertionError as e:
+        out["passed"] = False
+        out["detail"] = _summary(str(e))
+    if out["passed"] and not out["grad_rel_err"] <= tol.grad_rel:
+        out["passed"] = False
+        out["detail"] = f"gradients differ by {out['grad_rel_err']:.2e} relative (tolerance {tol.grad_rel:.0e})"
+    return out
+
+
+def _summary(message: str) -> str:
+    """assert_close's message in one line: what differed and by how much."""
+    lines = [ln.strip() for ln in message.strip().splitlines() if ln.strip()]
+    keep = [lines[0]] + [ln for ln in lines[1:] if ln.startswith(("Mismatched", "Greatest absolute"))]
+    return "; ".join(keep)
+
+
+def loss_band(curve: list[float], ref_curve: list[float], band: float) -> dict:
+    """Step by step over the same batches, |loss - loss_ref| <= band * loss_ref."""
+    worst = max(abs(a - b) / b for a, b in zip(curve, ref_curve))
+    finite = all(math.isfinite(v) for v in curve)
+    passed = finite and worst <= band
+    detail = "" if passed else (
+        "non-finite loss" if not finite else f"loss strays {worst:.1%} from eager fp32 (band {band:.0%})")
+    return {"steps": len(curve), "band": band, "max_rel_diff": worst, "losses": curve,
+            "ref_losses": ref_curve, "passed": passed, "detail": detail}
+
+
+def learns_check(step: TrainStep, stream: BatchStream, steps: int, min_drop: float,
+                 on_progress: Callable[[str], None] = lambda msg: None) -> dict:
+    """Train from the initial weights; pass if the loss of the last tenth is min_drop below the first step's."""
+    step.reset()
+    losses: list[torch.Tensor] = []
+    every = max(1, steps // 10)
+    for i in range(steps):
+        losses.append(step(*next(stream)))
+        if (i + 1) % every == 0 or i + 1 == steps:
+            on_progress(f"step {i + 1}/{steps}, loss {float(losses[-1]):.3f}")
+    values = torch.stack(losses).float().cpu().tolist()
+    tail = values[-max(1, steps // 10):]
+    first, last = values[0], sum(tail) / len(tail)
+    drop = (first - last) / first if first else 0.0
+    passed = all(math.isfinite(v) for v in values) and drop >= min_drop
+    return {"steps": steps, "first_loss": first, "final_loss": last, "drop": drop, "min_drop": min_drop,
+            "losses": values, "passed": passed,
+            "detail": "" if passed else f"loss fell {drop:.1%}, less than the {min_drop:.0%} required"}

@@ -1,0 +1,112 @@
+"""Parts 1 and 10: the command line, its help, and bad input (one line, exit 2, no traceback)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from speedladder.cli import build_parser, main
+
+
+def test_every_flag_is_documented_with_its_default(capsys):
+    parser = build_parser()
+    for command in ("run", "report"):
+        with pytest.raises(SystemExit) as e:
+            main([command, "--help"])
+        assert e.value.code == 0
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            if action.dest == "help" or not action.option_strings:
+                continue
+            assert action.help, f"{name} {action.option_strings} has no help"
+            if action.const is None and action.nargs != 0:  # a flag that takes a value
+                assert "Default" in action.help, f"{name} {action.option_strings[0]} does not say its default"
+
+
+def test_help_shows_the_dataclass_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Default: eager,compile,bf16,batch,ckpt" in text
+    assert "Default: 0.001" in text  # AdamW lr, from RunConfig
+    assert "Default: 300" in text  # learns-check steps, from GateConfig
+    assert "d2l-512 (B=64, T=128, timemachine)" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "nope"], "invalid choice: 'nope'"),
+    (["--rungs", "eager,warp"], "unknown rung 'warp'"),
+    (["--rungs", "compile,eager"], "eager is the baseline"),
+    (["--batch-size", "0"], "batch size must be positive, got 0"),
+    (["--seq-len", "-4"], "sequence length must be positive, got -4"),
+    (["--steps", "-1"], "steps per window must be positive"),
+    (["--windows", "2"], "at least 3 timed windows"),
+    (["--batch-size", "many"], "invalid int value: 'many'"),
+    (["--seq-len", "4096"], "exceeds preset tiny's context of 32"),
+    (["--data", "no/such/file.txt"], "data file not found: no/such/file.txt"),
+    (["--batch-size", "6000"], "is more than the corpus timemachine holds"),
+    (["--device", "cuda:7"], "cuda"),
+    (["--tokenizer", "bytes"], "invalid choice: 'bytes'"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
+    try:
+        rc = main(["run", "--preset", "tiny", "--out", str(tmp_path), *args] if args[0] != "--preset"
+                  else ["run", "--out", str(tmp_path), *args])
+    except SystemExit as e:  # argparse's own checks exit from inside parse_args
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert message in err
+    assert not list(tmp_path.iterdir())  # nothing half-made is left behind
+
+
+def test_bad_data_files_are_one_line(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(bytes(range(128, 256)))
+    for path, message in ((empty, "is empty"), (binary, "is not UTF-8 text")):
+        assert main(["run", "--preset", "tiny", "--data", str(path), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
+    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "2",
+                 "--loss-steps", "4", "--learns-steps", "30", "--learns-min-drop", "0.02", "--quiet",
+                 "--out", str(tmp_path / "runs")]) == 0
+    first = capsys.readouterr().out
+    (run,) = (tmp_path / "runs").iterdir()
+    moved = tmp_path / "copy"
+    moved.mkdir()
+    shutil.copy(run / "results.json", moved / "results.json")
+    assert main(["report", str(moved)]) == 0
+    again = capsys.readouterr().out
+    assert (moved / "waterfall.png").stat().st_size > 10_000
+    table = lambda text: [ln for ln in text.splitlines() if ln.startswith("│")]
+    assert table(first) == table(again)
+
+
+def test_report_of_a_folder_without_results(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no results.json" in capsys.readouterr().err
+    (tmp_path / "results.json").write_text(json.dumps({"schema": "something else"}))
+    assert main(["report", str(tmp_path)]) == 2
+    assert "not a speedladder results file" in capsys.readouterr().err
+
+
+def test_the_installed_command_fails_without_a_traceback(tmp_path):
+    exe = shutil.which("speedladder")
+    cmd = [exe] if exe else [sys.executable, "-m", "speedladder"]
+    proc = subprocess.run([*cmd, "run", "--preset", "tiny", "--rungs", "eager,nope", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "speedladder: error: unknown rung 'nope' (choose from eager, compile, bf16, " \
+                                  "batch, ckpt)"
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -1,0 +1,183 @@
+"""Parts 5-10 together: the ladder end to end, its records, and what it does when things go wrong."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedladder import ladder, measure, report, results
+from speedladder.cli import main
+from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
+
+FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
+        "--learns-min-drop", "0.05"]
+
+
+def run_dir(out: Path) -> Path:
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    return folder
+
+
+def saved(out: Path) -> dict:
+    return json.loads((run_dir(out) / "results.json").read_text())
+
+
+def by_name(res: dict) -> dict[str, dict]:
+    return {r["name"]: r for r in res["rungs"]}
+
+
+def test_source_ladder_end_to_end(tmp_path, capsys):
+    """The default ladder R0-R4 on the tiny preset: compiled, measured, verified, saved, drawn."""
+    rc = main(["run", *FAST, "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    res = saved(tmp_path)
+    assert res["status"] == "complete"
+    assert [r["name"] for r in res["rungs"]] == ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
+    rungs = by_name(res)
+    for r in res["rungs"]:
+        assert r["status"] == "ok", r["detail"]
+        assert len(r["timing"]["windows"]) == 3 and all(w["seconds"] > 0 for w in r["timing"]["windows"])
+        assert r["tokens_per_s"]["min"] <= r["tokens_per_s"]["median"] <= r["tokens_per_s"]["max"]
+        assert r["peak_memory_bytes"] is None and r["mfu"] is None  # a CPU: n/a, not invented
+        assert r["gate"]["passed"], r["gate"]["detail"]
+        assert r["flops_per_token"] == measure.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
+    # R0 is the reference; compiled rungs report compile time apart, eager has none.
+    assert rungs["eager"]["gate"]["reference"] and rungs["eager"]["verdict"] == "baseline"
+    assert rungs["eager"]["compile_s"] is None
+    assert all(rungs[n]["compile_s"] is not None for n in ("compile", "bf16", "batch", "ckpt"))
+    assert rungs["compile"]["gate"]["equivalence"]["precision"] == "fp32"
+    assert rungs["bf16"]["gate"]["equivalence"]["precision"] == "bf16"
+    # Cumulative: each rung built on the one before it; the control sits beside the batch rung.
+    assert [rungs[n]["built_on"] for n in ("compile", "bf16", "batch", "ckpt")] == ["eager", "compile", "bf16",
+                                                                                     "batch"]
+    assert rungs["batch"]["spec"]["batch_size"] == 8 and rungs["batch"]["spec"]["autocast"] == "bf16"
+    assert rungs["batch-fp32"]["spec"] == {**rungs["batch"]["spec"], "autocast": None, "tf32": False}
+    assert rungs["ckpt"]["spec"]["transforms"] == ["activation-checkpointing"]
+    for r in res["rungs"][1:]:
+        base = rungs[r["built_on"]]
+        assert r["speedup_prev"] == pytest.approx(r["tokens_per_s"]["median"] / base["tokens_per_s"]["median"])
+        assert r["speedup_cum"] == pytest.approx(r["tokens_per_s"]["median"] / rungs["eager"]["tokens_per_s"]["median"])
+        if r["role"] == "rung":
+            assert r["verdict"] == measure.verdict(measure.Spread(**r["tokens_per_s"]),
+                                                   measure.Spread(**base["tokens_per_s"]))
+    # The learns-check ran on the fastest passing rung, and the loss fell.
+    fastest = max((r for r in res["rungs"] if r["role"] == "rung"), key=lambda r: r["tokens_per_s"]["median"])
+    assert res["fastest"] == fastest["name"] == res["learns_check"]["rung"]
+    assert res["learns_check"]["passed"] and res["learns_check"]["steps"] == 60
+    # Trust: resolved config and environment are saved.
+    assert res["config"]["preset"] == "tiny" and res["config"]["batch_size"] == 4 and res["config"]["lr"] == 1e-3
+    assert res["environment"]["torch"] == torch.__version__ and "git_commit" in res["environment"]
+    # The printed table is the saved one; the waterfall was drawn.
+    for row in report.rows(res):
+        assert row["tokens/s"] in out and row["× cum"] in out
+    assert (run_dir(tmp_path) / "waterfall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Progress for the long phases went to stderr.
+    for phase in ("compiling", "window 3/3", "gates", "learns-check"):
+        assert phase in err
+
+
+@pytest.fixture
+def extra_rungs(monkeypatch):
+    """Rungs that a test can climb: one that computes the wrong function faster, one that needs a GPU."""
+    def drop_blocks(model):
+        model.blocks = torch.nn.ModuleList()
+        return model
+
+    monkeypatch.setitem(MODEL_TRANSFORMS, "drop-blocks", drop_blocks)
+    monkeypatch.setitem(RUNGS, "wrong", Rung(
+        "wrong", "a deliberately wrong rung: skips every block, so it is faster and computes something else",
+        "speed", lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "drop-blocks"))))
+    monkeypatch.setitem(RUNGS, "gpu-only", Rung(
+        "gpu-only", "a rung that needs a CUDA device, to show how a skip is reported", "speed",
+        lambda s, e: dataclasses.replace(s, compile=True), Requirement(devices=("cuda",))))
+
+
+def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs, capsys):
+    rc = main(["run", *FAST, "--rungs", "eager,wrong,gpu-only,ckpt", "--out", str(tmp_path)])
+    assert rc == 0
+    res = saved(tmp_path)
+    rungs = by_name(res)
+    wrong = rungs["wrong"]
+    assert wrong["status"] == "ok" and not wrong["gate"]["passed"]
+    assert not wrong["gate"]["equivalence"]["passed"]
+    assert wrong["tokens_per_s"]["median"] > rungs["eager"]["tokens_per_s"]["median"]  # faster, yet:
+    assert res["fastest"] != "wrong"
+    # The skipped rung says why; the next rung builds on the last one that passed.
+    assert rungs["gpu-only"]["status"] == "skipped"
+    assert rungs["gpu-only"]["detail"] == "needs cuda; this device is cpu"
+    assert rungs["ckpt"]["built_on"] == "eager"
+    assert rungs["ckpt"]["spec"]["transforms"] == ["activation-checkpointing"]
+    out = capsys.readouterr().out
+    assert "failed (" in out and "skipped" in out and "needs cuda; this device is cpu" in out
+    fig = report.waterfall_figure(res)
+    bars = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
+    assert bars["wrong"].get_hatch() == "///"  # failed: hatched
+    assert bars["eager"].get_hatch() is None
+    assert "gpu-only" not in bars  # skipped: no bar
+
+
+def test_results_are_saved_after_every_rung(tmp_path, monkeypatch):
+    snapshots = []
+    real_save = results.save
+
+    def spy(res, folder):
+        snapshots.append(copy.deepcopy(res))
+        return real_save(res, folder)
+
+    monkeypatch.setattr(results, "save", spy)
+    assert main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)]) == 0
+    finished = [[r["status"] for r in s["rungs"]] for s in snapshots]
+    assert ["ok"] in finished and ["ok", "ok"] in finished and ["ok", "ok", "ok"] in finished
+    assert snapshots[-1]["status"] == "complete"
+
+
+def test_out_of_memory_in_one_rung_is_recorded_and_the_ladder_goes_on(tmp_path, monkeypatch):
+    real_init = ladder.TrainStep.__init__
+
+    def init(self, spec, *args, **kwargs):
+        if spec.autocast == "bf16" and not spec.transforms:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        real_init(self, spec, *args, **kwargs)
+
+    monkeypatch.setattr(ladder.TrainStep, "__init__", init)
+    assert main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)]) == 0
+    rungs = by_name(saved(tmp_path))
+    assert rungs["bf16"]["status"] == "oom" and "out of memory" in rungs["bf16"]["detail"]
+    assert rungs["ckpt"]["status"] == "ok" and rungs["ckpt"]["built_on"] == "eager"
+
+
+def test_ctrl_c_keeps_the_results_so_far(tmp_path, monkeypatch, capsys):
+    real = measure.run_windows
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "run_windows", interrupted)
+    rc = main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)])
+    assert rc == 130
+    res = saved(tmp_path)
+    assert res["status"] == "interrupted"
+    assert [r["status"] for r in res["rungs"]] == ["ok", "interrupted"]
+    assert (run_dir(tmp_path) / "waterfall.png").exists()
+    captured = capsys.readouterr()
+    assert "interrupted" in captured.err and "eager" in captured.out
+
+
+def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
+    text = tmp_path / "short.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 8)  # 352 characters
+    out = tmp_path / "runs"
+    assert main(["run", *FAST, "--data", str(text), "--batch-size", "8", "--batch-multiplier", "4",
+                 "--rungs", "eager,batch", "--quiet", "--out", str(out)]) == 0
+    batch = by_name(saved(out))["batch"]
+    assert batch["status"] == "skipped" and "exceeds the corpus" in batch["detail"]

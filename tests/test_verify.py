@@ -1,0 +1,105 @@
+"""Part 7: the correctness gates, and that they catch a wrong rung."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from speedladder import verify
+from speedladder.data import BatchStream
+from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
+from speedladder.step import TrainStep
+
+
+def no_causal_mask(model):
+    """A deliberately wrong rung: attention may look at the future."""
+    for block in model.blocks:
+        block.attn.causal_mask.fill_(True)
+    return model
+
+
+def frozen(model):
+    """A deliberately wrong rung: nothing trains."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.wte.weight.requires_grad_(True)  # keep the loss differentiable
+    return model
+
+
+@pytest.fixture
+def wrong_transforms(monkeypatch):
+    monkeypatch.setitem(MODEL_TRANSFORMS, "no-causal-mask", no_causal_mask)
+    monkeypatch.setitem(MODEL_TRANSFORMS, "frozen", frozen)
+
+
+@pytest.fixture
+def ref(tiny):
+    batches = verify.gate_batches(tiny.corpus, 4, 32, seed=1, k=20)
+    return verify.reference(tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr, batches)
+
+
+def step_for(tiny, **spec) -> TrainStep:
+    return TrainStep(StepSpec(4, 32, **spec), tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+
+
+def test_tolerances_are_per_dtype_and_explained():
+    t = verify.TOLERANCES
+    assert set(t) == {"fp32", "tf32", "bf16"}
+    assert t["fp32"].rtol < t["tf32"].rtol < t["bf16"].rtol
+    assert t["fp32"].grad_rel < t["tf32"].grad_rel < t["bf16"].grad_rel
+    assert all(tol.why for tol in t.values())
+
+
+def test_reference_trains_and_is_deterministic(tiny, ref):
+    assert len(ref.curve) == 20
+    assert ref.curve[-1] < ref.curve[0] - 0.1  # 20 steps at lr 1e-3 already lower the loss
+    again = verify.reference(tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr, ref.batches)
+    assert again.curve == ref.curve
+    # The equivalence weights are the trained ones, not the near-zero initial logits.
+    assert float(ref.logits.std()) > 0.2
+
+
+def test_eager_and_bf16_pass_the_gates(tiny, ref):
+    for spec in ({}, {"autocast": "bf16"}, {"autocast": "bf16", "transforms": ("activation-checkpointing",)}):
+        step = step_for(tiny, **spec)
+        eq = verify.equivalence(step, ref)
+        assert eq["passed"], eq["detail"]
+        band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
+        assert band["passed"], band["detail"]
+    assert eq["precision"] == "bf16" and eq["logits_rel_err"] > 0  # bf16 is not bit-identical
+
+
+def test_equivalence_catches_attention_that_sees_the_future(tiny, ref, wrong_transforms):
+    eq = verify.equivalence(step_for(tiny, transforms=("no-causal-mask",)), ref)
+    assert not eq["passed"]
+    assert eq["detail"].startswith("logits: Tensor-likes are not close!")
+    assert eq["logits_max_abs_err"] > eq["atol"]
+
+
+def test_loss_band_catches_a_rung_that_does_not_train(tiny, ref, wrong_transforms):
+    step = step_for(tiny, transforms=("frozen",))
+    band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
+    assert not band["passed"]
+    assert band["max_rel_diff"] > 0.02
+    assert "strays" in band["detail"]
+    assert not verify.equivalence(step, ref)["passed"]  # its gradients are missing
+
+
+def test_loss_band_arithmetic():
+    assert verify.loss_band([3.0, 2.0], [3.0, 2.02], 0.02)["passed"]
+    out = verify.loss_band([3.0, 2.1], [3.0, 2.0], 0.02)
+    assert not out["passed"] and out["max_rel_diff"] == pytest.approx(0.05)
+    assert not verify.loss_band([3.0, math.nan], [3.0, 2.0], 0.02)["passed"]
+
+
+def test_learns_check(tiny):
+    stream = BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0)
+    good = verify.learns_check(step_for(tiny), stream, steps=120, min_drop=0.1)
+    assert good["passed"], good["detail"]
+    assert good["final_loss"] < 0.9 * good["first_loss"]
+    assert len(good["losses"]) == 120
+    still = TrainStep(StepSpec(4, 32), tiny.cfg.model, tiny.init, tiny.device, lr=0.0)
+    bad = verify.learns_check(still, stream, steps=40, min_drop=0.1)
+    assert not bad["passed"]
+    assert "less than the 10% required" in bad["detail"]
