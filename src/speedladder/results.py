@@ -41,6 +41,10 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 def git_commit() -> str | None:
     """The commit of the speedladder source tree, with '-dirty' if it has changes; None if not a checkout."""
     src = Path(speedladder.__file__).resolve().parent
+    top = _run(["git", "rev-parse", "--show-toplevel"], cwd=src)
+    # An installed copy inside some other repository (a venv in a project) is not a speedladder checkout.
+    if top is None or Path(top).resolve() / "src" / "speedladder" != src:
+        return None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=src)
     if commit is None:
         return None
