@@ -33,8 +33,8 @@ if [[ "${1:-}" == "--smoke" ]]; then
 else
   { nvidia-smi || true; "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } \
     > "$OUT/environment.txt" 2>&1
-  ladder small 230 --preset d2l-512
-  ladder gpt2 230 --preset gpt2-124m --data tinyshakespeare --batch-size 16 --seq-len 1024 \
+  ladder small 200 --preset d2l-512
+  ladder gpt2 260 --preset gpt2-124m --data tinyshakespeare --batch-size 16 --seq-len 1024 \
     --loss-steps 10 --learns-steps 150
 fi
 

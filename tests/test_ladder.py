@@ -181,3 +181,21 @@ def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
                  "--rungs", "eager,batch", "--quiet", "--out", str(out)]) == 0
     batch = by_name(saved(out))["batch"]
     assert batch["status"] == "skipped" and "exceeds the corpus" in batch["detail"]
+
+
+def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monkeypatch):
+    real = ladder.verify.equivalence
+
+    def equivalence(step, ref):
+        if step.spec.autocast == "bf16":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+        return real(step, ref)
+
+    monkeypatch.setattr(ladder.verify, "equivalence", equivalence)
+    assert main(["run", *FAST, "--rungs", "eager,bf16", "--quiet", "--out", str(tmp_path)]) == 0
+    res = saved(tmp_path)
+    bf16 = by_name(res)["bf16"]
+    assert bf16["status"] == "ok" and bf16["tokens_per_s"]["median"] > 0
+    assert not bf16["gate"]["passed"]
+    assert bf16["gate"]["detail"] == "the gates could not run: ran out of memory"
+    assert res["fastest"] == "eager"
