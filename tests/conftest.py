@@ -11,7 +11,7 @@ from speedladder.ladder import Workload, prepare
 def _fresh_dynamo():
     """Compiled code and dynamo's counters do not leak from one test into the next."""
     yield
-    torch._dynamo.reset()
+    torch.compiler.reset()
 
 
 @pytest.fixture(scope="session")

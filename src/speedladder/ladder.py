@@ -76,7 +76,7 @@ def free_device_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    torch._dynamo.reset()  # forget compiled code: the next rung compiles its own, cold in dynamo
+    torch.compiler.reset()  # forget compiled code: the next rung compiles its own, cold in dynamo
 
 
 class Ladder:
