@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Both reference ladders of DESIGN.md on one CUDA GPU, in under 8 minutes:
+# Both reference ladders of DESIGN.md on one CUDA GPU, capped to fit 8 minutes (caps are estimates until a GPU run):
 #   small GPT  (d2l-512, The Time Machine, T=128, B=64, batch-up to 512)
 #   GPT-2 124M (gpt2-124m, Tiny Shakespeare, B=16, T=1024, batch-up x4)
 # Results land in ${OUT:-bench/out}/<ladder>/<timestamp>/ (results.json, waterfall.png, log).

@@ -41,7 +41,8 @@ SETUPS: dict[str, Setup] = {
     # Sized so `speedladder run` on 2 CPU cores ends within 5 minutes, compiles included.
     "d2l-cpu": Setup("timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4,
                      steps_per_window=20, warmup_steps=2),
-    # The nanoGPT-style source: B=16, T=1024. x4 batch-up keeps the fp32 control's logits in memory.
+    # The nanoGPT-style source: B=16, T=1024. Batch-up x4, not x8: a guess (untested on a GPU) that keeps
+    # the fp32 control's full-vocabulary logits within memory.
     "gpt2-124m": Setup("tinyshakespeare", "gpt2", batch_size=16, seq_len=1024, batch_multiplier=4,
                        steps_per_window=10, warmup_steps=3),
     "tiny": Setup("timemachine", "char", batch_size=4, seq_len=32, batch_multiplier=2,
