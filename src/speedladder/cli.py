@@ -57,6 +57,14 @@ def add_workload_flags(p: argparse.ArgumentParser) -> None:
                    help="seed of the initial weights and the batches. Default: %(default)s")
 
 
+def add_rung_flags(p: argparse.ArgumentParser) -> None:
+    """Which techniques, shared by the commands that build a step from rungs."""
+    p.add_argument("--rungs", type=_rungs, default=default(RunConfig, "rungs"), metavar="A,B,C",
+                   help=f"rungs in order, each building on the last that passed. Default: {','.join(SOURCE_LADDER)}")
+    p.add_argument("--batch-multiplier", type=int, metavar="K",
+                   help="the batch rung multiplies the batch by K. Default: the preset's")
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="speedladder",
                     description="Measure transformer training honestly, then climb a ladder of speed "
@@ -69,10 +77,7 @@ def build_parser() -> Parser:
                                      "the same function and still learns, print the table, write results.json "
                                      "and waterfall.png.")
     add_workload_flags(run)
-    run.add_argument("--rungs", type=_rungs, default=default(RunConfig, "rungs"), metavar="A,B,C",
-                     help=f"rungs in order, each building on the last that passed. Default: {','.join(SOURCE_LADDER)}")
-    run.add_argument("--batch-multiplier", type=int, metavar="K",
-                     help="the batch rung multiplies the batch by K. Default: the preset's")
+    add_rung_flags(run)
     run.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
                      help="parent folder of the run folder DIR/<timestamp>/. Default: %(default)s")
     run.add_argument("--peak-tflops", type=float, metavar="X",

@@ -138,3 +138,10 @@ RUNGS: dict[str, Rung] = {r.name: r for r in (
          "memory",
          lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "activation-checkpointing"))),
 )}
+
+
+def compose(names: tuple[str, ...], spec: StepSpec, env: Env) -> StepSpec:
+    """The spec that the named rungs give when each is applied to the last, with no gates in between."""
+    for name in names:
+        spec = RUNGS[name].transform(spec, env)
+    return spec

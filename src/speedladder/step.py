@@ -8,9 +8,10 @@ tensor, never a Python number: reading it would synchronize the host.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+from torch import nn
 
 from speedladder.model import GPT, GPTConfig
 from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
@@ -35,7 +36,7 @@ def initial_state(cfg: GPTConfig, seed: int) -> dict[str, torch.Tensor]:
 
 class TrainStep:
     def __init__(self, spec: StepSpec, cfg: GPTConfig, init: dict[str, torch.Tensor],
-                 device: torch.device, lr: float) -> None:
+                 device: torch.device, lr: float, wrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
         self.spec = spec
         self.device = device
         self.lr = lr
@@ -48,6 +49,8 @@ class TrainStep:
         self.model = model
         for name in spec.transforms:
             self.model = MODEL_TRANSFORMS[name](self.model)
+        if wrap is not None:  # e.g. DistributedDataParallel: after the transforms, before compilation
+            self.model = wrap(self.model)
         # dynamic=False: one fixed shape per rung; a shape change must recompile, and is counted.
         self.forward = torch.compile(self.model, dynamic=False) if spec.compile else self.model
         self.optimizer = self._new_optimizer()
