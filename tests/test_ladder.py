@@ -15,7 +15,7 @@ from speedladder.cli import main
 from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
-        "--learns-min-drop", "0.05"]
+        "--learns-min-drop", "0.05", "--no-profile"]
 
 
 def run_dir(out: Path) -> Path:
@@ -33,7 +33,7 @@ def by_name(res: dict) -> dict[str, dict]:
 
 def test_source_ladder_end_to_end(tmp_path, capsys):
     """The default ladder R0-R4 on the tiny preset: compiled, measured, verified, saved, drawn."""
-    rc = main(["run", *FAST, "--out", str(tmp_path)])
+    rc = main(["run", *[a for a in FAST if a != "--no-profile"], "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert rc == 0
     res = saved(tmp_path)
@@ -77,8 +77,23 @@ def test_source_ladder_end_to_end(tmp_path, capsys):
     for row in report.rows(res):
         assert row["tokens/s"] in out and row["× cum"] in out
     assert (run_dir(tmp_path) / "waterfall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Measure -> classify -> predict: the baseline's profile, a prediction per rung, the error against it.
+    prof = res["profile"]
+    assert prof["regime"] in ("compute-bound", "memory-bound", "overhead-bound") and prof["evidence"]
+    assert sum(c["share"] for c in prof["categories"].values()) == pytest.approx(1.0)
+    assert [p["rung"] for p in res["predictions"]] == ["eager", "compile", "bf16", "batch", "ckpt"]
+    assert json.loads((run_dir(tmp_path) / "trace.json").read_text())["traceEvents"]
+    for name in ("compile", "bf16", "batch", "ckpt"):
+        r = rungs[name]
+        assert r["predicted"]["speedup"] > 0 and r["predicted"]["reason"]
+        assert r["prediction_error"] == pytest.approx(r["speedup_prev"] / r["predicted"]["speedup"] - 1)
+    assert rungs["batch-fp32"]["predicted"] is None  # a control is compared with its rung, not predicted
+    assert "pred ×" in out and "regime: " in " ".join(out.split())
+    fig = report.waterfall_figure(res)
+    marks = {ln.get_gid() for ln in fig.axes[0].lines if ln.get_gid()}
+    assert {"predicted-compile", "predicted-bf16", "predicted-batch", "predicted-ckpt"} <= marks
     # Progress for the long phases went to stderr.
-    for phase in ("compiling", "window 3/3", "gates", "learns-check"):
+    for phase in ("profile", "compiling", "window 3/3", "gates", "learns-check"):
         assert phase in err
 
 

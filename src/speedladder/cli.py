@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from speedladder import __version__
-from speedladder.config import SETUPS, SOURCE_LADDER, GateConfig, RunConfig, TimingConfig, default
+from speedladder.config import SETUPS, SOURCE_LADDER, GateConfig, ProfileConfig, RunConfig, TimingConfig, default
 from speedladder.errors import UsageError
 from speedladder.model import PRESETS
 
@@ -65,6 +65,11 @@ def add_rung_flags(p: argparse.ArgumentParser) -> None:
                    help="the batch rung multiplies the batch by K. Default: the preset's")
 
 
+def add_profile_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile-steps", type=int, default=default(ProfileConfig, "steps"), metavar="N",
+                   help="steps profiled, each synchronized at its end. Default: %(default)s")
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="speedladder",
                     description="Measure transformer training honestly, then climb a ladder of speed "
@@ -92,7 +97,25 @@ def build_parser() -> Parser:
                      help="steps of the final learns-check; 0 skips it. Default: %(default)s")
     run.add_argument("--learns-min-drop", type=float, default=gates.learns_min_drop, metavar="F",
                      help="the learns-check's loss must fall by this fraction. Default: %(default)s")
+    run.add_argument("--no-profile", action="store_true",
+                     help="skip the baseline profile and the predictions made from it")
+    add_profile_flags(run)
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+    prof = sub.add_parser("profile", help="profile the baseline, name its regime, predict every rung",
+                          description="Profile a few steps of the baseline in a child process: the top operators, "
+                                      "one step broken into categories that add to 100%%, the regime (compute-, "
+                                      "memory- or overhead-bound) with its evidence, and a predicted speed-up "
+                                      "with its reason for every rung of the ladder. Writes profile.json and a "
+                                      "Chrome/Perfetto trace.json to DIR/<timestamp>/.")
+    add_workload_flags(prof)
+    add_rung_flags(prof)
+    add_profile_flags(prof)
+    prof.add_argument("--profile-rungs", type=_rungs, default=(), metavar="A,B,C",
+                      help="profile the spec these rungs make instead of the baseline (predictions then start "
+                           "from it). Default: the baseline")
+    prof.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
+                      help="parent folder of the profile's folder DIR/<timestamp>/. Default: %(default)s")
 
     report = sub.add_parser("report", help="print the table and redraw waterfall.png from a run folder",
                             description="Read RUN_DIR/results.json, print its table and redraw its waterfall.png.")
@@ -101,14 +124,19 @@ def build_parser() -> Parser:
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:
+    """The flags as a RunConfig; a flag a command does not have keeps the dataclass default."""
+    gates = GateConfig()
     return RunConfig(
         preset=args.preset, data=args.data, tokenizer=args.tokenizer, batch_size=args.batch_size,
         seq_len=args.seq_len, batch_multiplier=args.batch_multiplier, rungs=args.rungs, device=args.device,
-        lr=args.lr, seed=args.seed, out=args.out, peak_tflops=args.peak_tflops,
+        lr=args.lr, seed=args.seed, out=args.out, peak_tflops=getattr(args, "peak_tflops", None),
         timing=TimingConfig(steps=args.steps, windows=args.windows, warmup=args.warmup,
                             max_warmup=args.max_warmup),
-        gates=GateConfig(loss_steps=args.loss_steps, loss_band=args.loss_band, learns_steps=args.learns_steps,
-                         learns_min_drop=args.learns_min_drop),
+        gates=GateConfig(loss_steps=getattr(args, "loss_steps", gates.loss_steps),
+                         loss_band=getattr(args, "loss_band", gates.loss_band),
+                         learns_steps=getattr(args, "learns_steps", gates.learns_steps),
+                         learns_min_drop=getattr(args, "learns_min_drop", gates.learns_min_drop)),
+        profile=ProfileConfig(enabled=not getattr(args, "no_profile", False), steps=args.profile_steps),
     )
 
 
@@ -145,6 +173,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from speedladder import predict, profile, report, results
+    from speedladder.ladder import prepare
+    from speedladder.progress import Progress
+    from speedladder.rungs import RUNGS
+
+    progress = Progress()
+    unknown = [r for r in args.profile_rungs if r not in RUNGS]
+    if unknown:
+        raise UsageError(f"unknown rung {unknown[0]!r} in --profile-rungs (choose from {', '.join(RUNGS)})")
+    work = prepare(run_config(args))
+    if work.cfg.preset_note:
+        progress(work.cfg.preset_note)
+    run_dir = results.new_run_dir(work.cfg.out)
+    progress(f"profiling {work.cfg.profile.steps} steps of {work.cfg.preset} on {work.device} in a child process",
+             "profile")
+    b = profile.run_in_child(work.cfg.to_run_config(), args.profile_rungs, run_dir / profile.TRACE,
+                             work.cfg.profile.timeout_s)
+    base = profile.spec_of(b)
+    rungs = [r for r in work.cfg.rungs if r not in args.profile_rungs]
+    preds = predict.chain(b, rungs, base, work.env)
+    saved = {"schema": results.SCHEMA, "kind": "profile", "created": results.now(),
+             "command": results.command_line(), "config": work.cfg.to_dict(),
+             "environment": results.environment(work.device), "model": {"preset": work.cfg.preset,
+                                                                        "params": work.params},
+             "profile": b, "predictions": [p.to_dict() for p in preds]}
+    results.save(saved, run_dir, profile.FILENAME)
+    report.print_profile(saved)
+    print(f"profile: {run_dir / profile.FILENAME}\ntrace: {run_dir / profile.TRACE}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from speedladder import report, results
 
@@ -159,7 +219,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "report": cmd_report}[args.command](args)
+        return {"run": cmd_run, "profile": cmd_profile, "report": cmd_report}[args.command](args)
     except UsageError as e:
         print(f"speedladder: error: {e}", file=sys.stderr)
         return 2

@@ -74,6 +74,15 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class ProfileConfig:
+    """The profile taken before the ladder (measure -> classify -> predict)."""
+
+    enabled: bool = True  # `run` profiles the baseline first; --no-profile skips it
+    steps: int = 5  # profiled steps, each synchronized at its end
+    timeout_s: float = 900.0  # the profiling process is given up on after this long
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """What the user asked for. None means "the preset's" (see SETUPS)."""
 
@@ -91,6 +100,7 @@ class RunConfig:
     peak_tflops: float | None = None  # override the peak table for MFU (e.g. a measured bf16 ceiling)
     timing: TimingConfig = field(default_factory=TimingConfig)
     gates: GateConfig = field(default_factory=GateConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass(frozen=True)
@@ -116,9 +126,20 @@ class Resolved:
     warmup: int
     max_warmup: int
     gates: GateConfig
+    profile: ProfileConfig
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def to_run_config(self) -> RunConfig:
+        """The same run with every value stated: what a child process resolves to the same thing."""
+        return RunConfig(
+            preset=self.preset, data=self.data, tokenizer=self.tokenizer, batch_size=self.batch_size,
+            seq_len=self.seq_len, batch_multiplier=self.batch_multiplier, rungs=self.rungs, device=self.device,
+            lr=self.lr, seed=self.seed, out=self.out, peak_tflops=self.peak_tflops,
+            timing=TimingConfig(steps=self.steps, windows=self.windows, warmup=self.warmup,
+                                max_warmup=self.max_warmup),
+            gates=self.gates, profile=self.profile)
 
     def with_vocab(self, vocab_size: int) -> Resolved:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
@@ -192,6 +213,8 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
                         ("learns-check minimum drop", cfg.gates.learns_min_drop)):
         if value < 0:
             raise UsageError(f"{name} must be zero or more, got {value}")
+    if cfg.profile.steps < 1:
+        raise UsageError(f"at least one profiled step is needed, got {cfg.profile.steps}")
     if t.windows < 3:
         raise UsageError(f"at least 3 timed windows are needed for a median and a spread, got {t.windows}")
     if cfg.peak_tflops is not None:
@@ -218,4 +241,5 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
         batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, rungs=rungs,
         device=str(device), lr=cfg.lr, seed=cfg.seed, out=cfg.out, peak_tflops=cfg.peak_tflops,
         steps=steps, windows=t.windows, warmup=warmup, max_warmup=t.max_warmup, gates=cfg.gates,
+        profile=cfg.profile,
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from speedladder import measure, results, verify
+from speedladder import measure, predict, results, verify
 from speedladder.config import Resolved, RunConfig, pick_device, resolve
 from speedladder.data import BatchStream, Corpus, check_fits, load_corpus
 from speedladder.model import GPT
@@ -99,7 +99,10 @@ class Ladder:
             "rungs": [],
             "learns_check": None,
             "fastest": None,
+            "profile": None,
+            "predictions": None,
         }
+        self.path: list[str] = []  # the rungs whose transforms make the current base spec
         self.save()
 
     def save(self) -> None:
@@ -142,6 +145,7 @@ class Ladder:
             "requirement": dataclasses.asdict(rung.requires),
             "status": "pending",
             "detail": "",
+            "predicted": None if control else self._predicted(rung),
         }
         self.results["rungs"].append(r)
         say = self.progress.scoped(r["name"])
@@ -224,7 +228,7 @@ class Ladder:
 
     def _derive(self, r: dict, base: dict | None) -> None:
         """Speed-ups against the rung built on and against the baseline, and the verdict."""
-        r.update(speedup_prev=None, speedup_cum=None, verdict=None)
+        r.update(speedup_prev=None, speedup_cum=None, verdict=None, prediction_error=None)
         if r["status"] != "ok":
             return
         baseline = next((x for x in self.results["rungs"] if x["role"] == "rung" and x["status"] == "ok"), None)
@@ -238,13 +242,52 @@ class Ladder:
             return
         base_spread = measure.Spread(**base["tokens_per_s"])
         r["speedup_prev"] = spread.median / base_spread.median
+        predicted = (r.get("predicted") or {}).get("speedup")
+        if predicted:
+            r["prediction_error"] = r["speedup_prev"] / predicted - 1  # > 0: faster than predicted
         # A control is not a step up the ladder: its × prev is against its own rung, stated in the notes.
         r["verdict"] = "control" if r["role"] == "control" else measure.verdict(spread, base_spread)
+
+    # -- measure -> classify -> predict ---------------------------------------------------------
+
+    def profile(self) -> None:
+        """Profile the baseline in a child process, before any timed window; predict every rung from it."""
+        from speedladder import profile
+
+        say = self.progress.scoped("profile")
+        say(f"profiling {self.work.cfg.profile.steps} baseline steps in a child process (no timed window "
+            "shares its process)")
+        try:
+            # The child profiles the baseline only: it needs no rungs (nor to know rungs added in this process).
+            child_cfg = dataclasses.replace(self.work.cfg.to_run_config(), rungs=("eager",))
+            b = profile.run_in_child(child_cfg, (), self.run_dir / profile.TRACE, self.work.cfg.profile.timeout_s)
+        except Exception as e:  # noqa: BLE001 -- the ladder is still worth measuring without predictions
+            self.results["profile"] = {"error": one_line(e)}
+            say(f"failed, no predictions: {one_line(e)}")
+            self.save()
+            return
+        self.results["profile"] = b
+        preds = predict.chain(b, self.work.cfg.rungs, self.work.base_spec, self.work.env)
+        self.results["predictions"] = [p.to_dict() for p in preds]
+        say(f"{b['regime']}: {b['evidence']}")
+        for p in preds:
+            say(f"predicted {p.rung}: " + ("n/a" if p.speedup is None else f"{p.speedup:.2f}x") + f" ({p.reason})")
+        self.save()
+
+    def _predicted(self, rung: Rung) -> dict | None:
+        """This rung's prediction on the spec it actually builds on (the rungs that passed before it)."""
+        b = self.results.get("profile")
+        if not b or "error" in b:
+            return None
+        p = predict.chain(b, [*self.path, rung.name], self.work.base_spec, self.work.env)[-1]
+        return {"speedup": p.speedup, "reason": p.reason}
 
     # -- the whole ladder -------------------------------------------------------------------
 
     def run(self) -> dict:
         try:
+            if self.work.cfg.profile.enabled:
+                self.profile()
             self._climb_all()
             self._learns_check()
             self.results["status"] = "complete"
@@ -265,6 +308,7 @@ class Ladder:
                 self.climb(rung, rung.control(new), r, role="control")
             if r["status"] == "ok" and r["gate"]["passed"]:
                 spec, base = new, r
+                self.path.append(name)
 
     def _learns_check(self) -> None:
         cfg = self.work.cfg

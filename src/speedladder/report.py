@@ -12,6 +12,7 @@ from rich.table import Table
 WATERFALL = "waterfall.png"
 
 COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4"}
+PREDICTED = "#ff7f0e"
 STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
                 "pending": "interrupted"}
 
@@ -44,7 +45,9 @@ def rows(results: dict) -> list[dict[str, str]]:
     out = []
     for r in results["rungs"]:
         label = r["name"] if r["role"] == "rung" else f"└ {r['rung']} fp32 control"
-        row = {"rung": label, "tokens/s": "—", "min–max": "—", "× prev": "—", "× cum": "—", "step ms": "—",
+        pred = (r.get("predicted") or {}).get("speedup")
+        row = {"rung": label, "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": _x(pred), "err": "—",
+               "× cum": "—", "step ms": "—",
                "peak mem": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—", "gate": _gate(r),
                "verdict": STATUS_LABEL.get(r["status"], "")}
         if r["status"] == "ok":
@@ -52,6 +55,7 @@ def rows(results: dict) -> list[dict[str, str]]:
             row.update({
                 "tokens/s": f"{t['median']:,.0f}", "min–max": f"{t['min']:,.0f}–{t['max']:,.0f}",
                 "× prev": _x(r["speedup_prev"]), "× cum": _x(r["speedup_cum"]),
+                "err": "—" if r.get("prediction_error") is None else f"{100 * r['prediction_error']:+.0f}%",
                 "step ms": f"{r['step_ms']:.1f}", "peak mem": gib(r["peak_memory_bytes"]),
                 "MFU": "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%",
                 "TFLOP/s": f"{r['tflops']:.2f}" if r["tflops"] >= 0.1 else f"{r['tflops']:.3f}",
@@ -124,6 +128,7 @@ def notes(results: dict) -> list[str]:
                    f"{lc['final_loss']:.3f} ({-100 * lc['drop']:.0f}%): {'passed' if lc['passed'] else 'FAILED'}.")
     elif lc:
         out.append(f"learns-check ({lc['rung']}): FAILED — {lc['detail']}")
+    out.extend(profile_notes(results))
     fastest = results.get("fastest")
     if fastest:
         f = by_name[fastest]
@@ -135,6 +140,104 @@ def notes(results: dict) -> list[str]:
     if results.get("status") == "interrupted":
         out.append("run interrupted: the rungs above were measured before the stop.")
     return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def category_line(b: dict) -> str:
+    return ", ".join(f"{c} {_pct(v['share'])}" for c, v in b["categories"].items() if v["share"] >= 0.005)
+
+
+def roofline_line(results: dict) -> str | None:
+    """Each measured rung's achieved TFLOP/s against a peak: the datasheet's, else the ceiling measured here."""
+    b = results.get("profile") or {}
+    ceiling = (b.get("matmuls") or {}).get("ceiling_tflops") or {}
+    parts = []
+    for r in results["rungs"]:
+        if r["status"] != "ok" or r["role"] != "rung":
+            continue
+        if r.get("peak_tflops"):
+            parts.append(f"{r['name']} {r['tflops']:.3g} of {r['peak_tflops']:.0f} datasheet ({_pct(r['mfu'])})")
+        elif ceiling.get(r["precision"] if r["precision"] != "tf32" else "fp32"):
+            c = ceiling[r["precision"] if r["precision"] != "tf32" else "fp32"]
+            parts.append(f"{r['name']} {r['tflops']:.3g} of {c:.3g} ({_pct(r['tflops'] / c)})")
+    if not parts:
+        return None
+    source = ("datasheet peak" if any(r.get("peak_tflops") for r in results["rungs"]) else
+              f"the {b.get('matmuls', {}).get('ceiling_n')}³ matmul ceiling measured here at the rung's precision")
+    return f"roofline, achieved TFLOP/s of {source}: " + "; ".join(parts) + "."
+
+
+def profile_notes(results: dict) -> list[str]:
+    """The profile's verdict and each prediction against its measurement."""
+    b = results.get("profile")
+    if not b:
+        return []
+    if "error" in b:
+        return [f"profile: failed ({b['error']}); no predictions."]
+    out = [f"profile of the baseline ({b['steps']} steps, {b['time_basis']}): {category_line(b)}.",
+           f"regime: {b['regime']} — {b['evidence']}."]
+    mem = b.get("memory_gbps")
+    if mem:
+        out.append(f"memory-bound operators moved {mem:.1f} GB/s (counted from shapes for "
+                   f"{_pct(b['memory_counted_share'])} of their time); a large copy runs at {b['copy_gbps']:.1f} GB/s "
+                   "here.")
+    line = roofline_line(results)
+    if line:
+        out.append(line)
+    for r in results["rungs"]:
+        p = r.get("predicted")
+        if r["role"] != "rung" or not p or p.get("speedup") is None or r.get("built_on") is None:
+            continue
+        measured = "not measured" if r["status"] != "ok" else (
+            f"measured {r['speedup_prev']:.2f}× ({100 * r['prediction_error']:+.0f}%)")
+        out.append(f"predicted {r['name']}: {p['reason']}; {measured}.")
+    return out
+
+
+def print_profile(saved: dict, console: Console | None = None) -> None:
+    """`speedladder profile`'s output: top operators, categories, regime, roofline, predictions."""
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    b = saved["profile"]
+    spec = b["spec"]
+    console.print(escape(f"speedladder profile · {saved['config']['preset']} on "
+                         f"{saved['environment']['device_name']} · B={spec['batch_size']} T={spec['seq_len']} · "
+                         f"{'+'.join(b['rungs']) or 'baseline (eager fp32)'} · {b['steps']} steps"))
+    console.print(escape(f"top operators by {'CUDA' if b['device_type'] == 'cuda' else 'CPU'} self time "
+                         "(torch.profiler, all profiled steps):"))
+    console.print(escape(b["top_table"].rstrip()), soft_wrap=True)
+    t = Table(title=escape(f"one step, {b['wall_step_ms']:.2f} ms under the profiler: {b['time_basis']}"),
+              title_justify="left")
+    for col in ("category", "ms/step", "share", "of which per-op floor"):
+        t.add_column(col, justify="left" if col == "category" else "right")
+    for c, v in b["categories"].items():
+        t.add_row(escape(c), f"{v['ms']:.3f}", _pct(v["share"]), f"{v['floor_ms']:.3f}" if v["floor_ms"] else "—")
+    t.add_row("total", f"{sum(v['ms'] for v in b['categories'].values()):.3f}",
+              _pct(sum(v["share"] for v in b["categories"].values())), "")
+    console.print(t)
+    console.print(escape(f"regime: {b['regime']} — {b['evidence']}"), soft_wrap=True)
+    m = b.get("matmuls") or {}
+    ceil = m.get("ceiling_tflops") or {}
+    facts = [(f"measured here: {m.get('ceiling_n')}³ matmul {ceil.get('fp32', 0):.3g} TFLOP/s fp32, "
+              f"{ceil.get('bf16', 0):.3g} bf16")]
+    if b.get("matmul_tflops"):
+        facts.append(f"the step's matmuls achieved {b['matmul_tflops']:.3g} TFLOP/s")
+    if m.get("bf16_speedup"):
+        facts.append(f"this model's matmuls {m['bf16_speedup']:.2f}× faster in bf16")
+    gain = (m.get("batch_gain") or {}).get("fp32")
+    if gain:
+        facts.append(f"{gain:.2f}× as efficient at {m['multiplier']}× the batch (fp32)")
+    if b.get("memory_gbps"):
+        facts.append(f"memory-bound ops {b['memory_gbps']:.1f} GB/s vs a large copy's {b['copy_gbps']:.1f} GB/s")
+    console.print(escape("roofline: " + "; ".join(facts) + "."), soft_wrap=True)
+    t = Table(title="predictions (each on the rung before it)", title_justify="left")
+    for col in ("rung", "pred ×", "why"):
+        t.add_column(col, justify="right" if col == "pred ×" else "left")
+    for p in saved.get("predictions") or []:
+        t.add_row(escape(p["rung"]), _x(p["speedup"]), escape(p["reason"]))
+    console.print(t)
 
 
 def print_report(results: dict, console: Console | None = None) -> None:
@@ -161,6 +264,7 @@ def waterfall_figure(results: dict):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     rungs = [r for r in results["rungs"] if r["role"] == "rung"]
@@ -189,6 +293,10 @@ def waterfall_figure(results: dict):
         if r["peak_memory_bytes"] is not None:
             label += f"\n{gib(r['peak_memory_bytes'])}"
         ax.text(i, hi + 0.03 * top, label, ha="center", va="bottom", fontsize=9)
+        pred = (r.get("predicted") or {}).get("speedup")
+        if pred is not None and r["built_on"]:
+            ax.plot([i - 0.3, i + 0.3], [start * pred] * 2, color=PREDICTED, linewidth=2.5,
+                    solid_capstyle="butt", gid=f"predicted-{r['name']}")
         control = next((c for c in results["rungs"] if c["role"] == "control" and c["rung"] == r["name"]), None)
         if control is not None and control["status"] == "ok":
             ax.hlines(control["speedup_cum"], i - 0.4, i + 0.4, colors="black", linestyles="dashed", linewidth=1)
@@ -202,6 +310,8 @@ def waterfall_figure(results: dict):
     ax.set_title(f"{c['preset']} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
     handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
+    if any((r.get("predicted") or {}).get("speedup") for r in rungs):
+        handles.append(Line2D([], [], color=PREDICTED, linewidth=2.5, label="predicted"))
     ax.legend(handles=handles, loc="upper left", fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()

@@ -121,10 +121,10 @@ def _finite(value: object) -> object:
     return value
 
 
-def save(results: dict, run_dir: Path) -> Path:
+def save(results: dict, run_dir: Path, filename: str = FILENAME) -> Path:
     """Write atomically: an interruption mid-write leaves the previous complete file."""
     results["updated"] = now()
-    path = run_dir / FILENAME
+    path = run_dir / filename
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(_finite(results), indent=1, allow_nan=False))
     os.replace(tmp, path)

@@ -1,0 +1,202 @@
+"""Issue 3: profile, classify, predict — and the profiler never taxes a timed window."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import profile as torch_profile
+
+from speedladder import measure, predict, profile, results
+from speedladder.cli import main
+from speedladder.config import RunConfig
+from speedladder.data import BatchStream
+from speedladder.rungs import RUNGS, StepSpec
+from speedladder.step import TrainStep
+
+CPU = torch.device("cpu")
+
+
+def tiny_step(tiny, seed: int = 0):
+    spec = tiny.base_spec
+    step = TrainStep(spec, tiny.cfg.model, tiny.init, CPU, tiny.cfg.lr)
+    return measure.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, seed))
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(tiny, tmp_path_factory) -> dict:
+    """The tiny baseline profiled in this process (the tests of the child process are below)."""
+    trace = tmp_path_factory.mktemp("trace") / profile.TRACE
+    b = profile.profile_step(tiny_step(tiny), CPU, steps=3, warmup=2, trace_path=trace)
+    b["trace_path"] = str(trace)
+    b["matmuls"] = profile.matmul_facts(tiny.cfg.model, 4, 32, 2, CPU, ceiling_n=128, budget_s=0.5)
+    return b
+
+
+def test_categories_add_to_100_percent_and_match_the_step(tiny_profile):
+    cats = tiny_profile["categories"]
+    assert list(cats) == list(profile.CATEGORIES)
+    assert sum(c["share"] for c in cats.values()) == pytest.approx(1.0, abs=1e-9)
+    assert all(c["share"] >= 0 and c["ms"] >= 0 for c in cats.values())
+    # The tiny GPT does matmuls, layer norms, a softmax, and an AdamW step: each is seen where it belongs.
+    for name in ("matmul", "elementwise & norm", "reductions & softmax", "optimizer"):
+        assert cats[name]["share"] > 0.005, name
+    # On a CPU the categories are operator time plus the gaps between operators: they add to the step's wall time.
+    assert sum(c["ms"] for c in cats.values()) == pytest.approx(tiny_profile["wall_step_ms"], rel=0.02)
+    assert "CPU operator time" in tiny_profile["time_basis"]
+    assert tiny_profile["regime"] in profile.REGIMES and tiny_profile["evidence"]
+    assert tiny_profile["op_floor_us"] > 0 and tiny_profile["ops_per_step"] > 50
+    assert "aten::" in tiny_profile["top_table"] and tiny_profile["top_ops"][0]["share"] > 0
+
+
+def test_category_of_operator_names():
+    assert profile.category("aten::addmm") == "matmul"
+    assert profile.category("aten::bmm") == "matmul"
+    assert profile.category("aten::_scaled_dot_product_flash_attention") == "attention"
+    assert profile.category("aten::native_layer_norm") == "elementwise & norm"
+    assert profile.category("aten::gelu") == "elementwise & norm"
+    assert profile.category("aten::_softmax") == "reductions & softmax"
+    assert profile.category("aten::copy_") == "copies & H2D"
+    assert profile.category("Memcpy HtoD (Pageable -> Device)") == "copies & H2D"
+    assert profile.category("aten::view") == profile.IDLE  # no arithmetic, no traffic: host time
+    assert profile.category("autograd::engine::evaluate_function: MmBackward0") == profile.IDLE
+    assert profile.category("Optimizer.step#AdamW.step") == "optimizer"
+    assert profile.category("triton_red_fused_native_layer_norm_0") == "reductions & softmax"
+    assert profile.category("triton_poi_fused_add_0") == "elementwise & norm"
+
+
+def _classify(step, steps: int = 3) -> dict:
+    return profile.profile_step(step, CPU, steps=steps, warmup=1)
+
+
+def test_many_tiny_ops_are_overhead_bound():
+    a, b = torch.ones(4), torch.ones(4)
+
+    def step():
+        x = a
+        for _ in range(300):
+            x = torch.add(x, b)
+        return x
+
+    p = _classify(step)
+    assert p["regime"] == "overhead-bound", p["evidence"]
+    assert p["buckets"]["overhead"] > 0.5
+
+
+def test_one_big_matmul_is_compute_bound():
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    p = _classify(lambda: a @ b)
+    assert p["regime"] == "compute-bound", p["evidence"]
+    assert p["categories"]["matmul"]["share"] > 0.8
+    assert p["matmul_tflops"] > 0  # the profiler counted the FLOPs: 2 * 512^3 per step
+
+
+def test_a_big_elementwise_op_is_memory_bound():
+    a, b = torch.randn(1 << 22), torch.randn(1 << 22)
+    p = _classify(lambda: a * b + a)
+    assert p["regime"] == "memory-bound", p["evidence"]
+    assert p["memory_gbps"] > 0  # bytes counted from the recorded shapes
+
+
+def test_trace_is_valid_json_with_events(tiny_profile):
+    path = tiny_profile["trace_path"]
+    assert profile.valid_trace(path) > 100
+    names = {e.get("name") for e in json.loads(Path(path).read_text())["traceEvents"]}
+    assert profile.STEP_MARK in names and "aten::addmm" in names
+
+
+def test_every_rung_gets_a_prediction_with_a_reason(tiny_profile, tiny):
+    preds = predict.chain(tiny_profile, list(RUNGS), tiny.base_spec, tiny.env)
+    assert [p.rung for p in preds] == list(RUNGS)
+    for p in preds:
+        assert p.speedup is not None and p.speedup > 0, p.rung
+        assert len(p.reason) > 20, p.rung
+    by = {p.rung: p for p in preds}
+    assert by["eager"].speedup == 1.0
+    assert by["ckpt"].speedup < 1.0  # a memory rung is predicted to cost speed
+    assert by["batch"].tokens_per_step == 2 * by["bf16"].tokens_per_step
+
+
+def synthetic(matmul: float, tail: float, idle: float, optimizer: float = 0.0, bf16: float = 4.0,
+              gain: float = 2.0) -> dict:
+    """A profile made by hand, for the arithmetic of the model."""
+    ms = {c: 0.0 for c in profile.CATEGORIES}
+    ms.update({"matmul": matmul, "elementwise & norm": tail, profile.IDLE: idle, "optimizer": optimizer})
+    total = sum(ms.values())
+    return {"categories": {c: {"ms": v, "share": v / total, "floor_ms": 0.0} for c, v in ms.items()},
+            "matmuls": {"bf16_speedup": bf16, "batch_gain": {"fp32": gain, "bf16": gain}, "multiplier": 4}}
+
+
+def test_prediction_arithmetic_by_hand(tiny):
+    p = synthetic(matmul=50, tail=30, idle=20)
+    base = StepSpec(4, 32)
+    env = tiny.env  # batch multiplier 2 on the tiny preset: the batch rung doubles
+    x = {q.rung: q.speedup for q in predict.chain(p, ["eager", "compile"], base, env)}
+    assert x["compile"] == pytest.approx(100 / (50 + 30 / 3 + 20 / 3))
+    x = {q.rung: q.speedup for q in predict.chain(p, ["bf16"], base, env)}
+    assert x["bf16"] == pytest.approx(100 / (50 / 4 + 30 + 20))
+    # Batch x4 with matmuls twice as efficient: 4x the tokens in 50*4/2 + 30*4 + 20 = 340 ms instead of 100.
+    env4 = type(env)(env.device_type, env.cuda_capability, 4)
+    x = {q.rung: q.speedup for q in predict.chain(p, ["batch"], base, env4)}
+    assert x["batch"] == pytest.approx(4 * 100 / (50 * 4 / 2 + 30 * 4 + 20))
+    x = {q.rung: q.speedup for q in predict.chain(p, ["ckpt"], base, env)}
+    assert x["ckpt"] == pytest.approx(100 / (50 * 4 / 3 + 30 * 4 / 3 + 20 * (1 + 1 / 6)))
+
+
+def test_small_matmuls_predict_a_loss_for_bf16(tiny):
+    # Where bf16 matmuls are slower than fp32 at the model's shapes (casts dominate), the prediction is a loss.
+    p = synthetic(matmul=60, tail=30, idle=10, bf16=0.8)
+    (q,) = predict.chain(p, ["bf16"], StepSpec(4, 32), tiny.env)
+    assert q.speedup < 1.0
+
+
+def _window_rates(step, n_windows: int = 5, steps: int = 15) -> list[float]:
+    t = measure.run_windows(step, CPU, tokens_per_step=128, steps=steps, windows=n_windows, warmup=2,
+                            max_warmup=10)
+    return [w.tokens_per_s for w in t.windows]
+
+
+def test_a_window_after_profiling_is_not_slower(tiny, tmp_path):
+    """The profile runs in a child process: the windows timed afterwards pay nothing for it."""
+    step = tiny_step(tiny)
+    before = _window_rates(step)
+    b = profile.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (),
+                             tmp_path / profile.TRACE, timeout_s=300)
+    after = _window_rates(step)
+    assert b["regime"] in profile.REGIMES and profile.valid_trace(tmp_path / profile.TRACE) > 0
+    assert not torch.autograd.profiler._is_profiler_enabled
+    # Within the spread of the windows measured before: the slowest of them bounds the median after.
+    assert statistics.median(after) >= min(before), (before, after)
+    # The check can fail: the same windows under an in-process profiler are clearly slower than untaxed ones.
+    with torch_profile(record_shapes=True, with_flops=True, with_stack=True):
+        taxed = _window_rates(step, n_windows=3)
+    assert statistics.median(taxed) < statistics.median(before + after), (before, after, taxed)
+
+
+def test_profile_command_writes_profile_and_trace(tmp_path, capsys):
+    rc = main(["profile", "--preset", "tiny", "--device", "cpu", "--profile-steps", "2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    saved = json.loads((folder / profile.FILENAME).read_text())
+    assert saved["schema"] == results.SCHEMA and saved["kind"] == "profile"
+    b = saved["profile"]
+    assert b["steps"] == 2 and b["regime"] in profile.REGIMES
+    assert sum(c["share"] for c in b["categories"].values()) == pytest.approx(1.0)
+    assert [p["rung"] for p in saved["predictions"]] == ["eager", "compile", "bf16", "batch", "ckpt"]
+    assert profile.valid_trace(folder / profile.TRACE) > 0
+    for text in ("top operators", "regime: " + b["regime"], "predictions", "aten::addmm", "roofline"):
+        assert text in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--profile-rungs", "warp"], "unknown rung 'warp'"),
+    (["--profile-steps", "0"], "at least one profiled step"),
+])
+def test_profile_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
+    rc = main(["profile", "--preset", "tiny", "--device", "cpu", "--out", str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err
