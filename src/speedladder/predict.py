@@ -7,9 +7,11 @@ the ladder exactly as the measured × prev do. Only ratios are used: the
 profiler's own overhead inflates every part of the profiled step alike.
 
 The parts:
-  matmul     weight and attention-score matmuls, less each operator's fixed cost
-  attention  fused attention kernels
-  tail       elementwise, normalization, reductions, softmax, loss
+  matmul       weight matmuls, less each operator's fixed cost
+  attn_matmul  the hand-written attention's two batched matmuls (scores, weighted sum)
+  attention    fused attention kernels
+  attn_tail    the hand-written attention's mask and softmax, forward and backward
+  tail         the rest of the elementwise, normalization, reductions, softmax, loss
   copies     copies, layout changes, host-to-device
   optimizer  the optimizer's update and zero_grad, fixed cost included (per step, not per token)
   overhead   the device waiting on the host, plus every operator's fixed cost (per step, not per token)
@@ -29,13 +31,22 @@ from dataclasses import dataclass
 from speedladder.profile import IDLE
 from speedladder.rungs import RUNGS, Env, StepSpec
 
-PARTS: tuple[str, ...] = ("matmul", "attention", "tail", "copies", "optimizer", "overhead", "other")
+PARTS: tuple[str, ...] = ("matmul", "attn_matmul", "attention", "attn_tail", "tail", "copies", "optimizer",
+                          "overhead", "other")
+# The hand-written attention's operators outside its matmuls (model.py: masked_fill, softmax).
+ATTENTION_TAIL_OPS = ("aten::masked_fill", "aten::masked_fill_", "aten::_softmax", "aten::_softmax_backward_data")
 
 # Assumptions, each a number a reader can argue with:
 FUSION_KEEPS = 1 / 3  # compile: fusing the tail reads and writes each tensor once instead of ~3 times
 COMPILE_OVERHEAD_KEEPS = 1 / 3  # compile: one graph call replaces hundreds of dispatched ops in forward/backward
 BF16_ATTENTION_GAIN = 2.0  # bf16: fused attention kernels move half the bytes
 RECOMPUTE = 4 / 3  # ckpt: forward is ~1/3 of forward+backward work, done twice
+GRAPH_OVERHEAD_KEEPS = 0.1  # CUDA graphs: one replay launches every kernel of the graph; ~10% of the host cost stays
+AUTOTUNE_MATMUL_KEEPS = 0.9  # max-autotune: the best of several matmul tilings, ~10% over the default (assumed)
+FP8_LINEAR_GAIN = 1.6  # fp8: 2x bf16's peak, ~1.6x realized on large linears (assumed; small ones can lose)
+FP8_TAIL_COST = 1.1  # fp8: scaling (amax) and casts add ~10% to the elementwise tail (assumed)
+ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v and writes param, m, v: 7 fp32 tensors
+NEWTON_SCHULZ_STEPS = 5  # Muon's orthogonalization, per hidden matrix per step
 
 
 @dataclass(frozen=True)
@@ -58,9 +69,14 @@ def baseline_parts(profile: dict) -> dict[str, float]:
         return c[name]["ms"] - c[name].get("floor_ms", 0.0)
 
     floors = sum(c[name].get("floor_ms", 0.0) for name in c if name not in (IDLE, "optimizer"))
+    matmul = net("matmul")
+    attn_frac = ((profile.get("matmuls") or {}).get("attention_fraction") or {}).get("fp32", 0.0)
+    tail = net("elementwise & norm") + net("reductions & softmax")
+    ops = profile.get("ops_ms") or {}
+    attn_tail = min(sum(ops.get(n, 0.0) for n in ATTENTION_TAIL_OPS), tail)
     return {
-        "matmul": net("matmul"), "attention": net("attention"),
-        "tail": net("elementwise & norm") + net("reductions & softmax"), "copies": net("copies & H2D"),
+        "matmul": matmul * (1 - attn_frac), "attn_matmul": matmul * attn_frac, "attention": net("attention"),
+        "attn_tail": attn_tail, "tail": tail - attn_tail, "copies": net("copies & H2D"),
         "optimizer": c["optimizer"]["ms"], "overhead": c[IDLE]["ms"] + floors, "other": c["other"]["ms"],
     }
 
@@ -82,44 +98,123 @@ class Context:
 Predictor = Callable[[Context], tuple[dict[str, float], str]]
 
 
+def _facts(c: Context) -> dict:
+    return c.profile.get("matmuls") or {}
+
+
+def _prec(spec: StepSpec) -> str:
+    """The precision of the measured matmul facts that applies: TF32 is fp32 storage."""
+    return "bf16" if spec.precision == "bf16" else "fp32"
+
+
 def _compile(c: Context) -> tuple[dict[str, float], str]:
-    parts = c.scaled(tail=FUSION_KEEPS, copies=FUSION_KEEPS, overhead=COMPILE_OVERHEAD_KEEPS)
-    return parts, (f"elementwise/norm/reduction tail {c.share('tail'):.0%} and copies {c.share('copies'):.0%} "
-                   f"of the step, fusion removes ~2/3 of their traffic; host overhead {c.share('overhead'):.0%}, "
-                   "~2/3 of it removed")
+    k = FUSION_KEEPS
+    parts = c.scaled(tail=k, attn_tail=k, copies=k, overhead=COMPILE_OVERHEAD_KEEPS)
+    return parts, (f"elementwise/norm/softmax tail {c.share('tail', 'attn_tail'):.0%} and copies "
+                   f"{c.share('copies'):.0%} of the step, fusion removes ~2/3 of their traffic; host overhead "
+                   f"{c.share('overhead'):.0%}, ~2/3 of it removed")
 
 
 def _bf16(c: Context) -> tuple[dict[str, float], str]:
-    m = c.profile.get("matmuls") or {}
-    ratio = m.get("bf16_speedup")
+    ratio = _facts(c).get("bf16_speedup")
     if c.before.precision == "bf16":
         return c.parts, "already bf16: nothing changes"
     if not ratio:
         return c.parts, "no bf16 matmul measurement on this device: predicted unchanged"
-    parts = c.scaled(matmul=1 / ratio, attention=1 / BF16_ATTENTION_GAIN)
+    parts = c.scaled(matmul=1 / ratio, attn_matmul=1 / ratio, attention=1 / BF16_ATTENTION_GAIN)
     # The tail stays fp32 in this model: autocast keeps norms, softmax and the loss in fp32.
-    return parts, (f"matmuls {c.share('matmul'):.0%} of the step; in bf16 they run at {ratio:.2f}x their fp32 speed "
-                   "at this model's shapes (measured here, casts included); the fp32 tail is unchanged")
+    return parts, (f"matmuls {c.share('matmul', 'attn_matmul'):.0%} of the step; in bf16 they run at "
+                   f"{ratio:.2f}x their fp32 speed at this model's shapes (measured here, casts included); "
+                   "the fp32 tail is unchanged")
 
 
 def _batch(c: Context) -> tuple[dict[str, float], str]:
     k = c.after.batch_size / c.before.batch_size
-    m = c.profile.get("matmuls") or {}
-    gain = (m.get("batch_gain") or {}).get(c.before.precision if c.before.precision != "tf32" else "fp32")
+    m = _facts(c)
+    gain = (m.get("batch_gain") or {}).get(_prec(c.before))
     if not gain or m.get("multiplier") != round(k):
         gain, source = 1.0, "no measurement at this multiple: matmuls assumed to scale linearly"
     else:
         source = f"matmuls {gain:.2f}x as efficient at {k:.0f}x the rows (measured here)"
     # Per token: the fixed per-step costs are spread over k times the tokens; the rest grows with the batch.
-    parts = c.scaled(matmul=k / gain, attention=k, tail=k, copies=k, other=k)
+    parts = c.scaled(matmul=k / gain, attn_matmul=k / gain, attention=k, attn_tail=k, tail=k, copies=k, other=k)
     fixed = c.share("overhead", "optimizer")
     return parts, f"per-step costs (host overhead + optimizer {fixed:.0%}) spread over {k:.0f}x the tokens; {source}"
 
 
 def _ckpt(c: Context) -> tuple[dict[str, float], str]:
-    parts = c.scaled(matmul=RECOMPUTE, attention=RECOMPUTE, tail=RECOMPUTE, overhead=1 + (RECOMPUTE - 1) / 2)
+    r = RECOMPUTE
+    parts = c.scaled(matmul=r, attn_matmul=r, attention=r, attn_tail=r, tail=r, overhead=1 + (r - 1) / 2)
     return parts, ("recomputes each block's forward in backward: ~1/3 more compute, activation memory "
                    "~3x less (a memory rung, expected to cost speed)")
+
+
+def _sdpa(c: Context) -> tuple[dict[str, float], str]:
+    # Assumed: the fused kernel costs what the attention's two matmuls cost; the T x T scores are never
+    # written, so the mask and softmax traffic (and their backward) vanish.
+    parts = dict(c.parts, attention=c.parts["attention"] + c.parts["attn_matmul"], attn_matmul=0.0, attn_tail=0.0)
+    return parts, (f"the hand-written attention's mask and softmax ({c.share('attn_tail'):.0%} of the step) never "
+                   f"touch memory in a fused kernel; its matmuls ({c.share('attn_matmul'):.0%}) stay")
+
+
+def _fused_adamw(c: Context) -> tuple[dict[str, float], str]:
+    params, gbps = c.profile.get("params"), c.profile.get("copy_gbps")
+    if not params or not gbps:
+        return c.parts, "no parameter count or bandwidth in the profile: predicted unchanged"
+    floor_ms = ADAMW_BYTES_PER_PARAM * params / (gbps * 1e9) * 1e3
+    new = min(c.parts["optimizer"], floor_ms)
+    return dict(c.parts, optimizer=new), (
+        f"the optimizer ({c.share('optimizer'):.0%} of the step) becomes one pass over {params:,} parameters at the "
+        f"copy bandwidth measured here ({gbps:.0f} GB/s): {new:.2f} ms")
+
+
+def _pad_vocab(c: Context) -> tuple[dict[str, float], str]:
+    m = _facts(c)
+    p = _prec(c.before)
+    gain = (m.get("pad_vocab_speedup") or {}).get(p)
+    head = (m.get("head_fraction") or {}).get(p, 0.0)
+    if not gain:
+        return c.parts, "vocabulary already a multiple of 64, or the head was not measured: unchanged"
+    factor = 1 - head + head / gain
+    return c.scaled(matmul=factor), (f"the head is {head:.0%} of the matmul time; padded to a multiple of 64 it runs "
+                                     f"at {gain:.2f}x its speed (measured here)")
+
+
+def _max_autotune(c: Context) -> tuple[dict[str, float], str]:
+    parts = c.scaled(matmul=AUTOTUNE_MATMUL_KEEPS, attn_matmul=AUTOTUNE_MATMUL_KEEPS,
+                     overhead=GRAPH_OVERHEAD_KEEPS)
+    return parts, (f"assumed: autotuned matmul tiles ~10% faster on matmuls ({c.share('matmul', 'attn_matmul'):.0%}), "
+                   f"CUDA graphs remove ~90% of host overhead ({c.share('overhead'):.0%})")
+
+
+def _cudagraphs(c: Context) -> tuple[dict[str, float], str]:
+    return c.scaled(overhead=GRAPH_OVERHEAD_KEEPS), (
+        f"CUDA graphs replay the step's kernels without the host: ~90% of host overhead "
+        f"({c.share('overhead'):.0%} of the step) goes; the optimizer is not in the graph")
+
+
+def _muon(c: Context) -> tuple[dict[str, float], str]:
+    model = c.profile.get("model")
+    ceiling = (_facts(c).get("ceiling_tflops") or {}).get("bf16" if c.profile.get("device_type") == "cuda"
+                                                          else "fp32")
+    if not model or not ceiling:
+        return c.parts, "no model shape or matmul ceiling in the profile: predicted unchanged"
+    w, h = model["n_embd"], model["mlp_hidden"]
+    flops = 0.0
+    for rows, cols in ((w, 3 * w), (w, w), (w, h), (h, w)):
+        m, n = min(rows, cols), max(rows, cols)
+        flops += NEWTON_SCHULZ_STEPS * (4 * m * m * n + 2 * m**3)  # X Xt, A A, B X per iteration
+    flops *= model["n_layer"]
+    extra_ms = flops / (ceiling * 1e12) * 1e3
+    return dict(c.parts, optimizer=c.parts["optimizer"] + extra_ms), (
+        f"Newton-Schulz: {NEWTON_SCHULZ_STEPS} iterations over the hidden matrices, {flops / 1e9:.2f} GFLOP a step at "
+        f"the {ceiling:.3g} TFLOP/s measured here (+{extra_ms:.2f} ms); Muon pays in tokens to a loss, not tokens/s")
+
+
+def _fp8(c: Context) -> tuple[dict[str, float], str]:
+    return c.scaled(matmul=1 / FP8_LINEAR_GAIN, tail=FP8_TAIL_COST), (
+        f"assumed: linear layers ({c.share('matmul'):.0%} of the step) ~{FP8_LINEAR_GAIN}x faster in fp8, scaling "
+        "and casts ~10% more tail; small shapes can lose")
 
 
 def _same(c: Context) -> tuple[dict[str, float], str]:
@@ -132,6 +227,13 @@ PREDICTORS: dict[str, Predictor] = {
     "bf16": _bf16,
     "batch": _batch,
     "ckpt": _ckpt,
+    "sdpa": _sdpa,
+    "fused-adamw": _fused_adamw,
+    "pad-vocab": _pad_vocab,
+    "max-autotune": _max_autotune,
+    "cudagraphs": _cudagraphs,
+    "muon": _muon,
+    "fp8": _fp8,
 }
 
 

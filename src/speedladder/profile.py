@@ -15,6 +15,7 @@ timing starts after that process has ended.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -181,6 +182,7 @@ def breakdown(events: list, n_steps: int, step_us: float, device_time: bool, op_
         "ops_per_step": sum(o.calls for o in ops.values() if o.category != IDLE) / n_steps,
         # The fixed per-operator cost, summed: with the gaps, what a faster device would not shorten.
         "floor_share": floors / total,
+        "ops_ms": {o.name: o.us / n_steps / 1e3 for o in top},
         "top_ops": [{"name": o.name, "category": o.category, "calls": o.calls // n_steps,
                      "ms_per_step": o.us / n_steps / 1e3, "share": o.us / total} for o in top[:15]],
         # Roofline context: what the matmuls achieved, and what the memory-bound operators moved per second.
@@ -307,34 +309,46 @@ def matmul_facts(cfg, batch_size: int, seq_len: int, multiplier: int, device: to
     width 256 the products are too small for bf16 or a bigger batch to pay.
     A shape too slow for the budget is left out (named in "skipped").
     """
-    per_call = budget_s / (4 * len(matmul_shapes(cfg, batch_size, seq_len)) + 2)
+    shapes = matmul_shapes(cfg, batch_size, seq_len)
+    padded = -cfg.vocab_size % 64  # what pad-vocab would add to the head
+    per_call = budget_s / (4 * len(shapes) + 2 * bool(padded) + 2)
     ceiling = {}
     for prec in ("fp32", "bf16"):
-        n = ceiling_n
-        t = _matmul_time(n, n, n, device, prec == "bf16", per_call)
-        ceiling[prec] = 2 * n**3 / t / 1e12
-    out: dict = {"ceiling_tflops": ceiling, "ceiling_n": ceiling_n, "shapes": [], "skipped": []}
-    t32 = t16 = t32k = t16k = 0.0
-    for name, rows, inner, cols, count in matmul_shapes(cfg, batch_size, seq_len):
+        t = _matmul_time(ceiling_n, ceiling_n, ceiling_n, device, prec == "bf16", per_call)
+        ceiling[prec] = 2 * ceiling_n**3 / t / 1e12
+    out: dict = {"ceiling_tflops": ceiling, "ceiling_n": ceiling_n, "shapes": [], "skipped": [],
+                 "multiplier": multiplier}
+    if padded:
+        shapes.append(("head-padded", batch_size * seq_len, cfg.n_embd, cfg.vocab_size + padded, 1))
+    for name, rows, inner, cols, count in shapes:
         flops = 2 * rows * inner * cols
         if flops * multiplier / (min(ceiling.values()) * 1e12) > per_call:
             out["skipped"].append(name)
             continue
-        times = {}
-        for key, r, bf16 in (("fp32", rows, False), ("bf16", rows, True), ("fp32_k", rows * multiplier, False),
-                             ("bf16_k", rows * multiplier, True)):
-            times[key] = _matmul_time(r, inner, cols, device, bf16, per_call)
+        runs = (("fp32", rows, False), ("bf16", rows, True))
+        if name != "head-padded":
+            runs += (("fp32_k", rows * multiplier, False), ("bf16_k", rows * multiplier, True))
+        times = {key: _matmul_time(r, inner, cols, device, bf16, per_call) * count for key, r, bf16 in runs}
         out["shapes"].append({"name": name, "rows": rows, "inner": inner, "cols": cols, "count": count,
                               **{f"{k}_ms": v * 1e3 for k, v in times.items()}})
-        t32 += count * times["fp32"]
-        t16 += count * times["bf16"]
-        t32k += count * times["fp32_k"]
-        t16k += count * times["bf16_k"]
-    # Time-weighted over the shapes, as they weigh in the step.
+
+    def total(key: str, names: tuple[str, ...] | None = None) -> float:
+        return sum(s[f"{key}_ms"] for s in out["shapes"] if s["name"] != "head-padded"
+                   and (names is None or s["name"] in names))
+
+    # Time-weighted over the shapes (each counted as often as the step runs it), as they weigh in the step.
+    t32, t16 = total("fp32"), total("bf16")
     out["bf16_speedup"] = t32 / t16 if t16 else None
-    out["batch_gain"] = {"fp32": multiplier * t32 / t32k if t32k else None,
-                         "bf16": multiplier * t16 / t16k if t16k else None}
-    out["multiplier"] = multiplier
+    out["batch_gain"] = {p: multiplier * total(p) / total(f"{p}_k") if total(f"{p}_k") else None
+                         for p in ("fp32", "bf16")}
+    # The hand-written attention's share of the matmul time: what fused attention takes over.
+    out["attention_fraction"] = {p: total(p, ("scores", "weighted-sum")) / total(p) if total(p) else 0.0
+                                 for p in ("fp32", "bf16")}
+    head = next((s for s in out["shapes"] if s["name"] == "head"), None)
+    head_padded = next((s for s in out["shapes"] if s["name"] == "head-padded"), None)
+    out["head_fraction"] = {p: head[f"{p}_ms"] / total(p) if head and total(p) else 0.0 for p in ("fp32", "bf16")}
+    out["pad_vocab_speedup"] = ({p: head[f"{p}_ms"] / head_padded[f"{p}_ms"] for p in ("fp32", "bf16")}
+                                if head and head_padded else None)
     return out
 
 
@@ -401,6 +415,8 @@ def profile_workload(run_cfg, rungs: tuple[str, ...], trace_path: Path | None) -
         b["rungs"] = list(rungs)
         b["device_type"] = work.device.type
         b["tokens_per_step"] = spec.tokens_per_step
+        b["params"] = work.params
+        b["model"] = dataclasses.asdict(cfg.model)
         cuda = work.device.type == "cuda"
         b["matmuls"] = matmul_facts(cfg.model, spec.batch_size, spec.seq_len, cfg.batch_multiplier, work.device,
                                     ceiling_n=4096 if cuda else 512)
