@@ -410,7 +410,8 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_g
     return run_dir
 
 
-def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path:
+def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | None:
+    """The job's run folder, or None on a node whose ranks finished but where rank 0 did not run."""
     k = pcfg.nproc
     work, spec = _start(run, pcfg, [k])
     check_nproc(k, work.device)
@@ -435,10 +436,11 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path:
         saved.update(status="failed", error=line)
         results.save(saved, run_dir)
         raise JobFailed(line)
-    if results.load(run_dir)["parallel"]["measured"] is None:
-        raise JobFailed(f"the job ended but rank 0 wrote no results here (rank 0 runs on another node?); "
-                        f"log: {log}")
     saved = results.load(run_dir)
+    if saved["parallel"]["measured"] is None:  # rank 0 ran on another node and wrote its results there
+        saved.update(status="elsewhere", detail="rank 0 ran on another node: the job's results are in its run folder")
+        results.save(saved, run_dir)
+        return None
     saved["parallel"]["launch"] = {"command": cmd, "seconds": outcome.seconds, "log": str(log)}
     results.save(saved, run_dir)
     return run_dir

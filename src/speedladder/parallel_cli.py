@@ -131,6 +131,9 @@ def cmd_ddp(args: argparse.Namespace) -> int:
 
     run, pcfg = _configs(args, args.nproc)
     run_dir = parallel.run_ddp(run, pcfg, Progress(quiet=args.quiet))
+    if run_dir is None:
+        print("this node's ranks finished; rank 0 ran on another node, whose run folder holds the results")
+        return 0
     _finish(run_dir)
     return 0
 

@@ -73,14 +73,15 @@ def notes(saved: dict) -> list[str]:
         out.append(f"t_compute: {who}, no process group: {s['median']:,.0f} tokens/s "
                    f"(min {s['min']:,.0f}, max {s['max']:,.0f}), {single['step_ms']:.1f} ms a step.")
     bw = p["bandwidth"]
-    if bw and bw["busbw_GBps"] is not None:
+    if bw and bw["source"] == "measured" and len(p["probes"]) > 1:
+        out.append(f"bandwidth (measured): {bw['note']}; each k is priced with its own probe's busbw (at the largest "
+                   "message) and latency (the smallest message's time): "
+                   + ", ".join(f"k={q['k']}: {q['busbw_GBps']:.3f} GB/s, {q['latency_us']:,.0f} µs"
+                               for q in p["probes"]) + ".")
+    elif bw and bw["busbw_GBps"] is not None:
         out.append(f"bandwidth ({bw['source']}): busbw {bw['busbw_GBps']:.3f} GB/s, latency {bw['latency_us']:,.0f} µs"
                    f" — {bw['note']}.")
-        if bw["source"] == "measured" and len(p["probes"]) > 1:
-            out.append("each k is priced with its own probe's busbw and latency: "
-                       + ", ".join(f"k={q['k']}: {q['busbw_GBps']:.3f} GB/s, {q['latency_us']:,.0f} µs"
-                                   for q in p["probes"]) + ".")
-        elif bw["source"] == "measured":
+        if bw["source"] == "measured":
             out.append(f"k other than {bw['probe_k']} are priced with the k={bw['probe_k']} probe's figures "
                        "(the model's extrapolation).")
     elif bw:
@@ -100,7 +101,8 @@ def notes(saved: dict) -> list[str]:
         out.append(f"on a CPU the k processes share this machine's {cores} core(s): each process is priced as one "
                    f"device with {single['threads']} thread(s)"
                    + (f"; k={','.join(map(str, over))} exceed the cores: those rows price k separate devices like "
-                      "it, not this machine." if over else "."))
+                      "it, not this machine" + (", and their probes ran k processes on these cores" if p["probes"]
+                                                else "") + "." if over else "."))
     m = p.get("measured")
     if m:
         tps = m["tokens_per_s"]["median"]
