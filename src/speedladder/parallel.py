@@ -324,7 +324,7 @@ def write_job(run_dir: Path, mode: str, run: RunConfig, spec: StepSpec, pcfg: Pa
 
 # -- the two commands ----------------------------------------------------------------------------------
 
-def _start(run: RunConfig, pcfg: ParallelConfig, ks: list[int]) -> tuple[Workload, StepSpec]:
+def _start(run: RunConfig, pcfg: ParallelConfig) -> tuple[Workload, StepSpec]:
     if pcfg.strategy not in ("ddp", "fsdp"):
         raise UsageError(f"unknown strategy {pcfg.strategy!r} (choose ddp or fsdp)")
     if pcfg.bucket_cap_mb <= 0:
@@ -354,7 +354,7 @@ class JobFailed(Exception):
 
 def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_gbps: float | None,
                 measure_bandwidth: bool, latency_us: float | None, progress: Progress) -> Path:
-    work, spec = _start(run, pcfg, ks)
+    work, spec = _start(run, pcfg)
     for k in ks:
         if measure_bandwidth:
             check_nproc(k, work.device)
@@ -413,7 +413,7 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_g
 def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | None:
     """The job's run folder, or None on a node whose ranks finished but where rank 0 did not run."""
     k = pcfg.nproc
-    work, spec = _start(run, pcfg, [k])
+    work, spec = _start(run, pcfg)
     check_nproc(k, work.device)
     check_port(pcfg)
     threads = threads_per_process(k)
