@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from speedladder import __version__
+from speedladder import __version__, parallel_cli
 from speedladder.config import SETUPS, SOURCE_LADDER, GateConfig, ProfileConfig, RunConfig, TimingConfig, default
 from speedladder.errors import UsageError
 from speedladder.model import PRESETS
@@ -120,6 +120,7 @@ def build_parser() -> Parser:
     report = sub.add_parser("report", help="print the table and redraw waterfall.png from a run folder",
                             description="Read RUN_DIR/results.json, print its table and redraw its waterfall.png.")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or its results.json)")
+    parallel_cli.add_commands(sub)  # predict, ddp
     return parser
 
 
@@ -209,9 +210,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     from speedladder import report, results
 
     saved = results.load(args.run_dir)
-    report.print_report(saved)
     run_dir = Path(args.run_dir)
     run_dir = run_dir if run_dir.is_dir() else run_dir.parent
+    if saved.get("parallel"):  # written by predict or ddp
+        from speedladder import parallel_report
+
+        parallel_report.print_parallel(saved)
+        print(f"plot: {parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)}")
+        return 0
+    report.print_report(saved)
     print(f"waterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
     return 0
 
@@ -219,10 +226,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "profile": cmd_profile, "report": cmd_report}[args.command](args)
+        return {"run": cmd_run, "profile": cmd_profile, "report": cmd_report, "predict": parallel_cli.cmd_predict,
+                "ddp": parallel_cli.cmd_ddp}[args.command](args)
     except UsageError as e:
         print(f"speedladder: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("speedladder: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        from speedladder.parallel import JobFailed
+
+        if isinstance(e, JobFailed):  # a torchrun job that failed: its first failing rank's line
+            return parallel_cli.job_failed(e)
+        raise

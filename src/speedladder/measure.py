@@ -69,13 +69,19 @@ class Timing:
 
 def run_windows(step: Step, device: torch.device, tokens_per_step: int, steps: int, windows: int,
                 warmup: int, max_warmup: int, counter: Callable[[], int] = compile_count,
-                on_progress: Callable[[str], None] = lambda msg: None) -> Timing:
-    """Warm up until nothing compiles for `warmup` steps in a row, then time `windows` windows."""
+                on_progress: Callable[[str], None] = lambda msg: None,
+                edge: Callable[[], None] | None = None) -> Timing:
+    """Warm up until nothing compiles for `warmup` steps in a row, then time `windows` windows.
+
+    `edge` runs at every window edge (default: synchronize the device); a
+    data-parallel job also waits there for every rank, so its windows line up.
+    """
+    edge = edge or (lambda: sync(device))
     hits = compile_cache_hits()
-    sync(device)
+    edge()
     t0 = time.perf_counter()
     step()
-    sync(device)
+    edge()
     timing = Timing(first_step_s=time.perf_counter() - t0, warmup_step_s=[], warmup_compiled=[])
     on_progress(f"first step {timing.first_step_s:.2f}s; warming up")
     quiet = 0
@@ -86,7 +92,7 @@ def run_windows(step: Step, device: torch.device, tokens_per_step: int, steps: i
         c0 = counter()
         t0 = time.perf_counter()
         step()
-        sync(device)
+        edge()
         timing.warmup_step_s.append(time.perf_counter() - t0)
         compiled = counter() != c0
         timing.warmup_compiled.append(compiled)
@@ -94,11 +100,11 @@ def run_windows(step: Step, device: torch.device, tokens_per_step: int, steps: i
     timing.cache_hits = compile_cache_hits() - hits
     for i in range(windows):
         c0 = counter()
-        sync(device)
+        edge()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()  # no host sync in here: the loss stays a device tensor
-        sync(device)
+        edge()
         seconds = time.perf_counter() - t0
         window = Window(seconds, steps, steps * tokens_per_step, counter() - c0)
         timing.windows.append(window)

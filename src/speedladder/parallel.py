@@ -1,0 +1,446 @@
+"""Data parallelism, priced and then measured: the parent side of `predict` and `ddp`.
+
+The flow: resolve the workload as `run` does; compose the chosen rungs into one
+step spec; measure one process's tokens/s with the same windows as `run`;
+get the allreduce bandwidth (given, measured by a probe over the real process
+group, or a datasheet figure labelled as an assumption); price every k with
+costmodel; for `ddp`, launch the job through torchrun (`python -m
+torch.distributed.run`, nothing home-made for launch or transport) and compare.
+Everything lands in results.json under `parallel`; reports read it back.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import speedladder
+from speedladder import costmodel, measure, results
+from speedladder.config import GateConfig, ParallelConfig, RunConfig, TimingConfig
+from speedladder.data import BatchStream
+from speedladder.errors import UsageError
+from speedladder.ladder import Workload, free_device_memory, prepare
+from speedladder.model import GPT
+from speedladder.progress import Progress
+from speedladder.rungs import RUNGS, StepSpec, compose
+from speedladder.step import TrainStep, matmul_precision
+
+DDP_DEFAULT_BUCKET_MB = 25.0  # torch's DistributedDataParallel default bucket_cap_mb
+JOB_FILE = "job.json"
+LOG_FILE = "torchrun.log"
+_RANK_LINE = re.compile(r"^speedladder\[rank (\d+)\] (error: )?(.*)$")
+
+
+# -- configuration ----------------------------------------------------------------------------------
+
+def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
+    """A RunConfig back from dataclasses.asdict (as written into a job file)."""
+    d = {**d, "rungs": tuple(d["rungs"]), "timing": TimingConfig(**d["timing"]), "gates": GateConfig(**d["gates"])}
+    if device is not None:
+        d["device"] = device
+    return RunConfig(**d)
+
+
+def cpu_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_per_process(k: int) -> int:
+    """On a CPU the k processes share this machine's cores: each gets its share, at least one thread."""
+    return max(1, cpu_cores() // k)
+
+
+def chosen_spec(work: Workload) -> StepSpec:
+    """The composed rungs on the workload's base spec; a rung that cannot run here is a usage error."""
+    for name in work.cfg.rungs:
+        unmet = RUNGS[name].requires.unmet(work.env)
+        if unmet:
+            raise UsageError(f"rung {name} cannot run here: {unmet}")
+    spec = compose(work.cfg.rungs, work.base_spec, work.env)
+    if spec.tokens_per_step > work.corpus.n_tokens - 1:
+        raise UsageError(f"batch {spec.batch_size} x {spec.seq_len} after the rungs exceeds the corpus "
+                         f"({work.corpus.n_tokens - 1:,} usable tokens)")
+    return spec
+
+
+def check_nproc(k: int, device: torch.device) -> None:
+    if k < 1:
+        raise UsageError(f"--nproc must be at least 1, got {k}")
+    if device.type == "cuda" and k > torch.cuda.device_count():
+        raise UsageError(f"--nproc {k} asks for more processes than this node's {torch.cuda.device_count()} "
+                         "CUDA device(s): one process per GPU")
+    if device.type == "mps":
+        raise UsageError("data parallelism needs CUDA (NCCL) or the CPU (gloo); MPS has no process-group backend")
+
+
+def check_port(pcfg: ParallelConfig) -> None:
+    """The rendezvous port must be free before the launch: torchrun would otherwise fail in a wall of text."""
+    if pcfg.rdzv_endpoint is not None or pcfg.node_rank != 0:
+        return  # the rendezvous lives elsewhere, or on another node
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is usable
+        try:
+            s.bind((pcfg.master_addr, pcfg.master_port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {pcfg.master_port} on {pcfg.master_addr} is in use; "
+                                 "choose another with --master-port") from None
+            # Not an address of this machine: torchrun will reach it, or say why.
+
+
+def model_bytes(work: Workload) -> tuple[list[int], list[int]]:
+    """fp32 gradient bytes per parameter tensor (registration order) and per FSDP unit (root first, blocks)."""
+    with torch.device("meta"):
+        model = GPT(work.cfg.model)
+    per_param = [costmodel.grad_bytes(p.numel()) for p in model.parameters()]
+    blocks = [sum(costmodel.grad_bytes(p.numel()) for p in b.parameters()) for b in model.blocks]
+    return per_param, [sum(per_param) - sum(blocks), *blocks]
+
+
+# -- the single-device measurement ------------------------------------------------------------------
+
+def measure_single(work: Workload, spec: StepSpec, threads: int, say) -> dict:
+    """One process, no process group: the t_compute every prediction starts from (same windows as `run`)."""
+    cfg = work.cfg
+    before = torch.get_num_threads()
+    if work.device.type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        with matmul_precision(spec):
+            step = TrainStep(spec, cfg.model, work.init, work.device, cfg.lr)
+            stream = BatchStream(work.corpus, spec.batch_size, spec.seq_len, work.device, cfg.seed)
+            timing = measure.run_windows(measure.stepper(step, stream), work.device, spec.tokens_per_step,
+                                         cfg.steps, cfg.windows, cfg.warmup, cfg.max_warmup, on_progress=say)
+    finally:
+        torch.set_num_threads(before)
+        free_device_memory(work.device)
+    spread = measure.tokens_per_s(timing)
+    if spread is None:
+        raise RuntimeError("every timed window of the single-process measurement recompiled")
+    return {"threads": threads if work.device.type == "cpu" else None, "device": str(work.device),
+            "tokens_per_s": dataclasses.asdict(spread), "step_ms": measure.step_ms(timing),
+            "timing": dataclasses.asdict(timing)}
+
+
+# -- the results section and the predictions ---------------------------------------------------------
+
+def new_results(work: Workload, spec: StepSpec, pcfg: ParallelConfig, command: str, ks: list[int],
+                threads: int) -> dict:
+    per_param, units = model_bytes(work)
+    cap = int(pcfg.bucket_cap_mb * costmodel.MIB)
+    first = int(pcfg.first_bucket_mb * costmodel.MIB) if pcfg.bucket_cap_mb == DDP_DEFAULT_BUCKET_MB else cap
+    cfg = work.cfg
+    return {
+        "schema": results.SCHEMA, "status": "running", "created": results.now(), "command": results.command_line(),
+        "config": cfg.to_dict(), "environment": results.environment(work.device),
+        "corpus": {"source": work.corpus.source, "tokenizer": work.corpus.tokenizer,
+                   "tokens": work.corpus.n_tokens, "vocab_size": work.corpus.vocab_size},
+        "model": {"preset": cfg.preset, "params": work.params, "matmul_params": work.matmul_params},
+        "rungs": [], "learns_check": None, "fastest": None,
+        "parallel": {
+            "command": command, "strategy": pcfg.strategy, "nproc": ks, "threads_per_process": threads,
+            "cpu_cores": cpu_cores() if work.device.type == "cpu" else None,
+            "config": dataclasses.asdict(pcfg), "spec": spec.to_dict(), "rungs": list(cfg.rungs),
+            "tokens_per_step_per_process": spec.tokens_per_step,
+            "grad_bytes": sum(per_param), "param_bytes": per_param, "unit_bytes": units,
+            "bucket_cap_bytes": cap, "first_bucket_bytes": first,
+            "ddp_buckets": costmodel.ddp_buckets(per_param, cap, first),
+            "single": None, "bandwidth": None, "probes": [], "predictions": [], "measured": None,
+        },
+    }
+
+
+def price(section: dict, ks: list[int]) -> list[dict]:
+    """Predictions for every k from the single-process tokens/s and the section's bandwidth figures."""
+    bw = section["bandwidth"]
+    pcfg = section["config"]
+    single = section["single"]["tokens_per_s"]["median"]
+    by_k = {p["k"]: p for p in section["probes"]}
+    out = []
+    for k in ks:
+        probe = by_k.get(k) if bw["source"] == "measured" else None
+        busbw = probe["busbw_GBps"] if probe else bw["busbw_GBps"]
+        latency_us = probe["latency_us"] if probe else bw["latency_us"]
+        p = costmodel.predict(k, section["strategy"], section["tokens_per_step_per_process"], single,
+                              section["param_bytes"], section["unit_bytes"], busbw * 1e9, latency_us * 1e-6,
+                              section["bucket_cap_bytes"], section["first_bucket_bytes"], pcfg["backward_fraction"])
+        out.append({**dataclasses.asdict(p), "busbw_GBps": busbw, "latency_us": latency_us,
+                    "from_probe_k": probe["k"] if probe else bw.get("probe_k")})
+    return out
+
+
+def record_probe(saved: dict, probe: dict) -> None:
+    """A ddp job's own probe: its figures price the job (and, extrapolated, other k)."""
+    section = saved["parallel"]
+    section["probes"] = [probe]
+    if probe["busbw_GBps"] is None:  # one process: nothing to reduce, nothing to measure
+        section["bandwidth"] = {"source": "none", "busbw_GBps": None, "latency_us": probe["latency_us"],
+                                "probe_k": 1, "note": "one process: no communication to price"}
+        section["predictions"] = [{**_single_prediction(section), "from_probe_k": 1}]
+        return
+    section["bandwidth"] = {"source": "measured", "busbw_GBps": probe["busbw_GBps"],
+                            "latency_us": probe["latency_us"], "probe_k": probe["k"],
+                            "note": f"allreduce probe over this job's {probe['backend']} group, k={probe['k']}"}
+    ks = sorted({1, probe["k"], *section["config"]["predict_nproc"]})
+    section["predictions"] = price(section, ks)
+
+
+def _single_prediction(section: dict) -> dict:
+    single = section["single"]["tokens_per_s"]["median"]
+    tc = costmodel.t_compute(section["tokens_per_step_per_process"], single)
+    return {"k": 1, "strategy": section["strategy"], "comm_bytes": 0, "messages": 0, "t_compute_s": tc,
+            "t_comm_s": 0.0, "t_exposed_s": 0.0, "floor_tokens_per_s": single, "overlap_tokens_per_s": single,
+            "floor_efficiency": 1.0, "overlap_efficiency": 1.0, "busbw_GBps": None, "latency_us": None}
+
+
+def prediction_lines(saved: dict) -> list[str]:
+    section = saved["parallel"]
+    lines = []
+    for p in section["predictions"]:
+        lines.append(f"predicted k={p['k']}: floor {p['floor_tokens_per_s']:,.0f} tokens/s, overlap-aware "
+                     f"{p['overlap_tokens_per_s']:,.0f} ({100 * p['overlap_efficiency']:.0f}% efficiency)")
+    return lines
+
+
+def job_tokens_per_s(window_s_per_rank: list[list[float]], steps: int, tokens_per_step: int) -> list[float]:
+    """Per window, the whole job's tokens/s: every rank's tokens over the slowest rank's window time."""
+    k = len(window_s_per_rank)
+    return [costmodel.tokens_per_s(k, tokens_per_step, max(col) / steps) for col in zip(*window_s_per_rank)]
+
+
+def record_measured(saved: dict, measured: dict, world: int) -> None:
+    section = saved["parallel"]
+    timing = measured["timing"]
+    steps = timing["windows"][0]["steps"]
+    rates = job_tokens_per_s(measured["window_s_per_rank"], steps, section["tokens_per_step_per_process"])
+    clean = [r for r, w in zip(rates, timing["windows"]) if w["recompiles"] == 0]
+    if not clean:
+        raise RuntimeError("every timed window of the job recompiled: no valid window")
+    spread = measure.Spread(statistics.median(clean), min(clean), max(clean))
+    pred = next((p for p in section["predictions"] if p["k"] == world), None)
+    section["measured"] = {
+        "k": world, "tokens_per_s": dataclasses.asdict(spread), "window_tokens_per_s": rates,
+        "window_s_per_rank": measured["window_s_per_rank"], "steps_per_window": steps,
+        "timing_rank0": timing, "param_check": measured["param_check"],
+        "efficiency": costmodel.efficiency(spread.median, world, section["single"]["tokens_per_s"]["median"]),
+        "floor_error": costmodel.relative_error(spread.median, pred["floor_tokens_per_s"]) if pred else None,
+        "overlap_error": costmodel.relative_error(spread.median, pred["overlap_tokens_per_s"]) if pred else None,
+    }
+    saved["status"] = "complete"
+
+
+# -- torchrun -----------------------------------------------------------------------------------------
+
+def torchrun_command(pcfg: ParallelConfig, nproc: int, job_path: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={pcfg.nnodes}",
+           f"--node-rank={pcfg.node_rank}", "--max-restarts=0", f"--monitor-interval={pcfg.monitor_interval_s}"]
+    if pcfg.rdzv_endpoint is not None:
+        cmd += [f"--rdzv-endpoint={pcfg.rdzv_endpoint}", f"--rdzv-backend={pcfg.rdzv_backend or 'c10d'}"]
+        if pcfg.rdzv_id is not None:
+            cmd.append(f"--rdzv-id={pcfg.rdzv_id}")
+    else:
+        cmd += [f"--master-addr={pcfg.master_addr}", f"--master-port={pcfg.master_port}"]
+    return [*cmd, "-m", "speedladder.worker", str(job_path)]
+
+
+@dataclasses.dataclass
+class Outcome:
+    rc: int
+    seconds: float
+    error: str | None  # the first failing rank's line
+    other_errors: int  # ranks that failed after it (usually because it did)
+    tail: list[str]  # torchrun's last lines, for a failure no rank explained
+
+
+def launch(cmd: list[str], threads: int, log_path: Path, progress: Progress) -> Outcome:
+    """Run torchrun; pass the ranks' progress lines on, keep everything else in the log."""
+    env = dict(os.environ)
+    # The workers import the same speedladder as this process, wherever it lives.
+    src = str(Path(speedladder.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTHONUNBUFFERED"] = "1"
+    errors: list[str] = []
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    t0 = time.perf_counter()
+    with log_path.open("w") as log:
+        log.write(" ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                m = _RANK_LINE.match(line.rstrip("\n"))
+                if m is None:
+                    if line.strip():
+                        tail.append(line.rstrip())
+                elif m.group(2):
+                    errors.append(f"rank {m.group(1)} failed: {m.group(3)}")
+                else:
+                    progress(m.group(3), f"rank {m.group(1)}")
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGTERM)  # torchrun's own session: it and its workers
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return Outcome(rc, time.perf_counter() - t0, errors[0] if errors else None, max(0, len(errors) - 1),
+                   list(tail))
+
+
+def failure_line(outcome: Outcome, log_path: Path) -> str:
+    if outcome.error:
+        others = f"; {outcome.other_errors} other rank(s) stopped after it" if outcome.other_errors else ""
+        return f"{outcome.error}{others} (full log: {log_path})"
+    last = outcome.tail[-1] if outcome.tail else "no output"
+    return f"torchrun exited with status {outcome.rc}: {last} (full log: {log_path})"
+
+
+def write_job(run_dir: Path, mode: str, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig, device: torch.device,
+              threads: int, **extra) -> Path:
+    job = {"mode": mode, "run": dataclasses.asdict(run), "spec": spec.to_dict(), "strategy": pcfg.strategy,
+           "parallel_config": dataclasses.asdict(pcfg), "device_type": device.type, "threads": threads,
+           "run_dir": str(run_dir), **extra}
+    path = run_dir / (JOB_FILE if mode == "train" else f"probe-{extra.get('k')}.job.json")
+    path.write_text(json.dumps(job, indent=1))
+    return path
+
+
+# -- the two commands ----------------------------------------------------------------------------------
+
+def _start(run: RunConfig, pcfg: ParallelConfig) -> tuple[Workload, StepSpec]:
+    if pcfg.strategy not in ("ddp", "fsdp"):
+        raise UsageError(f"unknown strategy {pcfg.strategy!r} (choose ddp or fsdp)")
+    if pcfg.bucket_cap_mb <= 0:
+        raise UsageError(f"--bucket-cap-mb must be positive, got {pcfg.bucket_cap_mb}")
+    work = prepare(run)
+    spec = chosen_spec(work)
+    return work, spec
+
+
+def _probe(work: Workload, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig, k: int, run_dir: Path,
+           progress: Progress) -> dict:
+    threads = threads_per_process(k)
+    out = run_dir / f"probe-{k}.json"
+    job = write_job(run_dir, "probe", run, spec, pcfg, work.device, threads, k=k, probe_out=str(out))
+    log = run_dir / f"probe-{k}.log"
+    progress(f"allreduce probe over {k} processes (torchrun, "
+             f"{'nccl' if work.device.type == 'cuda' else 'gloo'})", "bandwidth")
+    outcome = launch(torchrun_command(pcfg, k, job), threads, log, progress)
+    if outcome.rc != 0 or not out.is_file():
+        raise JobFailed(failure_line(outcome, log))
+    return json.loads(out.read_text())
+
+
+class JobFailed(Exception):
+    """A torchrun job that failed: shown as one line, exit status 1."""
+
+
+def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_gbps: float | None,
+                measure_bandwidth: bool, latency_us: float | None, progress: Progress) -> Path:
+    work, spec = _start(run, pcfg)
+    for k in ks:
+        if measure_bandwidth:
+            check_nproc(k, work.device)
+        elif k < 1:
+            raise UsageError(f"--nproc must be at least 1, got {k}")
+    if bandwidth_gbps is not None and bandwidth_gbps <= 0:
+        raise UsageError(f"--bandwidth must be positive, got {bandwidth_gbps}")
+    if latency_us is not None and latency_us < 0:
+        raise UsageError(f"--latency-us must be zero or more, got {latency_us}")
+    datasheet = None
+    if bandwidth_gbps is None and not measure_bandwidth:
+        name = results.device_name(work.device)
+        datasheet = costmodel.datasheet_busbw_gbps(name) if work.device.type == "cuda" else None
+        if datasheet is None:
+            raise UsageError(f"no bandwidth known for {name}: give --bandwidth GBps (bus bandwidth) "
+                             "or --measure-bandwidth")
+    if measure_bandwidth:
+        check_port(pcfg)
+    threads = threads_per_process(max(ks))
+    run_dir = results.new_run_dir(run.out)
+    saved = new_results(work, spec, pcfg, "predict", ks, threads)
+    section = saved["parallel"]
+    results.save(saved, run_dir)
+    if measure_bandwidth:
+        section["probes"] = [_probe(work, run, spec, pcfg, k, run_dir, progress) for k in ks if k > 1]
+        section["bandwidth"] = {"source": "measured", "busbw_GBps": section["probes"][-1]["busbw_GBps"]
+                                if section["probes"] else None,
+                                "latency_us": section["probes"][-1]["latency_us"] if section["probes"] else None,
+                                "probe_k": section["probes"][-1]["k"] if section["probes"] else None,
+                                "note": "allreduce probe over the process group of each k (torchrun)"}
+    elif bandwidth_gbps is not None:
+        lat = latency_us if latency_us is not None else pcfg.assumed_latency_us
+        section["bandwidth"] = {"source": "given", "busbw_GBps": bandwidth_gbps, "latency_us": lat,
+                                "note": "bus bandwidth from --bandwidth; latency "
+                                        + ("from --latency-us" if latency_us is not None else
+                                           f"assumed {lat:g} µs (not measured)")}
+    else:
+        lat = latency_us if latency_us is not None else pcfg.assumed_latency_us
+        section["bandwidth"] = {"source": "datasheet", "busbw_GBps": datasheet, "latency_us": lat,
+                                "note": f"ASSUMED, not measured: NVIDIA's datasheet NVLink bandwidth per direction "
+                                        f"for {results.device_name(work.device)} ({datasheet:g} GB/s), the ceiling "
+                                        f"a ring's busbw approaches; latency assumed {lat:g} µs"}
+    results.save(saved, run_dir)
+    progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
+             f"tokens/s of {'+'.join(run.rungs)}", "single")
+    section["single"] = measure_single(work, spec, threads, progress.scoped("single"))
+    if section["bandwidth"]["busbw_GBps"] is None:  # only k=1 asked for
+        section["predictions"] = [_single_prediction(section)]
+    else:
+        section["predictions"] = price(section, sorted({1, *ks}))
+    saved["status"] = "complete"
+    results.save(saved, run_dir)
+    return run_dir
+
+
+def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | None:
+    """The job's run folder, or None on a node whose ranks finished but where rank 0 did not run."""
+    k = pcfg.nproc
+    work, spec = _start(run, pcfg)
+    check_nproc(k, work.device)
+    check_port(pcfg)
+    threads = threads_per_process(k)
+    run_dir = results.new_run_dir(run.out)
+    saved = new_results(work, spec, pcfg, "ddp", [k], threads)
+    results.save(saved, run_dir)
+    progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
+             f"tokens/s of {'+'.join(run.rungs)} (the prediction's t_compute)", "single")
+    saved["parallel"]["single"] = measure_single(work, spec, threads, progress.scoped("single"))
+    results.save(saved, run_dir)
+    job = write_job(run_dir, "train", run, spec, pcfg, work.device, threads)
+    log = run_dir / LOG_FILE
+    progress(f"launching {k} process(es) per node with torchrun ({pcfg.strategy}, "
+             f"{'nccl' if work.device.type == 'cuda' else 'gloo'}); log: {log}", "launch")
+    cmd = torchrun_command(pcfg, k, job)
+    outcome = launch(cmd, threads, log, progress)
+    if outcome.rc != 0:
+        line = failure_line(outcome, log)
+        saved = results.load(run_dir)
+        saved.update(status="failed", error=line)
+        results.save(saved, run_dir)
+        raise JobFailed(line)
+    saved = results.load(run_dir)
+    if saved["parallel"]["measured"] is None:  # rank 0 ran on another node and wrote its results there
+        saved.update(status="elsewhere", detail="rank 0 ran on another node: the job's results are in its run folder")
+        results.save(saved, run_dir)
+        return None
+    saved["parallel"]["launch"] = {"command": cmd, "seconds": outcome.seconds, "log": str(log)}
+    results.save(saved, run_dir)
+    return run_dir

@@ -1,0 +1,188 @@
+"""Data parallelism on this CPU: gloo, 2 processes through torchrun, the tiny preset, a few steps, no compile."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import speedladder
+from speedladder import costmodel, parallel
+from speedladder.cli import main
+from speedladder.errors import UsageError
+from speedladder.worker import FAIL_RANK_ENV
+
+FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "2", "--warmup", "1", "--quiet"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job(tmp: Path, *extra: str) -> dict:
+    rc = main(["ddp", "--nproc", "2", *FAST, "--master-port", str(free_port()), "--out", str(tmp), *extra])
+    assert rc == 0
+    (run,) = tmp.iterdir()
+    assert (run / "scaling.png").stat().st_size > 10_000
+    return json.loads((run / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> dict:
+    return job(tmp_path_factory.mktemp("ddp"))
+
+
+def test_parameters_stay_identical_across_ranks(ddp_run):
+    check = ddp_run["parallel"]["measured"]["param_check"]
+    assert check["identical"] and check["max_abs_diff"] == 0.0
+    assert check["params"] == ddp_run["model"]["params"]
+
+
+def test_tokens_per_s_is_the_whole_jobs(ddp_run):
+    p = ddp_run["parallel"]
+    m = p["measured"]
+    per_rank = m["window_s_per_rank"]
+    assert len(per_rank) == 2 and all(len(r) == 3 for r in per_rank)  # both ranks, every window
+    tokens = 2 * p["tokens_per_step_per_process"] * m["steps_per_window"]  # every rank's tokens
+    expected = sorted(tokens / max(a, b) for a, b in zip(*per_rank))  # over the slowest rank's time
+    assert m["tokens_per_s"]["median"] == pytest.approx(expected[1])
+    assert (m["tokens_per_s"]["min"], m["tokens_per_s"]["max"]) == pytest.approx((expected[0], expected[2]))
+    pred = next(r for r in p["predictions"] if r["k"] == 2)
+    assert m["floor_error"] == pytest.approx(m["tokens_per_s"]["median"] / pred["floor_tokens_per_s"] - 1)
+
+
+def test_the_probe_measures_a_positive_finite_bandwidth(ddp_run):
+    (probe,) = ddp_run["parallel"]["probes"]
+    assert probe["k"] == 2 and probe["backend"] == "gloo"
+    for row in probe["sizes"]:
+        assert row["seconds"] > 0 and math.isfinite(row["busbw_GBps"]) and row["busbw_GBps"] > 0
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # k=2: the ring factor 2(k-1)/k is 1
+    bw = ddp_run["parallel"]["bandwidth"]
+    assert bw["source"] == "measured" and bw["busbw_GBps"] == probe["sizes"][-1]["busbw_GBps"]
+    assert bw["latency_us"] == pytest.approx(probe["sizes"][0]["seconds"] * 1e6)
+
+
+def test_the_predictions_are_the_cost_models(ddp_run):
+    p = ddp_run["parallel"]
+    assert [r["k"] for r in p["predictions"]] == [1, 2, 4, 8]
+    r = p["predictions"][1]
+    again = costmodel.predict(2, "ddp", p["tokens_per_step_per_process"], p["single"]["tokens_per_s"]["median"],
+                              p["param_bytes"], p["unit_bytes"], r["busbw_GBps"] * 1e9, r["latency_us"] * 1e-6,
+                              p["bucket_cap_bytes"], p["first_bucket_bytes"], 2 / 3)
+    assert r["floor_tokens_per_s"] == pytest.approx(again.floor_tokens_per_s)
+    assert r["overlap_tokens_per_s"] == pytest.approx(again.overlap_tokens_per_s)
+    assert p["grad_bytes"] == 4 * ddp_run["model"]["params"]
+
+
+def test_report_reads_the_parallel_section_back(ddp_run, tmp_path, capsys):
+    (tmp_path / "results.json").write_text(json.dumps(ddp_run))
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "identical on every rank" in out and "measured k=2" in out
+    assert (tmp_path / "scaling.png").is_file()
+
+
+def test_fsdp_keeps_the_ranks_in_step(tmp_path):
+    saved = job(tmp_path, "--strategy", "fsdp")
+    p = saved["parallel"]
+    assert p["strategy"] == "fsdp" and p["measured"]["param_check"]["identical"]
+    assert p["predictions"][1]["messages"] == 3 + 2 + 3  # tiny: root + 2 blocks gathered, blocks again, all scattered
+
+
+def test_a_failing_rank_ends_the_job_with_its_error_once(tmp_path):
+    env = dict(os.environ, **{FAIL_RANK_ENV: "1"})
+    env["PYTHONPATH"] = str(Path(speedladder.__file__).resolve().parent.parent)
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "speedladder", "ddp", "--nproc", "2", *FAST, "--master-port",
+                           str(free_port()), "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert time.monotonic() - t0 < 60
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("speedladder: error: rank 1 failed: RuntimeError: injected failure on rank 1")
+    assert proc.stdout.count("injected failure") == 0 and "Traceback" not in proc.stderr
+    (run,) = tmp_path.iterdir()
+    assert json.loads((run / "results.json").read_text())["status"] == "failed"
+    assert "Traceback" in (run / "torchrun.log").read_text()  # the whole story stays in the log
+
+
+def test_predict_with_a_measured_bandwidth(tmp_path, capsys):
+    assert main(["predict", "--nproc", "2", "--measure-bandwidth", *FAST, "--master-port", str(free_port()),
+                 "--out", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    p = json.loads((run / "results.json").read_text())["parallel"]
+    assert [q["k"] for q in p["probes"]] == [2] and p["probes"][0]["busbw_GBps"] > 0
+    assert [r["k"] for r in p["predictions"]] == [1, 2] and p["measured"] is None
+    assert "floor tok/s" in capsys.readouterr().out
+
+
+def test_predict_with_a_given_bandwidth_states_its_latency(tmp_path, capsys):
+    assert main(["predict", "--nproc", "4,2", "--bandwidth", "2.5", *FAST, "--out", str(tmp_path)]) == 0
+    (run,) = tmp_path.iterdir()
+    p = json.loads((run / "results.json").read_text())["parallel"]
+    assert p["bandwidth"]["source"] == "given" and "assumed 20 µs (not measured)" in p["bandwidth"]["note"]
+    assert [r["k"] for r in p["predictions"]] == [1, 2, 4]
+    assert all(r["busbw_GBps"] == 2.5 for r in p["predictions"])
+    assert "assumed 20 µs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ddp", "--nproc", "0"], "invalid process count: 0"),
+    (["ddp", "--nproc", "two"], "invalid process count: 'two'"),
+    (["ddp", "--nproc", "-2"], "invalid process count: -2"),
+    (["predict", "--nproc", "2,x", "--bandwidth", "1"], "invalid process count: 'x'"),
+    (["predict", "--nproc", "2"], "no bandwidth known for"),
+    (["predict", "--nproc", "2", "--bandwidth", "0"], "--bandwidth must be positive"),
+    (["ddp", "--nproc", "2", "--rungs", "eager,warp"], "unknown rung 'warp'"),
+    (["ddp", "--nproc", "2", "--strategy", "zero"], "invalid choice: 'zero'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):
+    try:
+        rc = main([*argv, "--preset", "tiny", "--device", "cpu", "--out", str(tmp_path)])
+    except SystemExit as e:
+        rc = e.code
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = main(["ddp", "--nproc", "2", *FAST, "--master-port", str(port), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == (f"speedladder: error: port {port} on 127.0.0.1 is in use; "
+                                       "choose another with --master-port")
+
+
+def test_more_processes_than_cuda_devices_is_a_usage_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UsageError, match="more processes than this node's 1 CUDA device"):
+        parallel.check_nproc(2, torch.device("cuda"))
+    parallel.check_nproc(1, torch.device("cuda"))
+
+
+def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
+    from speedladder.config import ParallelConfig
+
+    cmd = parallel.torchrun_command(ParallelConfig(nnodes="2", rdzv_endpoint="node0:29400", rdzv_id="job7"), 8,
+                                    tmp_path / "job.json")
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    for arg in ("--nproc-per-node=8", "--nnodes=2", "--rdzv-endpoint=node0:29400", "--rdzv-backend=c10d",
+                "--rdzv-id=job7"):
+        assert arg in cmd
+    assert not any(a.startswith("--master-port") for a in cmd)
+    assert cmd[-3:] == ["-m", "speedladder.worker", str(tmp_path / "job.json")]
