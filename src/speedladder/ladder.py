@@ -321,7 +321,7 @@ class Ladder:
             return
         for r in candidates:
             say = self.progress.scoped(f"learns-check {r['name']}")
-            spec = StepSpec(**{**r["spec"], "transforms": tuple(r["spec"]["transforms"])})
+            spec = StepSpec.from_dict(r["spec"])
             try:
                 with matmul_precision(spec):
                     step = TrainStep(spec, cfg.model, self.work.init, self.work.device, cfg.lr)

@@ -29,7 +29,7 @@ import torch
 
 import speedladder
 from speedladder import costmodel, measure, results
-from speedladder.config import GateConfig, ParallelConfig, RunConfig, TimingConfig
+from speedladder.config import GateConfig, ParallelConfig, ProfileConfig, RunConfig, TimingConfig
 from speedladder.data import BatchStream
 from speedladder.errors import UsageError
 from speedladder.ladder import Workload, free_device_memory, prepare
@@ -48,7 +48,8 @@ _RANK_LINE = re.compile(r"^speedladder\[rank (\d+)\] (error: )?(.*)$")
 
 def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
     """A RunConfig back from dataclasses.asdict (as written into a job file)."""
-    d = {**d, "rungs": tuple(d["rungs"]), "timing": TimingConfig(**d["timing"]), "gates": GateConfig(**d["gates"])}
+    d = {**d, "rungs": tuple(d["rungs"]), "timing": TimingConfig(**d["timing"]), "gates": GateConfig(**d["gates"]),
+         "profile": ProfileConfig(**d.get("profile", {}))}
     if device is not None:
         d["device"] = device
     return RunConfig(**d)

@@ -463,7 +463,7 @@ def spec_of(b: dict):
     """The StepSpec a saved profile was taken of."""
     from speedladder.rungs import StepSpec
 
-    return StepSpec(**{**b["spec"], "transforms": tuple(b["spec"]["transforms"])})
+    return StepSpec.from_dict(b["spec"])
 
 
 def valid_trace(path: Path) -> int:

@@ -47,6 +47,11 @@ class StepSpec:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> StepSpec:
+        """Back from to_dict (or JSON): lists become the tuples they were."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
 
 @dataclass(frozen=True)
 class Env:

@@ -167,7 +167,7 @@ def train(job: dict, group: Group) -> dict:
     run = parallel.run_config_from_dict(job["run"], device=str(group.device))
     work = prepare(run)
     cfg = work.cfg
-    spec = StepSpec(**{**job["spec"], "transforms": tuple(job["spec"]["transforms"])})
+    spec = StepSpec.from_dict(job["spec"])
     say_0 = (lambda m: say(group.rank, m)) if group.rank == 0 else (lambda m: None)
     with matmul_precision(spec):
         step = TrainStep(spec, cfg.model, work.init, group.device, cfg.lr,
