@@ -121,7 +121,7 @@ def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs,
     wrong = rungs["wrong"]
     assert wrong["status"] == "ok" and not wrong["gate"]["passed"]
     assert not wrong["gate"]["equivalence"]["passed"]
-    assert wrong["tokens_per_s"]["median"] > rungs["eager"]["tokens_per_s"]["median"]  # faster, yet:
+    # It skips every block, so it is faster on a quiet machine; whatever its speed here, it can never be chosen:
     assert res["fastest"] != "wrong"
     # The skipped rung says why; the next rung builds on the last one that passed.
     assert rungs["gpu-only"]["status"] == "skipped"
