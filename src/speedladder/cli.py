@@ -137,7 +137,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
                          loss_band=getattr(args, "loss_band", gates.loss_band),
                          learns_steps=getattr(args, "learns_steps", gates.learns_steps),
                          learns_min_drop=getattr(args, "learns_min_drop", gates.learns_min_drop)),
-        profile=ProfileConfig(enabled=not getattr(args, "no_profile", False), steps=args.profile_steps),
+        profile=ProfileConfig(enabled=not getattr(args, "no_profile", False),
+                              steps=getattr(args, "profile_steps", default(ProfileConfig, "steps"))),
     )
 
 

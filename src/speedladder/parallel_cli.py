@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from speedladder.config import STRATEGIES, ParallelConfig, RunConfig, TimingConfig, default
+from speedladder.config import STRATEGIES, ParallelConfig, RunConfig, default
 
 
 def _nproc(text: str) -> int:
@@ -92,11 +92,9 @@ def add_commands(sub) -> None:
 
 
 def _configs(args: argparse.Namespace, nproc: int) -> tuple[RunConfig, ParallelConfig]:
-    run = RunConfig(
-        preset=args.preset, data=args.data, tokenizer=args.tokenizer, batch_size=args.batch_size,
-        seq_len=args.seq_len, batch_multiplier=args.batch_multiplier, rungs=args.rungs, device=args.device,
-        lr=args.lr, seed=args.seed, out=args.out,
-        timing=TimingConfig(steps=args.steps, windows=args.windows, warmup=args.warmup, max_warmup=args.max_warmup))
+    from speedladder.cli import run_config  # the one mapping of the shared flags onto a RunConfig
+
+    run = run_config(args)
     pcfg = ParallelConfig(
         strategy=args.strategy, nproc=nproc, bucket_cap_mb=args.bucket_cap_mb, nnodes=args.nnodes,
         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
