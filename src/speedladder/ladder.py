@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,10 +81,13 @@ def free_device_memory(device: torch.device) -> None:
 
 
 class Ladder:
-    def __init__(self, work: Workload, run_dir: Path, progress: Progress | None = None) -> None:
+    def __init__(self, work: Workload, run_dir: Path, progress: Progress | None = None,
+                 budget: Callable[[], str | None] | None = None) -> None:
         self.work = work
         self.run_dir = run_dir
         self.progress = progress or Progress(quiet=True)
+        # Asked before each rung starts: a reason to skip it (a tune's time budget), or None.
+        self.budget = budget
         self.references: dict[tuple[int, int], verify.Reference | str] = {}
         cfg = work.cfg
         self.results: dict = {
@@ -145,12 +149,13 @@ class Ladder:
         }
         self.results["rungs"].append(r)
         say = self.progress.scoped(r["name"])
-        unmet = rung.requires.unmet(self.work.env) or self._unfit(spec)
+        unmet = rung.requires.unmet(self.work.env) or self._unfit(spec) or (self.budget and self.budget())
         if unmet:
             r.update(status="skipped", detail=unmet)
             say(f"skipped: {unmet}")
             self.save()
             return r
+        started = time.perf_counter()
         try:
             self._measure(r, spec, say)
         except KeyboardInterrupt:
@@ -161,6 +166,7 @@ class Ladder:
             say(f"{r['status']}: {r['detail']}")
         finally:
             free_device_memory(self.work.device)
+            r["wall_s"] = time.perf_counter() - started  # the whole rung: build, compile, windows, gates
         self._derive(r, base)
         self.save()
         return r
@@ -212,15 +218,29 @@ class Ladder:
                     "detail": "eager fp32 is the reference the other rungs are checked against"}
         if isinstance(ref, str) or ref is None:
             return {"passed": False, "detail": ref or "no reference"}
-        say(f"gates: equivalence with eager fp32, then loss band over {len(ref.batches)} batches")
+        spec = step.spec
+        gates = self.work.cfg.gates
+        say("gates: equivalence with eager fp32, then " + (
+            f"loss band over {len(ref.batches)} batches" if spec.same_update else
+            f"tokens to AdamW's loss over {gates.target_steps} batches"))
+        out: dict = {}
         try:
             eq = verify.equivalence(step, ref)
-            band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, self.work.cfg.gates.loss_band)
+            if spec.same_update:
+                band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, gates.loss_band)
+            else:
+                band = verify.no_loss_band(spec)
+                batches = verify.gate_batches(self.work.corpus, spec.batch_size, spec.seq_len,
+                                              self.work.cfg.seed + _GATE_SEED_OFFSET, gates.target_steps)
+                adamw = TrainStep(dataclasses.replace(spec, optimizer="adamw"), self.work.cfg.model, self.work.init,
+                                  self.work.device, self.work.cfg.lr)
+                out["tokens_to_target"] = verify.tokens_to_target(step, adamw, batches)
         except Exception as e:  # noqa: BLE001 -- the speed stays measured; the rung is unverified, so not passed
             why = "ran out of memory" if is_oom(e) else one_line(e)
             return {"passed": False, "detail": f"the gates could not run: {why}"}
-        return {"passed": eq["passed"] and band["passed"], "equivalence": eq, "loss_band": band,
-                "detail": eq["detail"] or band["detail"]}
+        target = out.get("tokens_to_target", {"passed": True, "detail": ""})
+        return {"passed": eq["passed"] and band["passed"] and target["passed"], "equivalence": eq, "loss_band": band,
+                **out, "detail": eq["detail"] or (band["detail"] if not band["passed"] else "") or target["detail"]}
 
     def _derive(self, r: dict, base: dict | None) -> None:
         """Speed-ups against the rung built on and against the baseline, and the verdict."""
@@ -243,9 +263,12 @@ class Ladder:
 
     # -- the whole ladder -------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def run(self, after_climb: Callable[[], None] | None = None) -> dict:
+        """Climb, then (e.g. tune's combinations) `after_climb`, then the learns-check on the fastest."""
         try:
             self._climb_all()
+            if after_climb is not None:
+                after_climb()
             self._learns_check()
             self.results["status"] = "complete"
         except KeyboardInterrupt:
@@ -265,11 +288,15 @@ class Ladder:
                 self.climb(rung, rung.control(new), r, role="control")
             if r["status"] == "ok" and r["gate"]["passed"]:
                 spec, base = new, r
+        # Measured on the top of the ladder, not built upon: e.g. a memory rung priced against the best spec.
+        for name in self.work.cfg.beside:
+            rung = RUNGS[name]
+            self.climb(rung, rung.transform(spec, self.work.env), base, role="beside")
 
     def _learns_check(self) -> None:
         cfg = self.work.cfg
         candidates = sorted((r for r in self.results["rungs"]
-                             if r["role"] == "rung" and r["status"] == "ok" and r["gate"]["passed"]),
+                             if r["role"] != "control" and r["status"] == "ok" and r["gate"]["passed"]),
                             key=lambda r: r["tokens_per_s"]["median"], reverse=True)
         if cfg.gates.learns_steps == 0 and candidates:
             self.results["fastest"] = candidates[0]["name"]
@@ -277,7 +304,7 @@ class Ladder:
             return
         for r in candidates:
             say = self.progress.scoped(f"learns-check {r['name']}")
-            spec = StepSpec(**{**r["spec"], "transforms": tuple(r["spec"]["transforms"])})
+            spec = StepSpec.from_dict(r["spec"])
             try:
                 with matmul_precision(spec):
                     step = TrainStep(spec, cfg.model, self.work.init, self.work.device, cfg.lr)
