@@ -179,3 +179,29 @@ def test_tokens_to_a_target_loss():
     assert verify.tokens_to([4.0, 3.0, 2.0, 1.0], 2.5, 2, 10) == 30  # mean(3, 2) first <= 2.5 at step 3
     assert verify.tokens_to([4.0, 3.0], 1.0, 1, 10) is None
     assert verify.tokens_to([1.0], 1.0, 1, 7) == 7
+
+
+def test_fp8_transform_converts_the_block_linears_only(monkeypatch):
+    """torchao is absent here: a stand-in records which modules the transform hands it."""
+    import sys
+    import types
+
+    from speedladder.rungs import MODEL_TRANSFORMS
+
+    chosen = []
+
+    def convert(model, module_filter_fn):
+        chosen.extend(name for name, m in model.named_modules() if module_filter_fn(m, name))
+        return model
+
+    fake = types.ModuleType("torchao.float8")
+    fake.convert_to_float8_training = convert
+    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
+    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
+    cfg = dataclasses.replace(PRESETS["tiny"], n_layer=1, n_embd=32, mlp_hidden=48)
+    MODEL_TRANSFORMS["float8"](GPT(cfg))
+    # Both dimensions divisible by 16; the head is left in bf16.
+    assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.0.mlp.proj"]
+    chosen.clear()
+    MODEL_TRANSFORMS["float8"](GPT(dataclasses.replace(cfg, mlp_hidden=40)))
+    assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv"]  # 40 is not a multiple of 16

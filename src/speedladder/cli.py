@@ -284,6 +284,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     saved = results.load(args.run_dir)
     report.print_report(saved)
+    report.print_tune(saved)  # nothing unless the folder is a tune's
     run_dir = Path(args.run_dir)
     run_dir = run_dir if run_dir.is_dir() else run_dir.parent
     print(f"waterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
