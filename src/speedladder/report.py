@@ -42,7 +42,7 @@ def _compile(r: dict) -> str:
 def label(r: dict) -> str:
     if r["role"] == "control":
         return f"└ {r['rung']} fp32 control"
-    if r["role"] == "beside":
+    if r["role"] == "beside" and r["status"] == "ok":
         return f"┊ {r['name']} beside {r['built_on'] or 'the top'}"
     if r["role"] == "candidate":
         return f"◆ {r['name']}"
@@ -107,7 +107,7 @@ def _control_note(rung: dict, control: dict) -> str:
 def _rung_notes(r: dict, by_name: dict[str, dict]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
-    if r["role"] == "beside":
+    if r["role"] == "beside" and r["status"] == "ok":
         out.append(f"{r['name']}: measured beside {r['built_on'] or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r['kind']} rung).")
     base = by_name.get(r.get("built_on") or "")

@@ -56,9 +56,10 @@ class TrainStep:
         self.model = model
         for name in spec.transforms:
             self.model = MODEL_TRANSFORMS[name](self.model)
-        live = {id(p) for p in self.model.parameters()}
-        if any(id(p) not in live for p in self.params.values()):
-            raise RuntimeError(f"a model transform of {spec.transforms} replaced parameter objects")
+        # A transform may grow a parameter in place, never swap in a new one: reset() and the gates would miss it.
+        ours = {id(p) for p in self.params.values()}
+        if any(id(p) not in ours for p in self.model.parameters()):
+            raise RuntimeError(f"a model transform of {spec.transforms} made new parameter objects")
         if wrap is not None:  # e.g. DistributedDataParallel: after the transforms, before compilation
             self.model = wrap(self.model)
         # dynamic=False: one fixed shape per rung; a shape change must recompile, and is counted.
