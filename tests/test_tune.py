@@ -76,11 +76,16 @@ def test_the_winner_and_the_commands_that_reproduce_it():
 
 
 def test_budget_refuses_work_that_would_not_fit():
-    res = {"rungs": [{"status": "ok", "wall_s": 30.0}]}
-    assert tune.Budget(100, res, reserve=1).reason() is None  # 100 s left >= 2 x 30 s
-    late = tune.Budget(50, res, reserve=1)
-    assert "not started: the tune budget has" in late.reason()
-    assert tune.Budget(50, res, reserve=0).reason() is None
+    won = {"rungs": [{**rung("eager", verdict="baseline", built_on=None), "wall_s": 30.0},
+                     {**rung("compile", prev=1.5), "wall_s": 30.0}]}
+    assert tune.Budget(100, won, reserve=1).reason() is None  # 100 s left >= 2 x 30 s
+    late = tune.Budget(50, won, reserve=1)
+    assert late.reason().startswith("not started: the tune budget has 50 s left and a rung takes about 30 s")
+    assert tune.Budget(50, won, reserve=0).reason() is None
+    # Nothing has won yet: no combination to keep time for.
+    lost = {"rungs": [won["rungs"][0], {**rung("compile", verdict="loss", prev=0.5), "wall_s": 30.0}]}
+    assert tune.Budget(50, lost, reserve=1).reason() is None
+    assert tune.Budget(20, lost, reserve=1).reason() is not None
 
 
 @pytest.fixture

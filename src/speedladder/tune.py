@@ -97,7 +97,7 @@ class Budget:
 
     seconds: float
     results: dict
-    reserve: int = 1  # keep this many more pieces' worth of time for later phases
+    reserve: int = 1  # keep this many more pieces' worth of time for the combination, once a rung has won
     start: float = 0.0
 
     def __post_init__(self) -> None:
@@ -111,7 +111,8 @@ class Budget:
         return max(walls, default=0.0)
 
     def reason(self) -> str | None:
-        need = self.estimate() * (1 + self.reserve)
+        # Time for a combination is kept back only once a rung has won: until then there is nothing to combine.
+        need = self.estimate() * (1 + (self.reserve if survivors(self.results) else 0))
         if self.left() < need:
             return (f"not started: the tune budget has {max(self.left(), 0):.0f} s left and a rung takes about "
                     f"{self.estimate():.0f} s")
