@@ -108,5 +108,5 @@ def test_the_installed_command_fails_without_a_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == "speedladder: error: unknown rung 'nope' (choose from eager, compile, bf16, " \
-                                  "batch, ckpt)"
+                                  "batch, ckpt, sdpa, fused-adamw, pad-vocab, max-autotune, cudagraphs, muon, fp8)"
     assert "Traceback" not in proc.stdout + proc.stderr

@@ -214,3 +214,50 @@ def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monke
     assert not bf16["gate"]["passed"]
     assert bf16["gate"]["detail"] == "the gates could not run: ran out of memory"
     assert res["fastest"] == "eager"
+
+
+def test_full_ladder_skips_cuda_rungs_with_reasons_and_measures_ckpt_beside_the_top(tmp_path, capsys, monkeypatch):
+    # The compile rung is skipped here (as without a compiler) to keep the test free of compilation.
+    monkeypatch.setitem(RUNGS, "compile", dataclasses.replace(RUNGS["compile"], requires=Requirement(devices=("cuda",))))
+    rc = main(["run", *FAST, "--ladder", "full", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    res = saved(tmp_path)
+    assert res["config"]["ladder"] == "full" and res["config"]["beside"] == ["ckpt"]
+    assert [r["name"] for r in res["rungs"]] == ["eager", "compile", "bf16", "sdpa", "fused-adamw", "pad-vocab",
+                                                 "batch", "batch-fp32", "max-autotune", "fp8", "ckpt"]
+    rungs = by_name(res)
+    for name in ("max-autotune", "fp8"):
+        assert rungs[name]["status"] == "skipped" and rungs[name]["detail"] == "needs cuda; this device is cpu"
+        assert f"{name}: skipped — needs cuda; this device is cpu" in out
+    for name in ("sdpa", "fused-adamw", "pad-vocab"):
+        assert rungs[name]["status"] == "ok" and rungs[name]["gate"]["passed"], rungs[name]["gate"]["detail"]
+    assert rungs["pad-vocab"]["spec"]["transforms"] == ["sdpa", "pad-vocab"]
+    assert rungs["batch"]["spec"]["optimizer"] == "adamw-fused"
+    # ckpt is measured on the last spec that passed, beside it; nothing builds on it.
+    top = [r for r in res["rungs"] if r["role"] == "rung" and r["status"] == "ok" and r["gate"]["passed"]][-1]
+    ckpt = rungs["ckpt"]
+    assert ckpt["role"] == "beside" and ckpt["built_on"] == top["name"]
+    assert ckpt["spec"] == {**top["spec"], "transforms": [*top["spec"]["transforms"], "activation-checkpointing"]}
+    assert ckpt["verdict"] == measure.verdict(measure.Spread(**ckpt["tokens_per_s"]),
+                                              measure.Spread(**top["tokens_per_s"]))
+    assert f"┊ ckpt beside {top['name']}" in out and f"ckpt: measured beside {top['name']}" in out
+    assert all(r["wall_s"] > 0 for r in res["rungs"] if r["status"] == "ok")
+    bars = {p.get_gid() for p in report.waterfall_figure(res).axes[0].patches if p.get_gid()}
+    assert "ckpt" in bars and "max-autotune" not in bars
+
+
+def test_muon_rung_is_judged_by_tokens_to_adamws_loss_not_by_the_loss_band(tmp_path, capsys):
+    rc = main(["run", *FAST, "--rungs", "eager,muon", "--target-steps", "30", "--learns-steps", "0",
+               "--out", str(tmp_path)])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0
+    muon = by_name(saved(tmp_path))["muon"]
+    gate = muon["gate"]
+    assert muon["spec"]["optimizer"] == "muon" and muon["kind"] == "optimizer"
+    assert gate["equivalence"]["passed"]  # fixed weights: the same forward and backward
+    assert gate["loss_band"]["applies"] is False and "not applicable" in gate["loss_band"]["detail"]
+    t = gate["tokens_to_target"]
+    assert t["steps"] == 30 and t["adamw_tokens"] is not None
+    assert gate["passed"] == t["passed"] == (t["tokens"] is not None and t["tokens"] <= t["adamw_tokens"])
+    assert "muon: loss band not applicable" in out and "to reach AdamW's loss" in out

@@ -143,6 +143,8 @@ def test_peak_table_and_mfu():
     assert measure.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
     assert measure.peak_tflops("NVIDIA H200", "tf32") == 494.7
     assert measure.peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5
+    assert measure.peak_tflops("NVIDIA H200", "fp8") == 1978.9
+    assert measure.peak_tflops("NVIDIA A100-SXM4-80GB", "fp8") is None  # no float8 tensor cores
     assert measure.peak_tflops("AMD EPYC", "bf16") is None  # unknown: no MFU rather than a guess
     assert measure.mfu(100_000, 1_000_000_000, None) is None
     assert measure.mfu(500_000, 855_166_464, 989.4) == pytest.approx(500_000 * 855_166_464 / 989.4e12)

@@ -177,12 +177,15 @@ def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
     after = _window_rates(step)
     assert b["regime"] in profile.REGIMES and profile.valid_trace(tmp_path / profile.TRACE) > 0
     assert not torch.autograd.profiler._is_profiler_enabled
-    # Within the spread of the windows measured before: the slowest of them bounds the median after.
-    assert statistics.median(after) >= min(before), (before, after)
-    # The check can fail: the same windows under an in-process profiler are clearly slower than untaxed ones.
+    # The ratio of the medians is within the windows' spread (at least 3%: two sets of windows drift apart by that
+    # much on a shared machine even with nothing in between).
+    tolerance = max((max(before) - min(before)) / statistics.median(before), 0.03)
+    ratio = statistics.median(after) / statistics.median(before)
+    assert ratio >= 1 - tolerance, (before, after)
+    # The check can fail: the same windows under an in-process profiler are slower by far more than that.
     with torch_profile(record_shapes=True, with_flops=True, with_stack=True):
         taxed = _window_rates(step, n_windows=3)
-    assert statistics.median(taxed) < statistics.median(before + after), (before, after, taxed)
+    assert statistics.median(taxed) / statistics.median(before) < 1 - tolerance, (before, taxed)
 
 
 def test_profile_command_writes_profile_and_trace(tmp_path, capsys):

@@ -49,7 +49,7 @@ def test_transforms_are_pure():
 def test_every_rung_has_a_reason_and_a_kind():
     for rung in RUNGS.values():
         assert len(rung.reason) > 20 and "\n" not in rung.reason
-        assert rung.kind in ("speed", "memory")
+        assert rung.kind in ("speed", "memory", "optimizer")
     assert RUNGS["ckpt"].kind == "memory"
 
 

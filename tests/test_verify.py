@@ -45,9 +45,9 @@ def step_for(tiny, **spec) -> TrainStep:
 
 def test_tolerances_are_per_dtype_and_explained():
     t = verify.TOLERANCES
-    assert set(t) == {"fp32", "tf32", "bf16"}
-    assert t["fp32"].rtol < t["tf32"].rtol < t["bf16"].rtol
-    assert t["fp32"].grad_rel < t["tf32"].grad_rel < t["bf16"].grad_rel
+    assert set(t) == {"fp32", "tf32", "bf16", "fp8"}
+    assert t["fp32"].rtol < t["tf32"].rtol < t["bf16"].rtol < t["fp8"].rtol
+    assert t["fp32"].grad_rel < t["tf32"].grad_rel < t["bf16"].grad_rel < t["fp8"].grad_rel
     assert all(tol.why for tol in t.values())
 
 

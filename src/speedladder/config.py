@@ -17,6 +17,34 @@ from speedladder.model import PRESETS, GPTConfig
 
 # The source text's ladder, R0..R4.
 SOURCE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "ckpt")
+# The ladder beyond: what the nanoGPT speedrun stacks on top, in the order each builds on the last.
+FULL_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "sdpa", "fused-adamw", "pad-vocab", "batch",
+                                "max-autotune", "fp8")
+
+
+@dataclass(frozen=True)
+class LadderDef:
+    """A named ladder: rungs climbed in order, then rungs measured beside its top (not built upon)."""
+
+    rungs: tuple[str, ...]
+    beside: tuple[str, ...] = ()
+
+
+LADDERS: dict[str, LadderDef] = {
+    "source": LadderDef(SOURCE_LADDER),
+    # Checkpointing is a memory rung: measured on the top of the full ladder, not a step for the rest to climb.
+    "full": LadderDef(FULL_LADDER, beside=("ckpt",)),
+}
+
+
+@dataclass(frozen=True)
+class MuonConfig:
+    """The muon rung's optimizer for hidden matrices (the published defaults); AdamW keeps RunConfig.lr."""
+
+    lr: float = 0.02
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations
 
 
 @dataclass(frozen=True)
@@ -71,6 +99,30 @@ class GateConfig:
     loss_band: float = 0.02  # a rung's loss may differ from eager fp32's by this fraction at any of those steps
     learns_steps: int = 300  # length of the final learns-check; 0 skips it
     learns_min_drop: float = 0.10  # the learns-check passes if the loss falls by at least this fraction
+    # A rung that changes the update rule (muon) has no loss band; it is compared with AdamW over this many
+    # batches by the tokens each needs to reach AdamW's final loss.
+    target_steps: int = 200
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """`speedladder tune`: the full ladder, then its surviving rungs together, within a time budget."""
+
+    budget_minutes: float = 10.0  # for the whole search; a rung or candidate that would not fit is not started
+    max_candidates: int = 4  # the survivors together, then each survivor left out in turn (smallest gain first)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """`speedladder train`: train one configuration, log as the source text does, then sample."""
+
+    steps: int = 300
+    log_every: int = 10
+    sample_tokens: int = 200  # generated after the prompt
+    prompt_tokens: int = 16  # the corpus's first tokens start the sample
+    temperature: float = 0.8
+    top_k: int = 20  # sample among the k likeliest tokens; 0: all
+    out: str = "runs"  # the checkpoint goes to runs/<timestamp>/checkpoint.pt
 
 
 @dataclass(frozen=True)
@@ -92,7 +144,9 @@ class RunConfig:
     batch_size: int | None = None
     seq_len: int | None = None
     batch_multiplier: int | None = None
-    rungs: tuple[str, ...] = SOURCE_LADDER
+    ladder: str = "source"  # a name in LADDERS: "source" (R0-R4) or "full" (the ladder beyond)
+    rungs: tuple[str, ...] | None = None  # None: the ladder's; given, they replace it (and its beside rungs)
+    beside: tuple[str, ...] | None = None  # rungs measured on the ladder's top, not built upon; None: the ladder's
     device: str = "auto"  # "auto": CUDA, else MPS, else CPU
     lr: float = 1e-3  # AdamW, as in the sources
     seed: int = 0
@@ -115,7 +169,9 @@ class Resolved:
     batch_size: int
     seq_len: int
     batch_multiplier: int
+    ladder: str | None  # None when the rungs were given one by one
     rungs: tuple[str, ...]
+    beside: tuple[str, ...]
     device: str
     lr: float
     seed: int
@@ -207,7 +263,8 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     for name, value in (("batch size", batch_size), ("sequence length", seq_len),
                         ("batch multiplier", mult), ("steps per window", steps),
                         ("learning rate", cfg.lr), ("loss-band steps", cfg.gates.loss_steps),
-                        ("loss band", cfg.gates.loss_band), ("max warm-up", t.max_warmup)):
+                        ("loss band", cfg.gates.loss_band), ("max warm-up", t.max_warmup),
+                        ("target steps", cfg.gates.target_steps)):
         _positive(name, value)
     for name, value in (("warm-up steps", warmup), ("learns-check steps", cfg.gates.learns_steps),
                         ("learns-check minimum drop", cfg.gates.learns_min_drop)):
@@ -223,7 +280,10 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     if seq_len > model.block_size:
         raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
 
-    rungs = tuple(cfg.rungs)
+    if cfg.ladder not in LADDERS:
+        raise UsageError(f"unknown ladder {cfg.ladder!r} (choose from {', '.join(LADDERS)})")
+    ladder = LADDERS[cfg.ladder] if cfg.rungs is None else None
+    rungs = ladder.rungs if ladder else tuple(cfg.rungs)
     if not rungs:
         raise UsageError("no rungs given")
     unknown = [r for r in rungs if r not in known_rungs]
@@ -233,12 +293,19 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
         raise UsageError(f"a rung is listed twice in {','.join(rungs)}")
     if "eager" in rungs and rungs[0] != "eager":
         raise UsageError("eager is the baseline: it can only be the first rung")
+    beside = tuple(cfg.beside) if cfg.beside is not None else (ladder.beside if ladder else ())
+    unknown = [r for r in beside if r not in known_rungs or r == "eager"]
+    if known_rungs and unknown:
+        raise UsageError(f"unknown rung {unknown[0]!r} to measure beside the ladder")
+    if set(beside) & set(rungs):
+        raise UsageError(f"a rung cannot be both climbed and measured beside: {min(set(beside) & set(rungs))}")
 
     return Resolved(
         preset=preset, preset_note=note, model=model,
         data=cfg.data if cfg.data is not None else setup.corpus,
         tokenizer=cfg.tokenizer if cfg.tokenizer is not None else setup.tokenizer,
-        batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, rungs=rungs,
+        batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, ladder=cfg.ladder if ladder else None,
+        rungs=rungs, beside=beside,
         device=str(device), lr=cfg.lr, seed=cfg.seed, out=cfg.out, peak_tflops=cfg.peak_tflops,
         steps=steps, windows=t.windows, warmup=warmup, max_warmup=t.max_warmup, gates=cfg.gates,
         profile=cfg.profile,

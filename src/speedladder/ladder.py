@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,10 +82,13 @@ def free_device_memory(device: torch.device) -> None:
 
 
 class Ladder:
-    def __init__(self, work: Workload, run_dir: Path, progress: Progress | None = None) -> None:
+    def __init__(self, work: Workload, run_dir: Path, progress: Progress | None = None,
+                 budget: Callable[[], str | None] | None = None) -> None:
         self.work = work
         self.run_dir = run_dir
         self.progress = progress or Progress(quiet=True)
+        # Asked before each rung starts: a reason to skip it (a tune's time budget), or None.
+        self.budget = budget
         self.references: dict[tuple[int, int], verify.Reference | str] = {}
         cfg = work.cfg
         self.results: dict = {
@@ -131,7 +136,9 @@ class Ladder:
 
     # -- one rung ---------------------------------------------------------------------------
 
-    def climb(self, rung: Rung, spec: StepSpec, base: dict | None, role: str = "rung") -> dict:
+    def climb(self, rung: Rung, spec: StepSpec, base: dict | None, role: str = "rung",
+              predicted: dict | None | str = "auto") -> dict:
+        """Measure and verify one spec; `predicted` "auto" predicts a ladder rung on the spec it builds on."""
         control = role == "control"
         r: dict = {
             "name": f"{rung.name}-fp32" if control else rung.name,
@@ -145,16 +152,17 @@ class Ladder:
             "requirement": dataclasses.asdict(rung.requires),
             "status": "pending",
             "detail": "",
-            "predicted": None if control else self._predicted(rung),
+            "predicted": None if control else (self._predicted(rung) if predicted == "auto" else predicted),
         }
         self.results["rungs"].append(r)
         say = self.progress.scoped(r["name"])
-        unmet = rung.requires.unmet(self.work.env) or self._unfit(spec)
+        unmet = rung.requires.unmet(self.work.env) or self._unfit(spec) or (self.budget and self.budget())
         if unmet:
             r.update(status="skipped", detail=unmet)
             say(f"skipped: {unmet}")
             self.save()
             return r
+        started = time.perf_counter()
         try:
             self._measure(r, spec, say)
         except KeyboardInterrupt:
@@ -165,6 +173,7 @@ class Ladder:
             say(f"{r['status']}: {r['detail']}")
         finally:
             free_device_memory(self.work.device)
+            r["wall_s"] = time.perf_counter() - started  # the whole rung: build, compile, windows, gates
         self._derive(r, base)
         self.save()
         return r
@@ -216,15 +225,29 @@ class Ladder:
                     "detail": "eager fp32 is the reference the other rungs are checked against"}
         if isinstance(ref, str) or ref is None:
             return {"passed": False, "detail": ref or "no reference"}
-        say(f"gates: equivalence with eager fp32, then loss band over {len(ref.batches)} batches")
+        spec = step.spec
+        gates = self.work.cfg.gates
+        say("gates: equivalence with eager fp32, then " + (
+            f"loss band over {len(ref.batches)} batches" if spec.same_update else
+            f"tokens to AdamW's loss over {gates.target_steps} batches"))
+        out: dict = {}
         try:
             eq = verify.equivalence(step, ref)
-            band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, self.work.cfg.gates.loss_band)
+            if spec.same_update:
+                band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, gates.loss_band)
+            else:
+                band = verify.no_loss_band(spec)
+                batches = verify.gate_batches(self.work.corpus, spec.batch_size, spec.seq_len,
+                                              self.work.cfg.seed + _GATE_SEED_OFFSET, gates.target_steps)
+                adamw = TrainStep(dataclasses.replace(spec, optimizer="adamw"), self.work.cfg.model, self.work.init,
+                                  self.work.device, self.work.cfg.lr)
+                out["tokens_to_target"] = verify.tokens_to_target(step, adamw, batches)
         except Exception as e:  # noqa: BLE001 -- the speed stays measured; the rung is unverified, so not passed
             why = "ran out of memory" if is_oom(e) else one_line(e)
             return {"passed": False, "detail": f"the gates could not run: {why}"}
-        return {"passed": eq["passed"] and band["passed"], "equivalence": eq, "loss_band": band,
-                "detail": eq["detail"] or band["detail"]}
+        target = out.get("tokens_to_target", {"passed": True, "detail": ""})
+        return {"passed": eq["passed"] and band["passed"] and target["passed"], "equivalence": eq, "loss_band": band,
+                **out, "detail": eq["detail"] or (band["detail"] if not band["passed"] else "") or target["detail"]}
 
     def _derive(self, r: dict, base: dict | None) -> None:
         """Speed-ups against the rung built on and against the baseline, and the verdict."""
@@ -277,18 +300,32 @@ class Ladder:
     def _predicted(self, rung: Rung) -> dict | None:
         """This rung's prediction on the spec it actually builds on (the rungs that passed before it)."""
         b = self.results.get("profile")
-        if not b or "error" in b:
+        if not b or "error" in b or rung.name not in RUNGS:
             return None
         p = predict.chain(b, [*self.path, rung.name], self.work.base_spec, self.work.env)[-1]
         return {"speedup": p.speedup, "reason": p.reason}
 
+    def predicted_together(self, names: tuple[str, ...]) -> dict | None:
+        """The prediction for rungs applied together on the baseline: the product of their chained predictions."""
+        b = self.results.get("profile")
+        if not b or "error" in b:
+            return None
+        preds = predict.chain(b, list(names), self.work.base_spec, self.work.env)
+        if any(p.speedup is None for p in preds):
+            return None
+        x = math.prod(p.speedup for p in preds)
+        return {"speedup": x, "reason": " × ".join(f"{p.rung} {p.speedup:.2f}" for p in preds) + f" ≈ {x:.2f}x"}
+
     # -- the whole ladder -------------------------------------------------------------------
 
-    def run(self) -> dict:
+    def run(self, after_climb: Callable[[], None] | None = None) -> dict:
+        """Climb, then (e.g. tune's combinations) `after_climb`, then the learns-check on the fastest."""
         try:
             if self.work.cfg.profile.enabled:
                 self.profile()
             self._climb_all()
+            if after_climb is not None:
+                after_climb()
             self._learns_check()
             self.results["status"] = "complete"
         except KeyboardInterrupt:
@@ -309,11 +346,15 @@ class Ladder:
             if r["status"] == "ok" and r["gate"]["passed"]:
                 spec, base = new, r
                 self.path.append(name)
+        # Measured on the top of the ladder, not built upon: e.g. a memory rung priced against the best spec.
+        for name in self.work.cfg.beside:
+            rung = RUNGS[name]
+            self.climb(rung, rung.transform(spec, self.work.env), base, role="beside")
 
     def _learns_check(self) -> None:
         cfg = self.work.cfg
         candidates = sorted((r for r in self.results["rungs"]
-                             if r["role"] == "rung" and r["status"] == "ok" and r["gate"]["passed"]),
+                             if r["role"] != "control" and r["status"] == "ok" and r["gate"]["passed"]),
                             key=lambda r: r["tokens_per_s"]["median"], reverse=True)
         if cfg.gates.learns_steps == 0 and candidates:
             self.results["fastest"] = candidates[0]["name"]

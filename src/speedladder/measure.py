@@ -166,12 +166,13 @@ def flops_per_token(matmul_params: int, n_layer: int, n_head: int, head_dim: int
 # Matched by substring of torch.cuda.get_device_name(); the first match wins, so
 # specific names come first. A device not here gets no MFU (shown "n/a"), never a guess.
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"bf16": 756.0, "tf32": 378.0, "fp32": 51.0}),
-    ("H100", {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
-    ("H200", {"bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # same chip as H100 SXM
+    # fp8: the dense float8 tensor-core peak (datasheets quote twice that, with sparsity); A100 has none.
+    ("H100 PCIe", {"fp8": 1513.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.0}),
+    ("H100", {"fp8": 1978.9, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
+    ("H200", {"fp8": 1978.9, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # same chip as H100 SXM
     ("A100", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("L40S", {"bf16": 362.0, "tf32": 183.0, "fp32": 91.6}),
-    ("L4", {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("L40S", {"fp8": 733.0, "bf16": 362.0, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", {"fp8": 242.5, "bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
 )
 
 

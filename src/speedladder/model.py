@@ -172,3 +172,17 @@ class GPT(nn.Module):
             # In fp32 whatever the autocast dtype: the softmax over the vocabulary is where bf16 loses.
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, new_tokens: int, temperature: float, top_k: int,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Extend idx (B, T) by new_tokens sampled one at a time; top_k 0 samples from the whole vocabulary."""
+        for _ in range(new_tokens):
+            logits, _ = self(idx[:, -self.cfg.block_size:])
+            logits = logits[:, -1, :] / temperature  # (B, V)
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

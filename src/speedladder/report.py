@@ -40,13 +40,23 @@ def _compile(r: dict) -> str:
     return f"{r['compile_s']:.1f}" + (" (cache)" if r["timing"].get("cache_hits") else "")
 
 
+def label(r: dict) -> str:
+    if r["role"] == "control":
+        return f"└ {r['rung']} fp32 control"
+    if r["role"] == "beside" and r["status"] == "ok":
+        return f"┊ {r['name']} beside {r['built_on'] or 'the top'}"
+    if r["role"] == "candidate":
+        return f"◆ {r['name']}"
+    return r["name"]
+
+
 def rows(results: dict) -> list[dict[str, str]]:
     """One row of display strings per rung or control, in ladder order."""
     out = []
     for r in results["rungs"]:
-        label = r["name"] if r["role"] == "rung" else f"└ {r['rung']} fp32 control"
+        label_ = label(r)
         pred = (r.get("predicted") or {}).get("speedup")
-        row = {"rung": label, "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": _x(pred), "err": "—",
+        row = {"rung": label_, "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": _x(pred), "err": "—",
                "× cum": "—", "step ms": "—",
                "peak mem": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—", "gate": _gate(r),
                "verdict": STATUS_LABEL.get(r["status"], "")}
@@ -77,8 +87,8 @@ def table(results: dict) -> Table:
     data = rows(results)
     for col in data[0] if data else ["rung"]:
         t.add_column(col, justify="left" if col in ("rung", "gate", "verdict") else "right", no_wrap=True)
-    for row in data:
-        style = "bold" if row["rung"] == results.get("fastest") else None
+    for r, row in zip(results["rungs"], data):
+        style = "bold" if r["name"] == results.get("fastest") else None
         t.add_row(*(escape(v) for v in row.values()), style=style)
     return t
 
@@ -98,6 +108,30 @@ def _control_note(rung: dict, control: dict) -> str:
     return text + "."
 
 
+def _rung_notes(r: dict, by_name: dict[str, dict]) -> list[str]:
+    """What a rung of the ladder beyond needs said beside its row."""
+    out = []
+    if r["role"] == "beside" and r["status"] == "ok":
+        out.append(f"{r['name']}: measured beside {r['built_on'] or 'the top'}, the top of the ladder, "
+                   f"and not built upon ({r['kind']} rung).")
+    base = by_name.get(r.get("built_on") or "")
+    opt = (r.get("spec") or {}).get("optimizer")
+    if r["status"] == "ok" and opt and base is not None and opt != (base.get("spec") or {}).get("optimizer"):
+        out.append(f"{r['name']}: optimizer {opt}.")
+    gate = r.get("gate") or {}
+    band = gate.get("loss_band") or {}
+    if band.get("applies") is False:
+        out.append(f"{r['name']}: loss band {band['detail']}.")
+    t = gate.get("tokens_to_target")
+    if t:
+        ours = "never" if t["tokens"] is None else f"{t['tokens']:,} tokens"
+        theirs = "never" if t["adamw_tokens"] is None else f"{t['adamw_tokens']:,} tokens"
+        out.append(f"{r['name']}: to reach AdamW's loss {t['target_loss']:.3f} over the same {t['steps']} batches: "
+                   f"{ours} vs AdamW {theirs}" + (f" ({t['token_ratio']:.2f}× fewer)" if t["token_ratio"] else "")
+                   + f"; tokens/s {r['tokens_per_s']['median']:,.0f}.")
+    return out
+
+
 def notes(results: dict) -> list[str]:
     """Plain sentences under the table: what was skipped and why, gates, controls, learns-check, winner."""
     out = []
@@ -112,6 +146,7 @@ def notes(results: dict) -> list[str]:
             out.append(f"{r['name']}: gate failed — {r['gate']['detail']}")
         for w in r.get("warnings") or []:
             out.append(f"{r['name']}: warning — {w}")
+        out.extend(_rung_notes(r, by_name))
         if r["role"] == "control":
             out.append(f"{r['rung']}: " + _control_note(by_name[r["rung"]], r))
     ok = [r for r in results["rungs"] if r["status"] == "ok"]
@@ -156,7 +191,7 @@ def roofline_line(results: dict) -> str | None:
     ceiling = (b.get("matmuls") or {}).get("ceiling_tflops") or {}
     parts = []
     for r in results["rungs"]:
-        if r["status"] != "ok" or r["role"] != "rung":
+        if r["status"] != "ok" or r["role"] == "control":
             continue
         if r.get("peak_tflops"):
             parts.append(f"{r['name']} {r['tflops']:.3g} of {r['peak_tflops']:.0f} datasheet ({_pct(r['mfu'])})")
@@ -189,11 +224,11 @@ def profile_notes(results: dict) -> list[str]:
         out.append(line)
     for r in results["rungs"]:
         p = r.get("predicted")
-        if r["role"] != "rung" or not p or p.get("speedup") is None or r.get("built_on") is None:
+        if r["role"] == "control" or not p or p.get("speedup") is None or r.get("built_on") is None:
             continue
         measured = "not measured" if r["status"] != "ok" else (
             f"measured {r['speedup_prev']:.2f}× ({100 * r['prediction_error']:+.0f}%)")
-        out.append(f"predicted {r['name']}: {p['reason']}; {measured}.")
+        out.append(f"predicted {label(r).lstrip('┊◆ ')}: {p['reason']}; {measured}.")
     return out
 
 
@@ -267,7 +302,7 @@ def waterfall_figure(results: dict):
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    rungs = [r for r in results["rungs"] if r["role"] == "rung"]
+    rungs = [r for r in results["rungs"] if r["role"] in ("rung", "beside")]
     by_name = {r["name"]: r for r in results["rungs"]}
     ok = [r for r in results["rungs"] if r["status"] == "ok"]
     top = max([r["tokens_per_s"]["max"] / _baseline_median(results) for r in ok] + [1.0])
@@ -302,7 +337,7 @@ def waterfall_figure(results: dict):
             ax.hlines(control["speedup_cum"], i - 0.4, i + 0.4, colors="black", linestyles="dashed", linewidth=1)
             ax.text(i + 0.42, control["speedup_cum"], "fp32\ncontrol", fontsize=7, va="center")
     ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
-    ax.set_xticks(range(len(rungs)), [r["name"] for r in rungs])
+    ax.set_xticks(range(len(rungs)), [r["name"] + ("\n(beside)" if r["role"] == "beside" else "") for r in rungs])
     ax.set_xlim(-0.6, len(rungs) - 0.2)
     ax.set_ylim(0, top * 1.3)
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
@@ -323,3 +358,65 @@ def _baseline_median(results: dict) -> float:
         if r["role"] == "rung" and r["status"] == "ok":
             return r["tokens_per_s"]["median"]
     return 1.0
+
+
+def tune_lines(results: dict) -> list[str]:
+    """tune's outcome in sentences: survivors, dropped rungs, candidates, the winner and its commands."""
+    t = results.get("tune")
+    if not t:
+        return []
+    out = []
+    if "survivors" in t:
+        out.append(f"tune: survivors (won their rung, passed every gate): {', '.join(t['survivors']) or 'none'}.")
+        for name, why in t.get("dropped", {}).items():
+            out.append(f"tune: dropped {name} — {why}")
+        for c in t.get("candidates", []):
+            if c.get("same_as"):
+                out.append(f"tune: {c['name']} ({'+'.join(c['rungs'])}) is the configuration of {c['same_as']}, "
+                           "already measured.")
+    else:
+        out.append("tune: stopped before the survivors were combined.")
+    if t.get("winner"):
+        out.append(f"tune: winner {t['winner']}: eager + {' + '.join(t['winner_rungs']) or 'nothing'}.")
+        out.append(f"measure it: {t['commands']['run']}")
+        out.append(f"train it:   {t['commands']['train']}")
+        out.append(f"       or:  {t['commands']['train_rungs']}")
+    else:
+        out.append("tune: no configuration passed every gate.")
+    if "seconds" in t:
+        out.append(f"tune: {t['seconds']:.0f} s of a {t.get('budget_minutes', '?')}-minute "
+                   "budget.")
+    return out
+
+
+def winner_table(results: dict) -> Table | None:
+    """The winning configuration, field by field."""
+    t = results.get("tune") or {}
+    spec = t.get("winner_spec")
+    if not spec:
+        return None
+    by_name = {r["name"]: r for r in results["rungs"]}
+    w = by_name[t["winner"]]
+    table = Table(title="tune: the winning configuration", title_justify="left")
+    table.add_column("field", no_wrap=True)
+    table.add_column("value")
+    tps = w["tokens_per_s"]
+    compiled = "no" if not spec["compile"] else (spec.get("compile_mode") or "default")
+    rows_ = [("rungs", ",".join(["eager", *t["winner_rungs"]])),
+             ("batch × length", f"{spec['batch_size']} × {spec['seq_len']}"),
+             ("compile", compiled), ("precision", w["precision"]), ("optimizer", spec.get("optimizer", "adamw")),
+             ("model transforms", ", ".join(spec["transforms"]) or "none"),
+             ("tokens/s", f"{tps['median']:,.0f} ({tps['min']:,.0f}–{tps['max']:,.0f})"),
+             ("× eager", _x(w["speedup_cum"]))]
+    for k, v in rows_:
+        table.add_row(escape(k), escape(v))
+    return table
+
+
+def print_tune(results: dict, console: Console | None = None) -> None:
+    console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    table = winner_table(results)
+    if table is not None:
+        console.print(table)
+    for line in tune_lines(results):
+        console.print(escape(line), soft_wrap=True)

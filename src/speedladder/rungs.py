@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -32,10 +34,14 @@ class StepSpec:
     autocast: str | None = None  # None (fp32) or "bf16"
     tf32: bool = False  # fp32 matmuls on tensor cores (CUDA only)
     transforms: tuple[str, ...] = ()  # names in MODEL_TRANSFORMS, applied in order
+    compile_mode: str | None = None  # torch.compile's mode: None (default), "max-autotune", "reduce-overhead"
+    optimizer: str = "adamw"  # a name in OPTIMIZERS: "adamw", "adamw-fused", "adamw-foreach", "muon"
 
     @property
     def precision(self) -> str:
         """The arithmetic the matmuls run in: what the MFU peak and the gate tolerance depend on."""
+        if "float8" in self.transforms:
+            return "fp8"
         if self.autocast == "bf16":
             return "bf16"
         return "tf32" if self.tf32 else "fp32"
@@ -44,13 +50,28 @@ class StepSpec:
     def tokens_per_step(self) -> int:
         return self.batch_size * self.seq_len
 
+    @property
+    def cudagraphs(self) -> bool:
+        """Whether compiled code replays CUDA graphs, whose outputs the next replay overwrites."""
+        return self.compile and self.compile_mode in ("max-autotune", "reduce-overhead")
+
+    @property
+    def same_update(self) -> bool:
+        """AdamW in any implementation: the same update rule as eager's, so the loss band applies."""
+        return self.optimizer in ADAMW_VARIANTS
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> StepSpec:
-        """Back from to_dict (or JSON): lists become the tuples they were."""
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        """A spec saved in results.json (lists for tuples; fields added later take their defaults)."""
+        known = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+ADAMW_VARIANTS = ("adamw", "adamw-fused", "adamw-foreach")
+OPTIMIZERS = (*ADAMW_VARIANTS, "muon")
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,8 @@ class Requirement:
     devices: tuple[str, ...] = ("cuda", "mps", "cpu")
     min_capability: tuple[int, int] | None = None  # CUDA compute capability
     compiler: bool = False  # inductor's code generator: Triton on CUDA, a C++ compiler on CPU
+    modules: tuple[str, ...] = ()  # optional packages, by import name
+    install: str | None = None  # how to get them
 
     def unmet(self, env: Env) -> str | None:
         if env.device_type not in self.devices:
@@ -78,6 +101,9 @@ class Requirement:
             if cap < self.min_capability:
                 want = ".".join(map(str, self.min_capability))
                 return f"needs CUDA compute capability >= {want}; this GPU is {cap[0]}.{cap[1]}"
+        missing = [m for m in self.modules if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"needs {', '.join(missing)}, not installed" + (f": {self.install}" if self.install else "")
         if self.compiler:
             if env.device_type == "cuda" and importlib.util.find_spec("triton") is None:
                 return "torch.compile on CUDA needs Triton, which is not installed"
@@ -90,7 +116,7 @@ class Requirement:
 class Rung:
     name: str
     reason: str  # one line: why it should pay
-    kind: str  # "speed" or "memory": a memory rung is expected to cost speed
+    kind: str  # "speed", "memory" (expected to cost speed) or "optimizer" (judged by tokens to a loss)
     transform: Callable[[StepSpec, Env], StepSpec]
     requires: Requirement = Requirement()
     # A batch-changing rung also measures this variant of its spec, like with like (DESIGN.md rule 6).
@@ -114,14 +140,114 @@ def checkpoint_blocks(model: GPT) -> GPT:
     return model
 
 
-# Model transforms keep every parameter object, so weights loaded before them stay in place.
+class SDPAttention(nn.Module):
+    """The same causal self-attention through F.scaled_dot_product_attention (Flash / memory-efficient kernels).
+
+    It adopts the hand-written module's qkv and proj layers, so the parameters are the same objects
+    under the same names; the (T, T) mask buffer is dropped: is_causal=True says it.
+    """
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.n_head = attn.n_head
+        self.qkv = attn.qkv
+        self.proj = attn.proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))  # (B, T, C)
+
+
+def use_sdpa(model: GPT) -> GPT:
+    for block in model.blocks:
+        block.attn = SDPAttention(block.attn)
+    return model
+
+
+VOCAB_MULTIPLE = 64  # nanoGPT's 50257 -> 50304: the head's matmul dimension becomes a multiple of the tile size
+
+
+def padded_vocab(vocab_size: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+class PaddedHead(nn.Module):
+    """The output head over a padded vocabulary; the padding's logits are -inf, so softmax gives them nothing.
+
+    The loss and the logits of the real vocabulary are those of the unpadded head at the same weights.
+    """
+
+    def __init__(self, weight: nn.Parameter, vocab_size: int) -> None:
+        super().__init__()
+        self.weight = weight  # (V_padded, C): the head's own Parameter object, resized
+        self.vocab_size = vocab_size
+        pad = torch.arange(weight.shape[0], device=weight.device) >= vocab_size
+        self.register_buffer("pad", pad, persistent=False)  # (V_padded,) True on the padding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight).masked_fill(self.pad, float("-inf"))  # (B, T, V_padded)
+
+
+def _pad_rows(p: nn.Parameter, rows: int) -> None:
+    """Grow a parameter to `rows` rows in place, zeros below: the same Parameter object, so references hold."""
+    with torch.no_grad():
+        grown = torch.zeros(rows, *p.shape[1:], dtype=p.dtype, device=p.device)
+        grown[: p.shape[0]] = p
+    p.data = grown
+
+
+def pad_vocab(model: GPT) -> GPT:
+    vocab = model.cfg.vocab_size
+    rows = padded_vocab(vocab)
+    if rows == vocab:
+        return model
+    head = model.lm_head.weight
+    _pad_rows(head, rows)
+    if not model.cfg.tie_embeddings:
+        _pad_rows(model.wte.weight, rows)
+    model.wte.num_embeddings = rows  # ids stay below the real vocabulary: the extra rows are never looked up
+    model.lm_head = PaddedHead(head, vocab)
+    return model
+
+
+def float8_linears(model: GPT) -> nn.Module:
+    """torchao's float8 training for the block Linears; the head stays in bf16 (the softmax is sensitive)."""
+    from torchao.float8 import convert_to_float8_training  # an optional extra, checked by the requirement
+
+    def keep(module: nn.Module, name: str) -> bool:
+        # Float8 matmuls need both dimensions divisible by 16.
+        return (isinstance(module, nn.Linear) and name.startswith("blocks.")
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    return convert_to_float8_training(model, module_filter_fn=keep)
+
+
+# Model transforms keep every parameter object, so weights loaded before them stay in place
+# (pad-vocab grows the vocabulary's rows in place; TrainStep maps them back to the reference shapes).
 MODEL_TRANSFORMS: dict[str, Callable[[GPT], nn.Module]] = {
     "activation-checkpointing": checkpoint_blocks,
+    "sdpa": use_sdpa,
+    "pad-vocab": pad_vocab,
+    "float8": float8_linears,
 }
 
 
 def _fp32_control(spec: StepSpec) -> StepSpec:
     return dataclasses.replace(spec, autocast=None, tf32=False)
+
+
+def _with(spec: StepSpec, transform: str) -> StepSpec:
+    return dataclasses.replace(spec, transforms=(*spec.transforms, transform))
+
+
+def _fused_adamw(spec: StepSpec, env: Env) -> StepSpec:
+    # Fused AdamW kernels exist for CUDA and (since torch 2.4) the CPU; elsewhere foreach batches the update.
+    return dataclasses.replace(spec, optimizer="adamw-fused" if env.device_type in ("cuda", "cpu") else "adamw-foreach")
 
 
 RUNGS: dict[str, Rung] = {r.name: r for r in (
@@ -141,7 +267,31 @@ RUNGS: dict[str, Rung] = {r.name: r for r in (
          control_reason="the same batch in fp32: did bf16 buy the memory headroom for it?"),
     Rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
          "memory",
-         lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "activation-checkpointing"))),
+         lambda s, e: _with(s, "activation-checkpointing")),
+    Rung("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, "
+         "Flash kernels on CUDA", "speed",
+         lambda s, e: _with(s, "sdpa")),
+    Rung("fused-adamw", "AdamW's whole update in one fused kernel (fused=True; foreach where fused is missing)",
+         "speed", _fused_adamw),
+    Rung("pad-vocab", f"vocabulary padded to a multiple of {VOCAB_MULTIPLE} (50257 -> 50304) for aligned matmul "
+         "tiles; the padding is masked out", "speed",
+         lambda s, e: _with(s, "pad-vocab")),
+    Rung("max-autotune", "torch.compile mode=max-autotune: benchmarks matmul/conv kernels and replays CUDA graphs",
+         "speed",
+         lambda s, e: dataclasses.replace(s, compile=True, compile_mode="max-autotune"),
+         Requirement(devices=("cuda",), compiler=True)),
+    Rung("cudagraphs", "torch.compile mode=reduce-overhead: CUDA graphs replay a step's launches in one call",
+         "speed",
+         lambda s, e: dataclasses.replace(s, compile=True, compile_mode="reduce-overhead"),
+         Requirement(devices=("cuda",), compiler=True)),
+    Rung("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens to a loss, not more tokens/s",
+         "optimizer",
+         lambda s, e: dataclasses.replace(s, optimizer="muon")),
+    Rung("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper",
+         "speed",
+         lambda s, e: _with(s, "float8"),
+         Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
+                     install="pip install speedladder[fp8]")),
 )}
 
 

@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from speedladder.config import MuonConfig
 from speedladder.model import GPT, GPTConfig
+from speedladder.optim import Muon, MuonAdamW, is_hidden_matrix
 from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
 
 
@@ -36,41 +38,76 @@ def initial_state(cfg: GPTConfig, seed: int) -> dict[str, torch.Tensor]:
 
 class TrainStep:
     def __init__(self, spec: StepSpec, cfg: GPTConfig, init: dict[str, torch.Tensor],
-                 device: torch.device, lr: float, wrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
+                 device: torch.device, lr: float, wrap: Callable[[nn.Module], nn.Module] | None = None,
+                 muon: MuonConfig | None = None) -> None:
         self.spec = spec
+        self.cfg = cfg
         self.device = device
         self.lr = lr
+        self.muon = muon or MuonConfig()
         self.init = init
         with torch.device(device):
             model = GPT(cfg)
         model.load_state_dict(init)
         # Parameters by their reference names, taken before any transform renames modules.
         self.params = dict(model.named_parameters())
+        # Their reference shapes: a transform may grow a parameter in place (pad-vocab adds rows at the end).
+        self.shapes = {n: p.shape for n, p in self.params.items()}
         self.model = model
         for name in spec.transforms:
             self.model = MODEL_TRANSFORMS[name](self.model)
+        # A transform may grow a parameter in place, never swap in a new one: reset() and the gates would miss it.
+        ours = {id(p) for p in self.params.values()}
+        if any(id(p) not in ours for p in self.model.parameters()):
+            raise RuntimeError(f"a model transform of {spec.transforms} made new parameter objects")
         if wrap is not None:  # e.g. DistributedDataParallel: after the transforms, before compilation
             self.model = wrap(self.model)
         # dynamic=False: one fixed shape per rung; a shape change must recompile, and is counted.
-        self.forward = torch.compile(self.model, dynamic=False) if spec.compile else self.model
+        self.forward = (torch.compile(self.model, dynamic=False, mode=spec.compile_mode) if spec.compile
+                        else self.model)
         self.optimizer = self._new_optimizer()
         self._autocast = torch.autocast(device.type, dtype=torch.bfloat16,
                                         enabled=spec.autocast == "bf16")
 
-    def _new_optimizer(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr)
+    def _new_optimizer(self) -> torch.optim.Optimizer | MuonAdamW:
+        opt = self.spec.optimizer
+        if opt == "muon":
+            hidden = [p for n, p in self.params.items() if is_hidden_matrix(n, p)]
+            rest = [p for n, p in self.params.items() if not is_hidden_matrix(n, p)]
+            m = self.muon
+            return MuonAdamW(Muon(hidden, lr=m.lr, momentum=m.momentum, nesterov=m.nesterov, ns_steps=m.ns_steps),
+                             torch.optim.AdamW(rest, lr=self.lr))
+        if opt not in ("adamw", "adamw-fused", "adamw-foreach"):
+            raise ValueError(f"unknown optimizer {opt!r}")
+        # Plain "adamw" leaves the implementation to torch's default; the others ask for one.
+        kind = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}}.get(opt, {})
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, **kind)
+
+    def reference_part(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """The part of a (possibly padded) parameter or gradient that is the reference parameter."""
+        rows = self.shapes[name][0] if self.shapes[name] else None
+        return t if rows is None or t.shape[0] == rows else t[:rows]
+
+    def reference_state(self) -> dict[str, torch.Tensor]:
+        """The weights under the reference names and shapes, on the host: loadable into a plain GPT."""
+        return {n: self.reference_part(n, p).detach().cpu().clone() for n, p in self.params.items()}
 
     def reset(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Back to the initial weights (or the given ones) with a fresh optimizer; compiled code is kept."""
         weights = self.init if weights is None else weights
         with torch.no_grad():
             for name, p in self.params.items():
-                p.copy_(weights[name])
+                if p.shape != self.shapes[name]:
+                    p.zero_()  # padding rows back to zero
+                self.reference_part(name, p).copy_(weights[name])
                 p.grad = None
         self.optimizer = self._new_optimizer()
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and loss of one batch, gradients left in .grad; no update."""
+        if self.spec.cudagraphs:
+            # A new iteration for CUDA graph trees: the previous step's graph outputs may be overwritten now.
+            torch.compiler.cudagraph_mark_step_begin()
         with self._autocast:
             logits, loss = self.forward(x, y)
         loss.backward()
@@ -80,4 +117,6 @@ class TrainStep:
         _, loss = self.forward_backward(x, y)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        # A CUDA graph's output lives in its memory pool and the next replay overwrites it: keep a copy
+        # (a device-side copy, no host sync).
+        return loss.detach().clone() if self.spec.cudagraphs else loss.detach()

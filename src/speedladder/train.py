@@ -1,0 +1,140 @@
+"""`speedladder train`: train one configuration, log like the source text, sample text, save a checkpoint.
+
+The configuration is a tuned or measured winner (`--run RUN_DIR`), the spec
+that `--rungs` compose to, or by default the top of the full ladder on this
+machine: every full-ladder rung whose requirement is met here, composed in
+order (not measured; a measured winner needs `--run`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from speedladder import measure, results
+from speedladder.config import FULL_LADDER, RunConfig, TrainConfig
+from speedladder.data import BatchStream, get_tokenizer
+from speedladder.errors import UsageError
+from speedladder.ladder import Workload, prepare
+from speedladder.model import GPT, GPTConfig
+from speedladder.rungs import RUNGS, Env, StepSpec, compose
+from speedladder.step import TrainStep, matmul_precision
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def default_rungs(env: Env) -> tuple[str, ...]:
+    """The full ladder's rungs that can run on this machine, in order."""
+    return tuple(n for n in FULL_LADDER if RUNGS[n].requires.unmet(env) is None)
+
+
+def saved_winner(run_dir: str) -> tuple[dict, StepSpec, str]:
+    """A run folder's config, the spec of its winner (tune's, else the fastest rung), and that winner's name."""
+    saved = results.load(run_dir)
+    tuned = (saved.get("tune") or {}).get("winner_spec")
+    if tuned:
+        return saved["config"], StepSpec.from_dict(tuned), saved["tune"]["winner"]
+    fastest = next((r for r in saved["rungs"] if r["name"] == saved.get("fastest")), None)
+    if fastest is None:
+        raise UsageError(f"{run_dir} names no configuration that passed every gate")
+    return saved["config"], StepSpec.from_dict(fastest["spec"]), fastest["name"]
+
+
+def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
+    """The workload and the spec to train, and a phrase saying where the spec came from."""
+    if args.steps <= 0 or args.log_every <= 0 or args.sample_tokens < 0:
+        raise UsageError("--steps and --log-every must be positive, --sample-tokens zero or more")
+    workload = {"preset": args.preset, "data": args.data, "tokenizer": args.tokenizer,
+                "batch_size": args.batch_size, "seq_len": args.seq_len, "batch_multiplier": args.batch_multiplier}
+    if args.run:
+        if args.rungs:
+            raise UsageError("give --run or --rungs, not both")
+        given = [f"--{k.replace('_', '-')}" for k, v in workload.items() if v is not None]
+        if given:
+            raise UsageError(f"--run trains that run's workload; drop {given[0]}")
+        cfg, spec, name = saved_winner(args.run)
+        run = RunConfig(preset=cfg["preset"], data=cfg["data"], tokenizer=cfg["tokenizer"],
+                        batch_size=spec.batch_size, seq_len=spec.seq_len, batch_multiplier=cfg["batch_multiplier"],
+                        device=args.device, lr=args.lr, seed=args.seed, rungs=("eager",))
+        return prepare(run), spec, f"{name} from {args.run}"
+    work = prepare(RunConfig(**workload, device=args.device, lr=args.lr, seed=args.seed,
+                             rungs=("eager", *(n for n in args.rungs if n != "eager")) if args.rungs else None))
+    if args.rungs:
+        names = args.rungs
+        for n in names:
+            why = RUNGS[n].requires.unmet(work.env)
+            if why:
+                raise UsageError(f"rung {n} cannot run here: {why}")
+        source = "--rungs " + ",".join(names)
+    else:
+        names = default_rungs(work.env)
+        source = "the top of the full ladder here (" + ",".join(names) + ")"
+    return work, compose(names, work.base_spec, work.env), source
+
+
+def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
+    """A saved checkpoint as a plain GPT (the reference model) and the rest of what was saved."""
+    ckpt = torch.load(path, map_location=device, weights_only=True)
+    model = GPT(GPTConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return model, ckpt
+
+
+def main(args: argparse.Namespace) -> int:
+    work, spec, source = plan(args)
+    cfg = work.cfg
+    tps = spec.tokens_per_step
+    print(f"training {cfg.preset} ({work.params:,} parameters) on {work.corpus.source} with {source}: "
+          f"B={spec.batch_size} T={spec.seq_len}, {spec.precision}, "
+          f"{'compiled' + (f' ({spec.compile_mode})' if spec.compile_mode else '') if spec.compile else 'eager'}, "
+          f"{spec.optimizer}" + (f", {', '.join(spec.transforms)}" if spec.transforms else "")
+          + f", on {work.device}", flush=True)
+    losses: list[torch.Tensor] = []
+    with matmul_precision(spec):
+        step = TrainStep(spec, cfg.model, work.init, work.device, cfg.lr)
+        stream = BatchStream(work.corpus, spec.batch_size, spec.seq_len, work.device, cfg.seed)
+        measure.sync(work.device)
+        t0, last = time.perf_counter(), 0
+        for i in range(args.steps):
+            losses.append(step(*next(stream)))
+            if (i + 1) % args.log_every == 0 or i + 1 == args.steps:
+                loss = float(losses[-1])  # waits for the device: only at a log line
+                seconds = time.perf_counter() - t0
+                n = i + 1 - last
+                note = " (includes compiling)" if spec.compile and last == 0 else ""
+                print(f"step {i + 1}, loss {loss:.3f}, time {1e3 * seconds / n:.1f}ms, "
+                      f"tokens/s {n * tps / seconds:,.0f}{note}", flush=True)
+                t0, last = time.perf_counter(), i + 1
+        state = step.reference_state()
+    values = torch.stack(losses).float().cpu().tolist()
+    tail = values[-max(1, len(values) // 10):]
+    print(f"loss {values[0]:.3f} -> {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} steps)")
+    run_dir = results.new_run_dir(args.out)
+    path = run_dir / CHECKPOINT
+    torch.save({"model": state, "config": dataclasses.asdict(cfg.model), "spec": {**spec.to_dict(), "transforms": list(spec.transforms)},
+                "tokenizer": work.corpus.tokenizer, "corpus": work.corpus.source, "steps": args.steps,
+                "losses": values, "created": results.now()}, path)
+    if args.sample_tokens:
+        print(sample(state, cfg.model, work, args.sample_tokens))
+    print(f"checkpoint: {path}")
+    return 0
+
+
+def sample(state: dict[str, torch.Tensor], model_cfg: GPTConfig, work: Workload, new_tokens: int) -> str:
+    """Text generated by the trained weights in the reference model, after the corpus's first tokens."""
+    t = TrainConfig()
+    with torch.device(work.device):
+        model = GPT(model_cfg)
+    model.load_state_dict(state)
+    model.eval()
+    prompt = work.corpus.tokens[: min(t.prompt_tokens, model_cfg.block_size)][None].to(work.device)  # (1, P)
+    gen = torch.Generator(device=work.device).manual_seed(work.cfg.seed)
+    out = model.generate(prompt, new_tokens, t.temperature, t.top_k, gen)[0].tolist()
+    tok = get_tokenizer(work.corpus.tokenizer)
+    head, tail = tok.decode(out[: prompt.shape[1]]), tok.decode(out[prompt.shape[1]:])
+    return (f"sample ({new_tokens} tokens after the corpus's first {prompt.shape[1]}, temperature {t.temperature}, "
+            f"top-k {t.top_k}):\n[{head}]{tail}")

@@ -1,0 +1,157 @@
+"""`speedladder tune`: the fastest configuration that still passes every gate, within a time budget.
+
+1. Climb the full ladder (the same windows and gates as `speedladder run`).
+2. Keep the rungs that won (their windows wholly above the rung they built on,
+   gates passed); drop those whose verdict was loss or noise, that failed a
+   gate, or that could not run. (`survivors`, `dropped`: pure, on a results dict.)
+3. Measure the survivors together, then, budget permitting, the survivors with
+   each one left out in turn, smallest gain first (`candidates`).
+4. The winner is the fastest measured configuration (ladder rung or candidate)
+   that passed every gate and then the learns-check (`Ladder._learns_check`).
+Everything lands in the run folder's results.json, with a "tune" section.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from speedladder.config import Resolved
+from speedladder.rungs import Env, Rung, StepSpec, compose
+
+if TYPE_CHECKING:
+    from speedladder.ladder import Ladder
+
+
+def _ladder_rungs(results: dict) -> list[dict]:
+    return [r for r in results["rungs"] if r["role"] in ("rung", "beside")]
+
+
+def dropped(results: dict) -> dict[str, str]:
+    """Each ladder rung left out of the combination, with why."""
+    out = {}
+    for r in _ladder_rungs(results):
+        if r["name"] == "eager":
+            continue
+        if r["status"] != "ok":
+            out[r["name"]] = f"{r['status']}: {r['detail']}"
+        elif not r["gate"]["passed"]:
+            out[r["name"]] = f"failed a gate: {r['gate']['detail']}"
+        elif r["verdict"] != "win":
+            where = "inside the spread of" if r["verdict"] == "noise" else "below"
+            out[r["name"]] = f"{r['verdict']}: {r['speedup_prev']:.2f}×, {where} {r['built_on']}"
+    return out
+
+
+def survivors(results: dict) -> tuple[str, ...]:
+    """The ladder's winning rungs, in ladder order (beside rungs last): what the combination is made of."""
+    gone = dropped(results)
+    return tuple(r["name"] for r in _ladder_rungs(results) if r["name"] != "eager" and r["name"] not in gone)
+
+
+def candidates(results: dict, limit: int) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, rungs) to measure: the survivors together, then each left out in turn, smallest gain first."""
+    keep = survivors(results)
+    if not keep:
+        return []
+    out = [("tuned", keep)]
+    gain = {r["name"]: r["speedup_prev"] for r in _ladder_rungs(results) if r["name"] in keep}
+    for name in sorted(keep, key=lambda n: gain[n]) if len(keep) > 1 else ():
+        out.append((f"tuned-no-{name}", tuple(n for n in keep if n != name)))
+    return out[:limit]
+
+
+def winner(results: dict) -> dict | None:
+    """The record named fastest (it passed every gate and the learns-check), or None."""
+    name = results.get("fastest")
+    return next((r for r in results["rungs"] if r["name"] == name), None)
+
+
+def rungs_of(record: dict, results: dict) -> tuple[str, ...]:
+    """The rung names that give a record's spec from eager: a candidate's own, a ladder rung's chain."""
+    if record.get("rungs_combined") is not None:
+        return tuple(record["rungs_combined"])
+    chain, by_name = [], {r["name"]: r for r in results["rungs"]}
+    r: dict | None = record
+    while r is not None:
+        chain.append(r["rung"])
+        r = by_name.get(r["built_on"]) if r["built_on"] else None
+    return tuple(reversed(chain))
+
+
+def commands(names: tuple[str, ...], cfg: Resolved, run_dir: str) -> dict[str, str]:
+    """The exact commands that reproduce the winner: measure it, or train it."""
+    rungs = ",".join(["eager", *(n for n in names if n != "eager")])
+    workload = f"--preset {cfg.preset} --data {cfg.data} --tokenizer {cfg.tokenizer} " \
+               f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --batch-multiplier {cfg.batch_multiplier}"
+    return {"run": f"speedladder run {workload} --rungs {rungs}",
+            "train": f"speedladder train --run {run_dir}",
+            "train_rungs": f"speedladder train {workload} --rungs {rungs}"}
+
+
+@dataclass
+class Budget:
+    """A deadline; `reason` says why the next piece of work would not fit, judged by the slowest one so far."""
+
+    seconds: float
+    results: dict
+    reserve: int = 1  # keep this many more pieces' worth of time for the combination, once a rung has won
+    start: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.start)
+
+    def estimate(self) -> float:
+        walls = [r["wall_s"] for r in self.results["rungs"] if r.get("wall_s") and r["status"] == "ok"]
+        return max(walls, default=0.0)
+
+    def reason(self) -> str | None:
+        # Time for a combination is kept back only once a rung has won: until then there is nothing to combine.
+        need = self.estimate() * (1 + (self.reserve if survivors(self.results) else 0))
+        if self.left() < need:
+            return (f"not started: the tune budget has {max(self.left(), 0):.0f} s left and a rung takes about "
+                    f"{self.estimate():.0f} s")
+        return None
+
+
+def combination_rung(name: str, names: tuple[str, ...]) -> Rung:
+    return Rung(name, f"the surviving rungs together: {'+'.join(names)}", "speed", lambda s, e: s)
+
+
+def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable[[str], None]) -> list[dict]:
+    """Measure each candidate on the ladder's baseline, within the budget; each gets the ladder's gates."""
+    res = ladder.results
+    env: Env = ladder.work.env
+    base = next((r for r in res["rungs"] if r["role"] == "rung" and r["status"] == "ok"), None)
+    measured = {tuple(sorted(r["spec"].items(), key=str)): r["name"] for r in res["rungs"] if r["status"] == "ok"}
+    out = []
+    budget.reserve = 0
+    for name, names in candidates(res, limit):
+        spec: StepSpec = compose(names, ladder.work.base_spec, env)
+        key = tuple(sorted(spec.to_dict().items(), key=str))
+        if key in measured:
+            say(f"{name} ({'+'.join(names)}) is {measured[key]}'s configuration, measured already")
+            out.append({"name": name, "rungs": list(names), "same_as": measured[key]})
+            continue
+        say(f"measuring {name}: {'+'.join(names)}")
+        r = ladder.climb(combination_rung(name, names), spec, base, role="candidate",
+                         predicted=ladder.predicted_together(names))
+        r["rungs_combined"] = list(names)
+        ladder.save()
+        out.append({"name": name, "rungs": list(names), "status": r["status"], "detail": r["detail"]})
+    return out
+
+
+def summarize(results: dict, run_dir: str, cfg: Resolved) -> dict:
+    """The tune section of results.json once the search is over: what was kept, dropped, and who won."""
+    best = winner(results)
+    names = rungs_of(best, results) if best else ()
+    names = tuple(n for n in names if n != "eager")
+    return {"winner": best["name"] if best else None, "winner_rungs": list(names),
+            "winner_spec": best["spec"] if best else None,
+            "commands": commands(names, cfg, run_dir) if best else None}

@@ -1,0 +1,114 @@
+"""`speedladder tune`: its selection logic on a fake set of measured results, then the command end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from speedladder import report, tune
+from speedladder.cli import main
+from speedladder.config import RunConfig, resolve
+from speedladder.rungs import RUNGS, Requirement
+
+
+def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", built_on="eager", detail=""):
+    r = {"name": name, "rung": name, "role": role, "status": status, "detail": detail, "built_on": built_on,
+         "spec": {}}
+    if status == "ok":
+        r.update(verdict=verdict, speedup_prev=prev, gate={"passed": passed, "detail": "" if passed else "logits differ"})
+    return r
+
+
+def fake() -> dict:
+    return {"rungs": [
+        rung("eager", verdict="baseline", prev=None, built_on=None),
+        rung("compile", prev=1.5),
+        rung("bf16", verdict="noise", prev=1.01, built_on="compile"),
+        rung("sdpa", prev=1.1, built_on="compile"),
+        rung("fused-adamw", verdict="loss", prev=0.9, built_on="sdpa"),
+        rung("pad-vocab", prev=1.3, built_on="sdpa", passed=False),
+        rung("batch", prev=1.4, built_on="sdpa"),
+        rung("batch-fp32", verdict="control", role="control", built_on="batch"),
+        rung("max-autotune", status="skipped", detail="needs cuda; this device is cpu"),
+        rung("fp8", status="oom", detail="CUDA out of memory"),
+        rung("ckpt", prev=1.05, role="beside", built_on="batch"),
+    ]}
+
+
+def test_survivors_are_the_rungs_that_won_and_passed():
+    assert tune.survivors(fake()) == ("compile", "sdpa", "batch", "ckpt")
+    gone = tune.dropped(fake())
+    assert set(gone) == {"bf16", "fused-adamw", "pad-vocab", "max-autotune", "fp8"}
+    assert gone["bf16"] == "noise: 1.01×, inside the spread of compile"
+    assert gone["fused-adamw"] == "loss: 0.90×, below sdpa"
+    assert gone["pad-vocab"] == "failed a gate: logits differ"
+    assert gone["max-autotune"] == "skipped: needs cuda; this device is cpu"
+    assert gone["fp8"] == "oom: CUDA out of memory"
+
+
+def test_candidates_combine_the_survivors_then_leave_each_out_smallest_gain_first():
+    cands = tune.candidates(fake(), limit=10)
+    assert cands[0] == ("tuned", ("compile", "sdpa", "batch", "ckpt"))
+    assert [name for name, _ in cands[1:]] == ["tuned-no-ckpt", "tuned-no-sdpa", "tuned-no-batch", "tuned-no-compile"]
+    assert cands[1][1] == ("compile", "sdpa", "batch")
+    assert len(tune.candidates(fake(), limit=2)) == 2
+    nothing_won = {"rungs": [rung("eager", verdict="baseline", built_on=None), rung("compile", verdict="noise")]}
+    assert tune.survivors(nothing_won) == () and tune.candidates(nothing_won, 4) == []
+
+
+def test_the_winner_and_the_commands_that_reproduce_it():
+    res = fake()
+    res["rungs"].append({**rung("tuned"), "role": "candidate", "rungs_combined": ["compile", "sdpa", "batch"]})
+    res["fastest"] = "tuned"
+    assert tune.winner(res)["name"] == "tuned"
+    assert tune.rungs_of(tune.winner(res), res) == ("compile", "sdpa", "batch")
+    # A ladder rung's configuration is its chain of rungs from eager.
+    assert tune.rungs_of(next(r for r in res["rungs"] if r["name"] == "batch"), res) == (
+        "eager", "compile", "sdpa", "batch")
+    cfg = resolve(RunConfig(preset="tiny"), torch.device("cpu"))
+    cmds = tune.commands(("compile", "sdpa", "batch"), cfg, "runs/x")
+    assert cmds["run"] == ("speedladder run --preset tiny --data timemachine --tokenizer char --batch-size 4 "
+                           "--seq-len 32 --batch-multiplier 2 --rungs eager,compile,sdpa,batch")
+    assert cmds["train"] == "speedladder train --run runs/x"
+
+
+def test_budget_refuses_work_that_would_not_fit():
+    won = {"rungs": [{**rung("eager", verdict="baseline", built_on=None), "wall_s": 30.0},
+                     {**rung("compile", prev=1.5), "wall_s": 30.0}]}
+    assert tune.Budget(100, won, reserve=1).reason() is None  # 100 s left >= 2 x 30 s
+    late = tune.Budget(50, won, reserve=1)
+    assert late.reason().startswith("not started: the tune budget has 50 s left and a rung takes about 30 s")
+    assert tune.Budget(50, won, reserve=0).reason() is None
+    # Nothing has won yet: no combination to keep time for.
+    lost = {"rungs": [won["rungs"][0], {**rung("compile", verdict="loss", prev=0.5), "wall_s": 30.0}]}
+    assert tune.Budget(50, lost, reserve=1).reason() is None
+    assert tune.Budget(20, lost, reserve=1).reason() is not None
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Keep the end-to-end tests fast: the compile rung is skipped as if no compiler were here."""
+    monkeypatch.setitem(RUNGS, "compile", dataclasses.replace(RUNGS["compile"], requires=Requirement(devices=("cuda",))))
+
+
+def test_tune_end_to_end(tmp_path, capsys, no_compile):
+    rc = main(["tune", "--preset", "tiny", "--device", "cpu", "--steps", "3", "--budget-minutes", "3",
+               "--max-candidates", "2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    (path,) = tmp_path.glob("*/results.json")
+    res = json.loads(path.read_text())
+    t = res["tune"]
+    assert res["config"]["ladder"] == "full" and res["config"]["beside"] == ["ckpt"]
+    assert t["dropped"]["compile"] == "skipped: needs cuda; this device is cpu"
+    assert set(t["survivors"]) | set(t["dropped"]) == {n for n in res["config"]["rungs"] if n != "eager"} | {"ckpt"}
+    assert t["winner"] == res["fastest"] and res["learns_check"]["passed"]
+    assert t["winner_spec"] == next(r["spec"] for r in res["rungs"] if r["name"] == t["winner"])
+    assert "speedladder train --run " + str(path.parent) in out and t["commands"]["run"] in out
+    assert "tune: the winning configuration" in out
+    cands = [r for r in res["rungs"] if r["role"] == "candidate"]
+    assert len(cands) + sum(1 for c in t["candidates"] if c.get("same_as")) == len(t["candidates"]) <= 2
+    assert report.tune_lines(res)[0] in out  # the saved file is what was printed
