@@ -186,3 +186,13 @@ def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
         assert arg in cmd
     assert not any(a.startswith("--master-port") for a in cmd)
     assert cmd[-3:] == ["-m", "speedladder.worker", str(tmp_path / "job.json")]
+
+
+def test_a_job_file_round_trips_a_config_that_leaves_the_rungs_to_the_ladder():
+    import dataclasses
+
+    from speedladder.config import RunConfig
+    from speedladder.parallel import run_config_from_dict
+
+    for cfg in (RunConfig(), RunConfig(ladder="full"), RunConfig(rungs=("eager", "bf16"), beside=("ckpt",))):
+        assert run_config_from_dict(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg

@@ -66,6 +66,7 @@ def test_category_of_operator_names():
     assert profile.category("Optimizer.step#AdamW.step") == "optimizer"
     assert profile.category("triton_red_fused_native_layer_norm_0") == "reductions & softmax"
     assert profile.category("triton_poi_fused_add_0") == "elementwise & norm"
+    assert profile.category("## Call CompiledFxGraph fua7iaub7ueck ##") == "elementwise & norm"
 
 
 def _classify(step, steps: int = 3) -> dict:

@@ -272,7 +272,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     b = profile.run_in_child(work.cfg.to_run_config(), args.profile_rungs, run_dir / profile.TRACE,
                              work.cfg.profile.timeout_s)
     base = profile.spec_of(b)
-    rungs = [r for r in work.cfg.rungs if r not in args.profile_rungs]
+    # Predictions start from the profiled spec: its own rungs (and the eager baseline under them) are behind it.
+    rungs = [r for r in work.cfg.rungs if r not in args.profile_rungs and not (args.profile_rungs and r == "eager")]
     preds = predict.chain(b, rungs, base, work.env)
     saved = {"schema": results.SCHEMA, "kind": "profile", "created": results.now(),
              "command": results.command_line(), "config": work.cfg.to_dict(),

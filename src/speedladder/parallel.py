@@ -48,8 +48,11 @@ _RANK_LINE = re.compile(r"^speedladder\[rank (\d+)\] (error: )?(.*)$")
 
 def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
     """A RunConfig back from dataclasses.asdict (as written into a job file)."""
-    d = {**d, "rungs": tuple(d["rungs"]), "timing": TimingConfig(**d["timing"]), "gates": GateConfig(**d["gates"]),
+    d = {**d, "timing": TimingConfig(**d["timing"]), "gates": GateConfig(**d["gates"]),
          "profile": ProfileConfig(**d.get("profile", {}))}
+    for name in ("rungs", "beside"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
+        if d.get(name) is not None:
+            d[name] = tuple(d[name])
     if device is not None:
         d["device"] = device
     return RunConfig(**d)
@@ -400,7 +403,7 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_g
                                         f"a ring's busbw approaches; latency assumed {lat:g} µs"}
     results.save(saved, run_dir)
     progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
-             f"tokens/s of {'+'.join(run.rungs)}", "single")
+             f"tokens/s of {'+'.join(work.cfg.rungs)}", "single")
     section["single"] = measure_single(work, spec, threads, progress.scoped("single"))
     if section["bandwidth"]["busbw_GBps"] is None:  # only k=1 asked for
         section["predictions"] = [_single_prediction(section)]
@@ -422,7 +425,7 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | 
     saved = new_results(work, spec, pcfg, "ddp", [k], threads)
     results.save(saved, run_dir)
     progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
-             f"tokens/s of {'+'.join(run.rungs)} (the prediction's t_compute)", "single")
+             f"tokens/s of {'+'.join(work.cfg.rungs)} (the prediction's t_compute)", "single")
     saved["parallel"]["single"] = measure_single(work, spec, threads, progress.scoped("single"))
     results.save(saved, run_dir)
     job = write_job(run_dir, "train", run, spec, pcfg, work.device, threads)

@@ -74,9 +74,11 @@ def category(name: str) -> str:
         return "optimizer"
     if name.startswith(("triton_red", "triton_per")):
         return "reductions & softmax"
-    if name.startswith(("triton_", "cpp_fused", "CompiledFunction", "Torch-Compiled Region",
-                        "CompiledFxGraph")):
-        return "elementwise & norm"  # inductor's fused kernels; its matmuls still show up as aten::mm
+    if name.startswith(("triton_", "cpp_fused", "CompiledFunction", "Torch-Compiled Region")) or (
+            "CompiledFxGraph" in name):
+        # Inductor's fused kernels: on CUDA named Triton kernels, on a CPU C++ loops run inside the compiled graph's
+        # call ("## Call CompiledFxGraph ..."). Its matmuls still show up as aten::mm/addmm of their own.
+        return "elementwise & norm"
     if name.startswith(("Memcpy", "Memset")):
         return "copies & H2D"
     if not name.startswith("aten::"):

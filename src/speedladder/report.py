@@ -305,7 +305,8 @@ def waterfall_figure(results: dict):
     rungs = [r for r in results["rungs"] if r["role"] in ("rung", "beside")]
     by_name = {r["name"]: r for r in results["rungs"]}
     ok = [r for r in results["rungs"] if r["status"] == "ok"]
-    top = max([r["tokens_per_s"]["max"] / _baseline_median(results) for r in ok] + [1.0])
+    top = max([r["tokens_per_s"]["max"] / _baseline_median(results) for r in ok]
+              + [_predicted_level(r, by_name) or 0.0 for r in rungs if r["status"] == "ok"] + [1.0])
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rungs) + 2), 4.8))
     for i, r in enumerate(rungs):
         if r["status"] != "ok":
@@ -328,9 +329,9 @@ def waterfall_figure(results: dict):
         if r["peak_memory_bytes"] is not None:
             label += f"\n{gib(r['peak_memory_bytes'])}"
         ax.text(i, hi + 0.03 * top, label, ha="center", va="bottom", fontsize=9)
-        pred = (r.get("predicted") or {}).get("speedup")
-        if pred is not None and r["built_on"]:
-            ax.plot([i - 0.3, i + 0.3], [start * pred] * 2, color=PREDICTED, linewidth=2.5,
+        pred_level = _predicted_level(r, by_name)
+        if pred_level is not None:
+            ax.plot([i - 0.3, i + 0.3], [pred_level] * 2, color=PREDICTED, linewidth=2.5,
                     solid_capstyle="butt", gid=f"predicted-{r['name']}")
         control = next((c for c in results["rungs"] if c["role"] == "control" and c["rung"] == r["name"]), None)
         if control is not None and control["status"] == "ok":
@@ -351,6 +352,14 @@ def waterfall_figure(results: dict):
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     return fig
+
+
+def _predicted_level(r: dict, by_name: dict[str, dict]) -> float | None:
+    """Where the bar would end if the prediction were right: the level it built on times the predicted ×."""
+    pred = (r.get("predicted") or {}).get("speedup")
+    if pred is None or not r.get("built_on"):
+        return None
+    return by_name[r["built_on"]]["speedup_cum"] * pred
 
 
 def _baseline_median(results: dict) -> float:
