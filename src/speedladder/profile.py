@@ -248,31 +248,37 @@ def regime(b: dict) -> tuple[str, str, dict[str, float]]:
 # -- device facts measured on the spot --------------------------------------------------------
 
 
-def _time(fn: Callable[[], object], device: torch.device, budget_s: float = 0.5, min_reps: int = 3) -> float:
-    """Median seconds of fn, synchronized per call; reps until the budget is spent (at least min_reps)."""
+def _time(fn: Callable[[], object], device: torch.device, budget_s: float = 0.5, min_reps: int = 3,
+          sample_s: float = 2e-3) -> float:
+    """Median seconds of one call of fn, over samples of back-to-back calls synchronized at their ends.
+
+    A sample runs enough calls to last about sample_s: in a training step the
+    device runs kernels back to back, so a synchronization (tens of µs on a
+    GPU) after every call would inflate small matmuls that never pay it.
+    """
     fn()
     sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    inner = max(1, min(1000, int(sample_s / max(time.perf_counter() - t0, 1e-9))))
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < 50):
         t0 = time.perf_counter()
-        fn()
+        for _ in range(inner):
+            fn()
         sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / inner)
     times.sort()
     return times[len(times) // 2]
 
 
 def op_floor_us(device: torch.device) -> float:
-    """The fixed cost of one operator: an add of two one-element tensors, timed 200 at a time."""
+    """The fixed cost of one operator: an add of two one-element tensors."""
     a = torch.ones(1, device=device)
     b = torch.ones(1, device=device)
-
-    def many() -> None:
-        for _ in range(200):
-            torch.add(a, b)
-
-    return _time(many, device, budget_s=0.2) / 200 * 1e6
+    return _time(lambda: torch.add(a, b), device, budget_s=0.2) * 1e6
 
 
 def copy_gbps(device: torch.device, n_bytes: int) -> float:
