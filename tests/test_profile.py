@@ -213,3 +213,32 @@ def test_profile_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsy
     rc = main(["profile", "--preset", "tiny", "--device", "cpu", "--out", str(tmp_path), *args])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err
+
+
+class FakeEvent:
+    """What breakdown() reads of a torch.profiler FunctionEvent, to check the CUDA arithmetic without a GPU."""
+
+    def __init__(self, name: str, cpu_us: float, device_us: float, parent: FakeEvent | None = None) -> None:
+        self.name, self.self_cpu_time_total, self.self_device_time_total = name, cpu_us, device_us
+        self.cpu_parent, self.cpu_children = parent, []
+        self.input_shapes, self.input_dtypes, self.flops = [[256, 256], [256, 256]], ["float", "float"], 0
+        if parent is not None:
+            parent.cpu_children.append(self)
+
+
+def test_cuda_breakdown_counts_kernel_time_and_the_gpu_waiting():
+    opt = FakeEvent("Optimizer.step#AdamW.step", 300, 0)
+    events = [FakeEvent("aten::mm", 20, 600), FakeEvent("aten::add", 10, 200), opt,
+              FakeEvent("aten::mul_", 5, 100, parent=opt), FakeEvent("aten::view", 3, 0)]
+    b = profile.breakdown(events, n_steps=1, step_us=1000, device_time=True, op_floor_us=0.0)
+    shares = {c: v["share"] for c, v in b["categories"].items()}
+    # Kernel time only (host time of the ops is not device time); the rest of the step is the GPU waiting.
+    assert shares["matmul"] == pytest.approx(0.6) and shares["elementwise & norm"] == pytest.approx(0.2)
+    assert shares["optimizer"] == pytest.approx(0.1) and shares[profile.IDLE] == pytest.approx(0.1)
+    assert sum(shares.values()) == pytest.approx(1.0) and b["floor_share"] == 0.0
+    assert profile.regime(b)[0] == "compute-bound"
+    # The same events on a CPU: operator (host) time is the device time, and what no operator covers is idle.
+    c = profile.breakdown(events, n_steps=1, step_us=400, device_time=False, op_floor_us=1.0)
+    cpu = {k: v["ms"] * 1e3 for k, v in c["categories"].items()}
+    assert cpu["matmul"] == pytest.approx(20) and cpu["optimizer"] == pytest.approx(305)
+    assert cpu[profile.IDLE] == pytest.approx(3 + (400 - 338))  # the view op plus the gaps
