@@ -203,6 +203,10 @@ def test_profile_command_writes_profile_and_trace(tmp_path, capsys):
     assert profile.valid_trace(folder / profile.TRACE) > 0
     for text in ("top operators", "regime: " + b["regime"], "predictions", "aten::addmm", "roofline"):
         assert text in out
+    # `report` reads the saved profile back and prints the same.
+    assert main(["report", str(folder)]) == 0
+    again = capsys.readouterr().out
+    assert "regime: " + b["regime"] in again and "predictions" in again
 
 
 @pytest.mark.parametrize("args, message", [

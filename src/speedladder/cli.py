@@ -194,8 +194,10 @@ def build_parser() -> Parser:
                        help="the checkpoint goes to DIR/<timestamp>/checkpoint.pt. Default: %(default)s")
 
     report = sub.add_parser("report", help="print the table and redraw waterfall.png from a run folder",
-                            description="Read RUN_DIR/results.json, print its table and redraw its waterfall.png.")
-    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or its results.json)")
+                            description="Read RUN_DIR/results.json, print its table and redraw its waterfall.png "
+                                        "(scaling.png for predict/ddp); for a profile folder, print the profile.")
+    report.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a run, tune, predict, ddp or profile folder (or its results.json / profile.json)")
     parallel_cli.add_commands(sub)  # predict, ddp
     return parser
 
@@ -341,11 +343,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from speedladder import report, results
+    from speedladder import profile, report, results
 
-    saved = results.load(args.run_dir)
-    run_dir = Path(args.run_dir)
-    run_dir = run_dir if run_dir.is_dir() else run_dir.parent
+    given = Path(args.run_dir)
+    if given.is_dir() and not (given / results.FILENAME).exists() and (given / profile.FILENAME).exists():
+        given = given / profile.FILENAME  # a `speedladder profile` folder
+    saved = results.load(given)
+    if saved.get("kind") == "profile":
+        report.print_profile(saved)
+        return 0
+    run_dir = given if given.is_dir() else given.parent
     if saved.get("parallel"):  # written by predict or ddp
         from speedladder import parallel_report
 
