@@ -277,6 +277,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # Predictions start from the profiled spec: its own rungs (and the eager baseline under them) are behind it.
     rungs = [r for r in work.cfg.rungs if r not in args.profile_rungs and not (args.profile_rungs and r == "eager")]
     preds = predict.chain(b, rungs, base, work.env)
+    # A rung measured beside the top (the full ladder's ckpt) is predicted on the whole ladder under it.
+    preds += [predict.chain(b, [*rungs, name], base, work.env)[-1] for name in work.cfg.beside]
     saved = {"schema": results.SCHEMA, "kind": "profile", "created": results.now(),
              "command": results.command_line(), "config": work.cfg.to_dict(),
              "environment": results.environment(work.device), "model": {"preset": work.cfg.preset,

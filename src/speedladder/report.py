@@ -260,7 +260,7 @@ def print_profile(saved: dict, console: Console | None = None) -> None:
     if b.get("matmul_tflops"):
         facts.append(f"the step's matmuls achieved {b['matmul_tflops']:.3g} TFLOP/s")
     if m.get("bf16_speedup"):
-        facts.append(f"this model's matmuls {m['bf16_speedup']:.2f}× faster in bf16")
+        facts.append(f"bf16 runs this model's matmuls at {m['bf16_speedup']:.2f}× their fp32 speed")
     gain = (m.get("batch_gain") or {}).get("fp32")
     if gain:
         facts.append(f"{gain:.2f}× as efficient at {m['multiplier']}× the batch (fp32)")
