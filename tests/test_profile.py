@@ -154,9 +154,11 @@ def test_small_matmuls_predict_a_loss_for_bf16(tiny):
     assert q.speedup < 1.0
 
 
-def _window_rates(step, n_windows: int = 5, steps: int = 15) -> list[float]:
-    t = measure.run_windows(step, CPU, tokens_per_step=128, steps=steps, windows=n_windows, warmup=2,
-                            max_warmup=10)
+def _window_rates(step, n_windows: int = 5, steps: int = 15, warmup: int = 30) -> list[float]:
+    # Warm-up as the ladder's rungs get it (it builds, compiles and warms up after the profile, seconds in all):
+    # the first steps after a 2-core machine has just torn down another process are not the steady state.
+    t = measure.run_windows(step, CPU, tokens_per_step=128, steps=steps, windows=n_windows, warmup=warmup,
+                            max_warmup=warmup)
     return [w.tokens_per_s for w in t.windows]
 
 
@@ -178,9 +180,12 @@ def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
     after = _window_rates(step)
     assert b["regime"] in profile.REGIMES and profile.valid_trace(tmp_path / profile.TRACE) > 0
     assert not torch.autograd.profiler._is_profiler_enabled
-    # The ratio of the medians is within the windows' spread (at least 3%: two sets of windows drift apart by that
-    # much on a shared machine even with nothing in between).
-    tolerance = max((max(before) - min(before)) / statistics.median(before), 0.03)
+    # The ratio of the medians is within the windows' spread: the range of the windows before, less the one slowest
+    # and one fastest (a single preempted window on a shared machine is not the spread), and at least 10% (two sets
+    # of windows on this shared 2-core VM drift apart by up to ~7% with nothing in between). An in-process
+    # profiler costs far more than that, which the last assert shows.
+    trimmed = sorted(before)[1:-1]
+    tolerance = max((trimmed[-1] - trimmed[0]) / statistics.median(before), 0.10)
     ratio = statistics.median(after) / statistics.median(before)
     assert ratio >= 1 - tolerance, (before, after)
     # The check can fail: the same windows under an in-process profiler are slower by far more than that.
