@@ -77,17 +77,26 @@ class CausalSelfAttention(nn.Module):
                              persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        T = x.shape[1]
+        q, k, v = split_heads(self.qkv(x), self.n_head)  # each (B, nh, T, hs)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
         att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
         att = F.softmax(att, dim=-1)
         y = att @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.proj(y)
+        return self.proj(merge_heads(y))
+
+
+def split_heads(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, T, 3C) projections -> q, k, v, each (B, nh, T, hs); shared with the fused-attention rung."""
+    B, T, C3 = qkv.shape
+    C = C3 // 3
+    return tuple(t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in qkv.split(C, dim=2))
+
+
+def merge_heads(y: torch.Tensor) -> torch.Tensor:
+    """(B, nh, T, hs) -> (B, T, C)."""
+    B, nh, T, hs = y.shape
+    return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
 
 
 class MLP(nn.Module):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from speedladder.model import GPT
+from speedladder.model import GPT, merge_heads, split_heads
 
 
 @dataclass(frozen=True)
@@ -154,13 +154,9 @@ class SDPAttention(nn.Module):
         self.proj = attn.proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q, k, v = split_heads(self.qkv(x), self.n_head)  # each (B, nh, T, hs)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
-        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))  # (B, T, C)
+        return self.proj(merge_heads(y))
 
 
 def use_sdpa(model: GPT) -> GPT:
