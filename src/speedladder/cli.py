@@ -93,6 +93,13 @@ def add_rung_flags(p: argparse.ArgumentParser) -> None:
                    help="the batch rung multiplies the batch by K. Default: the preset's")
 
 
+def add_output_flags(p: argparse.ArgumentParser) -> None:
+    """Where the run folder goes, and whether progress is shown: shared by the commands that write one."""
+    p.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
+                   help="parent folder of the run folder DIR/<timestamp>/. Default: %(default)s")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
 def add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-steps", type=int, default=default(ProfileConfig, "steps"), metavar="N",
                    help="steps profiled, each synchronized at its end. Default: %(default)s")
@@ -111,8 +118,6 @@ def build_parser() -> Parser:
                                      "and waterfall.png.")
     add_workload_flags(run)
     add_rung_flags(run)
-    run.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
-                     help="parent folder of the run folder DIR/<timestamp>/. Default: %(default)s")
     run.add_argument("--peak-tflops", type=float, metavar="X",
                      help="peak TFLOP/s for MFU, e.g. a measured bf16 ceiling. Default: the vendor table "
                           "for known GPUs, none (MFU n/a) elsewhere")
@@ -131,7 +136,7 @@ def build_parser() -> Parser:
     run.add_argument("--no-profile", action="store_true",
                      help="skip the baseline profile and the predictions made from it")
     add_profile_flags(run)
-    run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_output_flags(run)
 
     prof = sub.add_parser("profile", help="profile the baseline, name its regime, predict every rung",
                           description="Profile a few steps of the baseline in a child process: the top operators, "
@@ -145,8 +150,7 @@ def build_parser() -> Parser:
     prof.add_argument("--profile-rungs", type=_rungs, default=(), metavar="A,B,C",
                       help="profile the spec these rungs make instead of the baseline (predictions then start "
                            "from it). Default: the baseline")
-    prof.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
-                      help="parent folder of the profile's folder DIR/<timestamp>/. Default: %(default)s")
+    add_output_flags(prof)
 
     tune = sub.add_parser("tune", help="find the fastest configuration that passes every gate, within a budget",
                           description="Climb the full ladder, drop each rung whose verdict is loss or noise (or "
@@ -162,11 +166,9 @@ def build_parser() -> Parser:
                            "learns-check always runs). Default: %(default)s")
     tune.add_argument("--max-candidates", type=int, default=default(TuneConfig, "max_candidates"), metavar="N",
                       help="combinations to measure at most. Default: %(default)s")
-    tune.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
-                      help="parent folder of the run folder DIR/<timestamp>/. Default: %(default)s")
     tune.add_argument("--peak-tflops", type=float, metavar="X",
                       help="peak TFLOP/s for MFU. Default: the vendor table for known GPUs, none elsewhere")
-    tune.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_output_flags(tune)
 
     train = sub.add_parser("train", help="train one configuration, log its loss, sample text, save a checkpoint",
                            description="Train a configuration for --steps steps, logging loss, step time and "
@@ -232,16 +234,23 @@ def finish(run_dir: Path) -> None:
     print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}")
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def start(args: argparse.Namespace, cfg: RunConfig):
+    """Progress, the prepared workload and a new run folder: how every command that measures begins."""
     from speedladder import results
-    from speedladder.ladder import Ladder, prepare
+    from speedladder.ladder import prepare
     from speedladder.progress import Progress
 
     progress = Progress(quiet=args.quiet)
-    work = prepare(run_config(args))
+    work = prepare(cfg)
     if work.cfg.preset_note:
         progress(work.cfg.preset_note)
-    run_dir = results.new_run_dir(work.cfg.out)
+    return progress, work, results.new_run_dir(work.cfg.out)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from speedladder.ladder import Ladder
+
+    progress, work, run_dir = start(args, run_config(args))
     progress(f"{work.cfg.preset}: {work.params:,} parameters on {work.device}; "
              f"{work.corpus.n_tokens:,} tokens of {work.corpus.source}; writing {run_dir}")
     ladder = Ladder(work, run_dir, progress)
@@ -257,18 +266,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from speedladder import predict, profile, report, results
-    from speedladder.ladder import prepare
-    from speedladder.progress import Progress
     from speedladder.rungs import RUNGS
 
-    progress = Progress()
     unknown = [r for r in args.profile_rungs if r not in RUNGS]
     if unknown:
         raise UsageError(f"unknown rung {unknown[0]!r} in --profile-rungs (choose from {', '.join(RUNGS)})")
-    work = prepare(run_config(args))
-    if work.cfg.preset_note:
-        progress(work.cfg.preset_note)
-    run_dir = results.new_run_dir(work.cfg.out)
+    progress, work, run_dir = start(args, run_config(args))
     progress(f"profiling {work.cfg.profile.steps} steps of {work.cfg.preset} on {work.device} in a child process",
              "profile")
     b = profile.run_in_child(work.cfg.to_run_config(), args.profile_rungs, run_dir / profile.TRACE,
@@ -292,18 +295,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from speedladder import report, results, tune
-    from speedladder.ladder import Ladder, prepare
-    from speedladder.progress import Progress
+    from speedladder.ladder import Ladder
 
     if args.budget_minutes <= 0:
         raise UsageError(f"the budget must be positive, got {args.budget_minutes} minutes")
     if args.max_candidates < 0:
         raise UsageError(f"the number of candidates must be zero or more, got {args.max_candidates}")
-    progress = Progress(quiet=args.quiet)
-    work = prepare(dataclasses.replace(run_config(args), ladder="full", rungs=None))
-    if work.cfg.preset_note:
-        progress(work.cfg.preset_note)
-    run_dir = results.new_run_dir(work.cfg.out)
+    progress, work, run_dir = start(args, dataclasses.replace(run_config(args), ladder="full", rungs=None))
     progress(f"tune: the full ladder, then its survivors together, within {args.budget_minutes:g} min; "
              f"writing {run_dir}")
     ladder = Ladder(work, run_dir, progress)

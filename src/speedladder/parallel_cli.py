@@ -45,7 +45,7 @@ def _torchrun_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from speedladder.cli import add_rung_flags, add_workload_flags
+    from speedladder.cli import add_output_flags, add_rung_flags, add_workload_flags
 
     add_workload_flags(p)
     add_rung_flags(p)
@@ -54,9 +54,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "Default: %(default)s")
     p.add_argument("--bucket-cap-mb", type=float, default=default(ParallelConfig, "bucket_cap_mb"), metavar="MB",
                    help="DDP bucket size in MiB. Default: %(default)s")
-    p.add_argument("--out", default=default(RunConfig, "out"), metavar="DIR",
-                   help="parent folder of the run folder DIR/<timestamp>/. Default: %(default)s")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_output_flags(p)
     _torchrun_flags(p)
 
 
