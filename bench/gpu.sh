@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Both reference setups of DESIGN.md climb the full ladder (--ladder full: R0 -> compile -> bf16 -> sdpa ->
+# Both reference setups (the small d2l-style GPT and GPT-2 124M) climb the full ladder (--ladder full: R0 -> compile -> bf16 -> sdpa ->
 # fused-adamw -> pad-vocab -> batch-up -> max-autotune -> fp8, checkpointing beside the top) on one CUDA GPU,
 # capped to fit 9 minutes with their clean-up (caps are estimates until a GPU run; a capped ladder keeps what
 # it measured, and max-autotune's compile may well take the rest of a cap):

@@ -10,9 +10,9 @@ from speedladder import report, results
 def main(paths: list[str]) -> int:
     for path in paths:
         saved = results.load(path)
-        c, e = saved["config"], saved["environment"]
+        c, e = saved.config, saved.environment
         print(f"\n{c['preset']} B={c['batch_size']} T={c['seq_len']} on {e['device_name']}, torch {e['torch']} "
-              f"({saved['status']}): {path}")
+              f"({saved.status}): {path}")
         for line in report.notes(saved):
             print("  " + line)
         # The table last: it is what a reader of the tail of a log needs.

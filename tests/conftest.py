@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import os
+
+# One intra-op thread for the tests and every process they start (profile children, torchrun ranks, bench
+# scripts): on a shared 2-core machine two OpenMP threads spin against whatever else runs and a tiny step can
+# take 100x longer. The tests check behaviour and numbers, not speed (benchmarks measure speed).
+os.environ["OMP_NUM_THREADS"] = "1"
+
 import pytest
 import torch
 
 from speedladder.config import RunConfig
-from speedladder.ladder import Workload, prepare
+from speedladder.workload import Workload, prepare
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from speedladder import verify
-from speedladder.config import FULL_LADDER
-from speedladder.model import GPT, PRESETS
+from speedladder.config import FULL_LADDER, PRESETS
+from speedladder.model import GPT
 from speedladder.optim import Muon, MuonAdamW, orthogonalize
 from speedladder.rungs import RUNGS, Env, PaddedHead, SDPAttention, StepSpec, compose, pad_vocab, padded_vocab, use_sdpa
 from speedladder.step import TrainStep
@@ -22,8 +22,7 @@ A100 = Env("cuda", (8, 0), batch_multiplier=4)
 @pytest.fixture(scope="module")
 def ref(tiny):
     """Eager fp32 at the tiny shape: the reference every new rung's gate is checked against."""
-    batches = verify.gate_batches(tiny.corpus, tiny.cfg.batch_size, tiny.cfg.seq_len, 1, 20)
-    return verify.reference(tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr, batches)
+    return verify.reference(tiny.step(tiny.base_spec), tiny.gate_batches(tiny.base_spec, 20))
 
 
 def test_full_ladder_specs_on_a_gpu():
@@ -52,7 +51,7 @@ def test_cuda_only_rungs_say_why_they_are_skipped_on_a_cpu(monkeypatch):
 
 def test_sdpa_keeps_every_parameter_and_computes_the_same_function():
     torch.manual_seed(0)
-    model = GPT(PRESETS["tiny"])
+    model = GPT(PRESETS["tiny"].model)
     before = dict(model.named_parameters())
     idx = torch.randint(28, (4, 32))
     logits, _ = model(idx, idx)
@@ -67,7 +66,7 @@ def test_sdpa_keeps_every_parameter_and_computes_the_same_function():
 def test_padded_vocabulary_gives_the_same_loss_and_logits(vocab, tied):
     assert padded_vocab(50257) == 50304 and padded_vocab(28) == 64 and padded_vocab(64) == 64
     torch.manual_seed(0)
-    cfg = dataclasses.replace(PRESETS["tiny"], vocab_size=vocab, tie_embeddings=tied)
+    cfg = dataclasses.replace(PRESETS["tiny"].model, vocab_size=vocab, tie_embeddings=tied)
     plain = GPT(cfg)
     padded = GPT(cfg)
     padded.load_state_dict(plain.state_dict())
@@ -93,7 +92,7 @@ def test_padded_vocabulary_gives_the_same_loss_and_logits(vocab, tied):
 @pytest.mark.parametrize("names", [("sdpa",), ("fused-adamw",), ("pad-vocab",), ("sdpa", "fused-adamw", "pad-vocab")])
 def test_new_rungs_pass_their_gates_against_eager_fp32(tiny, ref, names):
     spec = compose(names, tiny.base_spec, tiny.env)
-    step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+    step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     eq = verify.equivalence(step, ref)
     assert eq["passed"], eq["detail"]
     assert eq["precision"] == "fp32" and eq["logits_rel_err"] < 1e-5
@@ -113,15 +112,15 @@ def test_fused_adamw_is_fused_on_cpu_and_cuda_foreach_elsewhere(tiny):
     assert RUNGS["fused-adamw"].transform(tiny.base_spec, H100).optimizer == "adamw-fused"
     assert RUNGS["fused-adamw"].transform(tiny.base_spec, Env("mps", None, 4)).optimizer == "adamw-foreach"
     step = TrainStep(compose(("fused-adamw",), tiny.base_spec, tiny.env), tiny.cfg.model, tiny.init, tiny.device,
-                     tiny.cfg.lr)
-    assert step.optimizer.defaults["fused"] is True and step.optimizer.defaults["lr"] == tiny.cfg.lr
+                     tiny.cfg.run.lr)
+    assert step.optimizer.defaults["fused"] is True and step.optimizer.defaults["lr"] == tiny.cfg.run.lr
 
 
 def test_a_gate_catches_a_padded_head_that_leaks_probability(tiny, ref, monkeypatch):
     """The padded-vocabulary gate can fail: unmasked padding rows change the softmax."""
     monkeypatch.setattr(PaddedHead, "forward", lambda self, x: torch.nn.functional.linear(x, self.weight))
     step = TrainStep(compose(("pad-vocab",), tiny.base_spec, tiny.env), tiny.cfg.model, tiny.init, tiny.device,
-                     tiny.cfg.lr)
+                     tiny.cfg.run.lr)
     eq = verify.equivalence(step, ref)
     assert not eq["passed"] and "loss" in eq["detail"]
 
@@ -141,7 +140,7 @@ def test_muon_orthogonalizes_its_update():
 
 def test_muon_updates_hidden_matrices_and_leaves_the_rest_to_adamw(tiny):
     step = TrainStep(compose(("muon",), tiny.base_spec, tiny.env), tiny.cfg.model, tiny.init, tiny.device,
-                     tiny.cfg.lr)
+                     tiny.cfg.run.lr)
     assert isinstance(step.optimizer, MuonAdamW)
     muon_params = {id(p) for g in step.optimizer.muon.param_groups for p in g["params"]}
     names = sorted(n for n, p in step.params.items() if id(p) in muon_params)
@@ -162,11 +161,11 @@ def test_muon_updates_hidden_matrices_and_leaves_the_rest_to_adamw(tiny):
 def test_muon_gate_has_no_loss_band_but_a_tokens_to_target_comparison(tiny, ref):
     spec = compose(("muon",), tiny.base_spec, tiny.env)
     assert not spec.same_update and compose(("fused-adamw",), tiny.base_spec, tiny.env).same_update
-    step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+    step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     assert verify.equivalence(step, ref)["passed"]  # same weights, same batch: the same forward and backward
     band = verify.no_loss_band(spec)
     assert band["applies"] is False and band["passed"] and "not applicable" in band["detail"]
-    adamw = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+    adamw = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     t = verify.tokens_to_target(step, adamw, ref.batches)
     assert t["steps"] == 20 and t["window"] == 2 and len(t["losses"]) == len(t["adamw_losses"]) == 20
     assert t["adamw_losses"] == pytest.approx(ref.curve, rel=1e-6)  # AdamW over the same batches: eager's curve
@@ -198,10 +197,42 @@ def test_fp8_transform_converts_the_block_linears_only(monkeypatch):
     fake.convert_to_float8_training = convert
     monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
     monkeypatch.setitem(sys.modules, "torchao.float8", fake)
-    cfg = dataclasses.replace(PRESETS["tiny"], n_layer=1, n_embd=32, mlp_hidden=48)
+    cfg = dataclasses.replace(PRESETS["tiny"].model, n_layer=1, n_embd=32, mlp_hidden=48)
     MODEL_TRANSFORMS["float8"](GPT(cfg))
     # Both dimensions divisible by 16; the head is left in bf16.
     assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.0.mlp.proj"]
     chosen.clear()
     MODEL_TRANSFORMS["float8"](GPT(dataclasses.replace(cfg, mlp_hidden=40)))
     assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv"]  # 40 is not a multiple of 16
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon arrived in torch 2.9")
+@pytest.mark.parametrize("shape", [(64, 96), (96, 64)])
+def test_our_muon_fallback_matches_torchs_muon(shape):
+    """The fallback (for torch < 2.9) and torch.optim.Muon, which the muon rung uses here, make the same updates."""
+    from speedladder.optim import NS_COEFFICIENTS, muon_optimizer
+
+    torch.manual_seed(0)
+    start = torch.randn(shape)
+    ours_p, torch_p = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    ours = Muon([ours_p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
+    theirs = muon_optimizer([torch_p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
+    assert type(theirs) is torch.optim.Muon and theirs.defaults["ns_coefficients"] == NS_COEFFICIENTS
+    for _ in range(4):
+        g = torch.randn(shape)
+        ours_p.grad, torch_p.grad = g.clone(), g.clone()
+        ours.step()
+        theirs.step()
+    moved_ours, moved_torch = ours_p.detach() - start, torch_p.detach() - start
+    # torch orthogonalizes in bf16 (8-bit mantissa), ours in fp32 on a CPU: equal to bf16's precision.
+    rel = float((moved_ours - moved_torch).norm() / moved_torch.norm())
+    assert rel < 0.05, rel
+    # And the comparison can fail: without Nesterov momentum the same gradients move the weights elsewhere.
+    other = torch.nn.Parameter(start.clone())
+    plain = Muon([other], lr=0.02, momentum=0.95, nesterov=False, ns_steps=5)
+    torch.manual_seed(0)
+    torch.randn(shape)
+    for _ in range(4):
+        other.grad = torch.randn(shape)
+        plain.step()
+    assert float((other.detach() - start - moved_torch).norm() / moved_torch.norm()) > 0.05

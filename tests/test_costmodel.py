@@ -6,12 +6,13 @@ import math
 
 import pytest
 
-from speedladder import costmodel as cm
-from speedladder.model import GPT, PRESETS
+from speedladder.config import PRESETS
+from speedladder.model import GPT
+from speedladder.parallel import costmodel as cm
 
 
 def test_gradient_bytes_of_the_d2l_model_are_the_source_texts_76_mb():
-    n = GPT(PRESETS["d2l-512"]).num_params()
+    n = GPT(PRESETS["d2l-512"].model).num_params()
     assert n == 19_009_536
     assert cm.grad_bytes(n) == 76_038_144  # 4 bytes a parameter: "~76 MB for the 19M model"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -10,9 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedladder import ladder, measure, report, results
+from speedladder import measure, report, results, verify
 from speedladder.cli import main
+from speedladder.records import to_dict
 from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
+from speedladder.step import TrainStep
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
         "--learns-min-drop", "0.05", "--no-profile"]
@@ -31,15 +32,26 @@ def by_name(res: dict) -> dict[str, dict]:
     return {r["name"]: r for r in res["rungs"]}
 
 
-def test_source_ladder_end_to_end(tmp_path, capsys):
-    """The default ladder R0-R4 on the tiny preset: compiled, measured, verified, saved, drawn."""
-    rc = main(["run", *[a for a in FAST if a != "--no-profile"], "--out", str(tmp_path)])
-    out, err = capsys.readouterr()
-    assert rc == 0
-    res = saved(tmp_path)
-    assert res["status"] == "complete"
+@pytest.fixture(scope="module")
+def source_run(tmp_path_factory) -> dict:
+    """The default ladder R0-R4 on the tiny preset, profiled first: one run that the tests below read."""
+    out = tmp_path_factory.mktemp("source")
+    import contextlib
+    import io
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        rc = main(["run", *[a for a in FAST if a != "--no-profile"], "--out", str(out)])
+    folder = run_dir(out)
+    return {"rc": rc, "res": saved(out), "typed": results.load(folder), "folder": folder,
+            "out": stdout.getvalue(), "err": stderr.getvalue()}
+
+
+def test_source_ladder_runs_every_rung(source_run):
+    res = source_run["res"]
+    assert source_run["rc"] == 0 and res["status"] == "complete"
+    assert res["schema"] == results.SCHEMA
     assert [r["name"] for r in res["rungs"]] == ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
-    rungs = by_name(res)
     for r in res["rungs"]:
         assert r["status"] == "ok", r["detail"]
         assert len(r["timing"]["windows"]) == 3 and all(w["seconds"] > 0 for w in r["timing"]["windows"])
@@ -47,18 +59,26 @@ def test_source_ladder_end_to_end(tmp_path, capsys):
         assert r["peak_memory_bytes"] is None and r["mfu"] is None  # a CPU: n/a, not invented
         assert r["gate"]["passed"], r["gate"]["detail"]
         assert r["flops_per_token"] == measure.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
+
+
+def test_each_rung_builds_on_the_last_and_compile_is_timed_apart(source_run):
+    rungs = by_name(source_run["res"])
     # R0 is the reference; compiled rungs report compile time apart, eager has none.
     assert rungs["eager"]["gate"]["reference"] and rungs["eager"]["verdict"] == "baseline"
     assert rungs["eager"]["compile_s"] is None
     assert all(rungs[n]["compile_s"] is not None for n in ("compile", "bf16", "batch", "ckpt"))
     assert rungs["compile"]["gate"]["equivalence"]["precision"] == "fp32"
     assert rungs["bf16"]["gate"]["equivalence"]["precision"] == "bf16"
-    # Cumulative: each rung built on the one before it; the control sits beside the batch rung.
     assert [rungs[n]["built_on"] for n in ("compile", "bf16", "batch", "ckpt")] == ["eager", "compile", "bf16",
                                                                                      "batch"]
     assert rungs["batch"]["spec"]["batch_size"] == 8 and rungs["batch"]["spec"]["autocast"] == "bf16"
     assert rungs["batch-fp32"]["spec"] == {**rungs["batch"]["spec"], "autocast": None, "tf32": False}
     assert rungs["ckpt"]["spec"]["transforms"] == ["activation-checkpointing"]
+
+
+def test_speedups_and_verdicts_are_derived_from_the_windows(source_run):
+    res = source_run["res"]
+    rungs = by_name(res)
     for r in res["rungs"][1:]:
         base = rungs[r["built_on"]]
         assert r["speedup_prev"] == pytest.approx(r["tokens_per_s"]["median"] / base["tokens_per_s"]["median"])
@@ -66,35 +86,46 @@ def test_source_ladder_end_to_end(tmp_path, capsys):
         if r["role"] == "rung":
             assert r["verdict"] == measure.verdict(measure.Spread(**r["tokens_per_s"]),
                                                    measure.Spread(**base["tokens_per_s"]))
-    # The learns-check ran on the fastest passing rung, and the loss fell.
+
+
+def test_the_fastest_passing_rung_learns(source_run):
+    res = source_run["res"]
     fastest = max((r for r in res["rungs"] if r["role"] == "rung"), key=lambda r: r["tokens_per_s"]["median"])
     assert res["fastest"] == fastest["name"] == res["learns_check"]["rung"]
     assert res["learns_check"]["passed"] and res["learns_check"]["steps"] == 60
-    # Trust: resolved config and environment are saved.
+
+
+def test_the_config_environment_table_and_waterfall_are_saved(source_run):
+    res, out = source_run["res"], source_run["out"]
     assert res["config"]["preset"] == "tiny" and res["config"]["batch_size"] == 4 and res["config"]["lr"] == 1e-3
     assert res["environment"]["torch"] == torch.__version__ and "git_commit" in res["environment"]
-    # The printed table is the saved one; the waterfall was drawn.
-    for row in report.rows(res):
+    for row in report.rows(source_run["typed"]):  # the printed table is the saved one
         assert row["tokens/s"] in out and row["× cum"] in out
-    assert (run_dir(tmp_path) / "waterfall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # Measure -> classify -> predict: the baseline's profile, a prediction per rung, the error against it.
+    assert (source_run["folder"] / "waterfall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_profile_predicts_every_rung_and_the_error_is_measured(source_run):
+    res, out = source_run["res"], source_run["out"]
+    rungs = by_name(res)
     prof = res["profile"]
     assert prof["regime"] in ("compute-bound", "memory-bound", "overhead-bound") and prof["evidence"]
     assert sum(c["share"] for c in prof["categories"].values()) == pytest.approx(1.0)
     assert [p["rung"] for p in res["predictions"]] == ["eager", "compile", "bf16", "batch", "ckpt"]
-    assert json.loads((run_dir(tmp_path) / "trace.json").read_text())["traceEvents"]
+    assert json.loads((source_run["folder"] / "trace.json").read_text())["traceEvents"]
     for name in ("compile", "bf16", "batch", "ckpt"):
         r = rungs[name]
         assert r["predicted"]["speedup"] > 0 and r["predicted"]["reason"]
         assert r["prediction_error"] == pytest.approx(r["speedup_prev"] / r["predicted"]["speedup"] - 1)
     assert rungs["batch-fp32"]["predicted"] is None  # a control is compared with its rung, not predicted
     assert "pred ×" in out and "regime: " in " ".join(out.split())
-    fig = report.waterfall_figure(res)
+    fig = report.waterfall_figure(source_run["typed"])
     marks = {ln.get_gid() for ln in fig.axes[0].lines if ln.get_gid()}
     assert {"predicted-compile", "predicted-bf16", "predicted-batch", "predicted-ckpt"} <= marks
-    # Progress for the long phases went to stderr.
+
+
+def test_progress_of_the_long_phases_goes_to_stderr(source_run):
     for phase in ("profile", "compiling", "window 3/3", "gates", "learns-check"):
-        assert phase in err
+        assert phase in source_run["err"]
 
 
 @pytest.fixture
@@ -130,7 +161,7 @@ def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs,
     assert rungs["ckpt"]["spec"]["transforms"] == ["activation-checkpointing"]
     out = capsys.readouterr().out
     assert "failed (" in out and "skipped" in out and "needs cuda; this device is cpu" in out
-    fig = report.waterfall_figure(res)
+    fig = report.waterfall_figure(results.load(run_dir(tmp_path)))
     bars = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
     assert bars["wrong"].get_hatch() == "///"  # failed: hatched
     assert bars["eager"].get_hatch() is None
@@ -142,7 +173,7 @@ def test_results_are_saved_after_every_rung(tmp_path, monkeypatch):
     real_save = results.save
 
     def spy(res, folder):
-        snapshots.append(copy.deepcopy(res))
+        snapshots.append(to_dict(res))
         return real_save(res, folder)
 
     monkeypatch.setattr(results, "save", spy)
@@ -153,14 +184,14 @@ def test_results_are_saved_after_every_rung(tmp_path, monkeypatch):
 
 
 def test_out_of_memory_in_one_rung_is_recorded_and_the_ladder_goes_on(tmp_path, monkeypatch):
-    real_init = ladder.TrainStep.__init__
+    real_init = TrainStep.__init__
 
     def init(self, spec, *args, **kwargs):
         if spec.autocast == "bf16" and not spec.transforms:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         real_init(self, spec, *args, **kwargs)
 
-    monkeypatch.setattr(ladder.TrainStep, "__init__", init)
+    monkeypatch.setattr(TrainStep, "__init__", init)
     assert main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)]) == 0
     rungs = by_name(saved(tmp_path))
     assert rungs["bf16"]["status"] == "oom" and "out of memory" in rungs["bf16"]["detail"]
@@ -199,14 +230,14 @@ def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
 
 
 def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monkeypatch):
-    real = ladder.verify.equivalence
+    real = verify.equivalence
 
     def equivalence(step, ref):
         if step.spec.autocast == "bf16":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
         return real(step, ref)
 
-    monkeypatch.setattr(ladder.verify, "equivalence", equivalence)
+    monkeypatch.setattr(verify, "equivalence", equivalence)
     assert main(["run", *FAST, "--rungs", "eager,bf16", "--quiet", "--out", str(tmp_path)]) == 0
     res = saved(tmp_path)
     bf16 = by_name(res)["bf16"]
@@ -243,7 +274,8 @@ def test_full_ladder_skips_cuda_rungs_with_reasons_and_measures_ckpt_beside_the_
                                               measure.Spread(**top["tokens_per_s"]))
     assert f"┊ ckpt beside {top['name']}" in out and f"ckpt: measured beside {top['name']}" in out
     assert all(r["wall_s"] > 0 for r in res["rungs"] if r["status"] == "ok")
-    bars = {p.get_gid() for p in report.waterfall_figure(res).axes[0].patches if p.get_gid()}
+    bars = {p.get_gid() for p in report.waterfall_figure(results.load(run_dir(tmp_path))).axes[0].patches
+            if p.get_gid()}
     assert "ckpt" in bars and "max-autotune" not in bars
 
 

@@ -1,4 +1,4 @@
-"""Part 6: the meters, tested against known quantities (DESIGN.md rules 1-4)."""
+"""Part 6: the meters, tested against known quantities (docs/measurement.md, rules 1-4)."""
 
 from __future__ import annotations
 

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from speedladder.model import GPT, PRESETS, GPTConfig
+from speedladder.config import PRESETS
+from speedladder.model import GPT, GPTConfig
 
 
 def params(name: str) -> GPT:
     with torch.device("meta"):  # counts need no memory
-        return GPT(PRESETS[name])
+        return GPT(PRESETS[name].model)
 
 
 def test_gpt2_124m_has_nanogpts_parameter_count():
@@ -44,7 +45,7 @@ def test_other_presets_counts():
 
 def test_forward_shapes_and_initial_loss_is_uniform_guess():
     torch.manual_seed(0)
-    cfg = PRESETS["tiny"]
+    cfg = PRESETS["tiny"].model
     m = GPT(cfg)
     idx = torch.randint(cfg.vocab_size, (3, 16))
     logits, loss = m(idx, idx)
@@ -56,7 +57,7 @@ def test_forward_shapes_and_initial_loss_is_uniform_guess():
 
 def test_attention_is_causal():
     torch.manual_seed(0)
-    m = GPT(PRESETS["tiny"]).eval()
+    m = GPT(PRESETS["tiny"].model).eval()
     idx = torch.randint(28, (1, 20))
     changed = idx.clone()
     changed[0, 12:] = (changed[0, 12:] + 1) % 28
@@ -75,7 +76,7 @@ def test_attention_is_written_by_hand():
             calls.append(func)
             return func(*args, **(kwargs or {}))
 
-    m = GPT(PRESETS["tiny"])
+    m = GPT(PRESETS["tiny"].model)
     with Spy():
         m(torch.randint(28, (2, 8)))
     assert F.scaled_dot_product_attention not in calls
@@ -83,13 +84,13 @@ def test_attention_is_written_by_hand():
 
 
 def test_sequence_longer_than_context_is_refused():
-    m = GPT(PRESETS["tiny"])
+    m = GPT(PRESETS["tiny"].model)
     with pytest.raises(ValueError, match="exceeds block_size"):
-        m(torch.zeros(1, PRESETS["tiny"].block_size + 1, dtype=torch.long))
+        m(torch.zeros(1, PRESETS["tiny"].model.block_size + 1, dtype=torch.long))
 
 
 def test_config_checks_its_values():
     with pytest.raises(ValueError, match="divisible"):
-        dataclasses.replace(PRESETS["tiny"], n_head=3)
+        dataclasses.replace(PRESETS["tiny"].model, n_head=3)
     with pytest.raises(ValueError, match="positive"):
         GPTConfig(vocab_size=0, block_size=8, n_layer=1, n_head=1, n_embd=8, mlp_hidden=8)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import speedladder
-from speedladder import costmodel, parallel
 from speedladder.cli import main
 from speedladder.errors import UsageError
-from speedladder.worker import FAIL_RANK_ENV
+from speedladder.parallel import costmodel, launch
+from speedladder.parallel.worker import FAIL_RANK_ENV
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "2", "--warmup", "1", "--quiet"]
 
@@ -171,28 +171,27 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path, capsys):
 def test_more_processes_than_cuda_devices_is_a_usage_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(UsageError, match="more processes than this node's 1 CUDA device"):
-        parallel.check_nproc(2, torch.device("cuda"))
-    parallel.check_nproc(1, torch.device("cuda"))
+        launch.check_nproc(2, torch.device("cuda"))
+    launch.check_nproc(1, torch.device("cuda"))
 
 
 def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
     from speedladder.config import ParallelConfig
 
-    cmd = parallel.torchrun_command(ParallelConfig(nnodes="2", rdzv_endpoint="node0:29400", rdzv_id="job7"), 8,
+    cmd = launch.torchrun_command(ParallelConfig(nnodes="2", rdzv_endpoint="node0:29400", rdzv_id="job7"), 8,
                                     tmp_path / "job.json")
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     for arg in ("--nproc-per-node=8", "--nnodes=2", "--rdzv-endpoint=node0:29400", "--rdzv-backend=c10d",
                 "--rdzv-id=job7"):
         assert arg in cmd
     assert not any(a.startswith("--master-port") for a in cmd)
-    assert cmd[-3:] == ["-m", "speedladder.worker", str(tmp_path / "job.json")]
+    assert cmd[-3:] == ["-m", "speedladder.parallel.worker", str(tmp_path / "job.json")]
 
 
 def test_a_job_file_round_trips_a_config_that_leaves_the_rungs_to_the_ladder():
     import dataclasses
 
-    from speedladder.config import RunConfig
-    from speedladder.parallel import run_config_from_dict
+    from speedladder.config import RunConfig, run_config_from_dict
 
     for cfg in (RunConfig(), RunConfig(ladder="full"), RunConfig(rungs=("eager", "bf16"), beside=("ckpt",))):
         assert run_config_from_dict(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg

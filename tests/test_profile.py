@@ -10,10 +10,12 @@ import pytest
 import torch
 from torch.profiler import profile as torch_profile
 
-from speedladder import measure, predict, profile, results
+from speedladder import measure, results
 from speedladder.cli import main
 from speedladder.config import RunConfig
 from speedladder.data import BatchStream
+from speedladder.profile import categories, child, facts, predict
+from speedladder.records import ProfileSummary, from_dict
 from speedladder.rungs import RUNGS, StepSpec
 from speedladder.step import TrainStep
 
@@ -22,23 +24,23 @@ CPU = torch.device("cpu")
 
 def tiny_step(tiny, seed: int = 0):
     spec = tiny.base_spec
-    step = TrainStep(spec, tiny.cfg.model, tiny.init, CPU, tiny.cfg.lr)
+    step = TrainStep(spec, tiny.cfg.model, tiny.init, CPU, tiny.cfg.run.lr)
     return measure.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, seed))
 
 
 @pytest.fixture(scope="module")
 def tiny_profile(tiny, tmp_path_factory) -> dict:
     """The tiny baseline profiled in this process (the tests of the child process are below)."""
-    trace = tmp_path_factory.mktemp("trace") / profile.TRACE
-    b = profile.profile_step(tiny_step(tiny), CPU, steps=3, warmup=2, trace_path=trace)
+    trace = tmp_path_factory.mktemp("trace") / child.TRACE
+    b = child.profile_step(tiny_step(tiny), CPU, steps=3, warmup=2, trace_path=trace)
     b["trace_path"] = str(trace)
-    b["matmuls"] = profile.matmul_facts(tiny.cfg.model, 4, 32, 2, CPU, ceiling_n=128, budget_s=0.5)
+    b["matmuls"] = facts.matmul_facts(tiny.cfg.model, 4, 32, 2, CPU, ceiling_n=128, budget_s=0.5)
     return b
 
 
 def test_categories_add_to_100_percent_and_match_the_step(tiny_profile):
     cats = tiny_profile["categories"]
-    assert list(cats) == list(profile.CATEGORIES)
+    assert list(cats) == list(categories.CATEGORIES)
     assert sum(c["share"] for c in cats.values()) == pytest.approx(1.0, abs=1e-9)
     assert all(c["share"] >= 0 and c["ms"] >= 0 for c in cats.values())
     # The tiny GPT does matmuls, layer norms, a softmax, and an AdamW step: each is seen where it belongs.
@@ -47,30 +49,30 @@ def test_categories_add_to_100_percent_and_match_the_step(tiny_profile):
     # On a CPU the categories are operator time plus the gaps between operators: they add to the step's wall time.
     assert sum(c["ms"] for c in cats.values()) == pytest.approx(tiny_profile["wall_step_ms"], rel=0.02)
     assert "CPU operator time" in tiny_profile["time_basis"]
-    assert tiny_profile["regime"] in profile.REGIMES and tiny_profile["evidence"]
+    assert tiny_profile["regime"] in categories.REGIMES and tiny_profile["evidence"]
     assert tiny_profile["op_floor_us"] > 0 and tiny_profile["ops_per_step"] > 50
     assert "aten::" in tiny_profile["top_table"] and tiny_profile["top_ops"][0]["share"] > 0
 
 
 def test_category_of_operator_names():
-    assert profile.category("aten::addmm") == "matmul"
-    assert profile.category("aten::bmm") == "matmul"
-    assert profile.category("aten::_scaled_dot_product_flash_attention") == "attention"
-    assert profile.category("aten::native_layer_norm") == "elementwise & norm"
-    assert profile.category("aten::gelu") == "elementwise & norm"
-    assert profile.category("aten::_softmax") == "reductions & softmax"
-    assert profile.category("aten::copy_") == "copies & H2D"
-    assert profile.category("Memcpy HtoD (Pageable -> Device)") == "copies & H2D"
-    assert profile.category("aten::view") == profile.IDLE  # no arithmetic, no traffic: host time
-    assert profile.category("autograd::engine::evaluate_function: MmBackward0") == profile.IDLE
-    assert profile.category("Optimizer.step#AdamW.step") == "optimizer"
-    assert profile.category("triton_red_fused_native_layer_norm_0") == "reductions & softmax"
-    assert profile.category("triton_poi_fused_add_0") == "elementwise & norm"
-    assert profile.category("## Call CompiledFxGraph fua7iaub7ueck ##") == "elementwise & norm"
+    assert categories.category("aten::addmm") == "matmul"
+    assert categories.category("aten::bmm") == "matmul"
+    assert categories.category("aten::_scaled_dot_product_flash_attention") == "attention"
+    assert categories.category("aten::native_layer_norm") == "elementwise & norm"
+    assert categories.category("aten::gelu") == "elementwise & norm"
+    assert categories.category("aten::_softmax") == "reductions & softmax"
+    assert categories.category("aten::copy_") == "copies & H2D"
+    assert categories.category("Memcpy HtoD (Pageable -> Device)") == "copies & H2D"
+    assert categories.category("aten::view") == categories.IDLE  # no arithmetic, no traffic: host time
+    assert categories.category("autograd::engine::evaluate_function: MmBackward0") == categories.IDLE
+    assert categories.category("Optimizer.step#AdamW.step") == "optimizer"
+    assert categories.category("triton_red_fused_native_layer_norm_0") == "reductions & softmax"
+    assert categories.category("triton_poi_fused_add_0") == "elementwise & norm"
+    assert categories.category("## Call CompiledFxGraph fua7iaub7ueck ##") == "elementwise & norm"
 
 
 def _classify(step, steps: int = 3) -> dict:
-    return profile.profile_step(step, CPU, steps=steps, warmup=1)
+    return child.profile_step(step, CPU, steps=steps, warmup=1)
 
 
 def test_many_tiny_ops_are_overhead_bound():
@@ -104,13 +106,13 @@ def test_a_big_elementwise_op_is_memory_bound():
 
 def test_trace_is_valid_json_with_events(tiny_profile):
     path = tiny_profile["trace_path"]
-    assert profile.valid_trace(path) > 100
+    assert child.valid_trace(path) > 100
     names = {e.get("name") for e in json.loads(Path(path).read_text())["traceEvents"]}
-    assert profile.STEP_MARK in names and "aten::addmm" in names
+    assert categories.STEP_MARK in names and "aten::addmm" in names
 
 
 def test_every_rung_gets_a_prediction_with_a_reason(tiny_profile, tiny):
-    preds = predict.chain(tiny_profile, list(RUNGS), tiny.base_spec, tiny.env)
+    preds = predict.chain(from_dict(ProfileSummary, tiny_profile), list(RUNGS), tiny.base_spec, tiny.env)
     assert [p.rung for p in preds] == list(RUNGS)
     for p in preds:
         assert p.speedup is not None and p.speedup > 0, p.rung
@@ -122,13 +124,13 @@ def test_every_rung_gets_a_prediction_with_a_reason(tiny_profile, tiny):
 
 
 def synthetic(matmul: float, tail: float, idle: float, optimizer: float = 0.0, bf16: float = 4.0,
-              gain: float = 2.0) -> dict:
+              gain: float = 2.0) -> ProfileSummary:
     """A profile made by hand, for the arithmetic of the model."""
-    ms = {c: 0.0 for c in profile.CATEGORIES}
-    ms.update({"matmul": matmul, "elementwise & norm": tail, profile.IDLE: idle, "optimizer": optimizer})
+    ms = {c: 0.0 for c in categories.CATEGORIES}
+    ms.update({"matmul": matmul, "elementwise & norm": tail, categories.IDLE: idle, "optimizer": optimizer})
     total = sum(ms.values())
-    return {"categories": {c: {"ms": v, "share": v / total, "floor_ms": 0.0} for c, v in ms.items()},
-            "matmuls": {"bf16_speedup": bf16, "batch_gain": {"fp32": gain, "bf16": gain}, "multiplier": 4}}
+    return ProfileSummary(categories={c: {"ms": v, "share": v / total, "floor_ms": 0.0} for c, v in ms.items()},
+                          matmuls={"bf16_speedup": bf16, "batch_gain": {"fp32": gain, "bf16": gain}, "multiplier": 4})
 
 
 def test_prediction_arithmetic_by_hand(tiny):
@@ -175,10 +177,10 @@ def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
     """The profile runs in a child process: the windows timed afterwards pay nothing for it."""
     step = tiny_step(tiny)
     before = _window_rates(step)
-    b = profile.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (),
-                             tmp_path / profile.TRACE, timeout_s=300)
+    b = child.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (),
+                             tmp_path / child.TRACE, timeout_s=300)
     after = _window_rates(step)
-    assert b["regime"] in profile.REGIMES and profile.valid_trace(tmp_path / profile.TRACE) > 0
+    assert b["regime"] in categories.REGIMES and child.valid_trace(tmp_path / child.TRACE) > 0
     assert not torch.autograd.profiler._is_profiler_enabled
     # The ratio of the medians is within the windows' spread: the range of the windows before, less the one slowest
     # and one fastest (a single preempted window on a shared machine is not the spread), and at least 10% (two sets
@@ -199,13 +201,13 @@ def test_profile_command_writes_profile_and_trace(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    saved = json.loads((folder / profile.FILENAME).read_text())
+    saved = json.loads((folder / child.FILENAME).read_text())
     assert saved["schema"] == results.SCHEMA and saved["kind"] == "profile"
     b = saved["profile"]
-    assert b["steps"] == 2 and b["regime"] in profile.REGIMES
+    assert b["steps"] == 2 and b["regime"] in categories.REGIMES
     assert sum(c["share"] for c in b["categories"].values()) == pytest.approx(1.0)
     assert [p["rung"] for p in saved["predictions"]] == ["eager", "compile", "bf16", "batch", "ckpt"]
-    assert profile.valid_trace(folder / profile.TRACE) > 0
+    assert child.valid_trace(folder / child.TRACE) > 0
     for text in ("top operators", "regime: " + b["regime"], "predictions", "aten::addmm", "roofline"):
         assert text in out
     # `report` reads the saved profile back and prints the same.
@@ -239,15 +241,15 @@ def test_cuda_breakdown_counts_kernel_time_and_the_gpu_waiting():
     opt = FakeEvent("Optimizer.step#AdamW.step", 300, 0)
     events = [FakeEvent("aten::mm", 20, 600), FakeEvent("aten::add", 10, 200), opt,
               FakeEvent("aten::mul_", 5, 100, parent=opt), FakeEvent("aten::view", 3, 0)]
-    b = profile.breakdown(events, n_steps=1, step_us=1000, device_time=True, op_floor_us=0.0)
+    b = categories.breakdown(events, n_steps=1, step_us=1000, device_time=True, op_floor_us=0.0)
     shares = {c: v["share"] for c, v in b["categories"].items()}
     # Kernel time only (host time of the ops is not device time); the rest of the step is the GPU waiting.
     assert shares["matmul"] == pytest.approx(0.6) and shares["elementwise & norm"] == pytest.approx(0.2)
-    assert shares["optimizer"] == pytest.approx(0.1) and shares[profile.IDLE] == pytest.approx(0.1)
+    assert shares["optimizer"] == pytest.approx(0.1) and shares[categories.IDLE] == pytest.approx(0.1)
     assert sum(shares.values()) == pytest.approx(1.0) and b["floor_share"] == 0.0
-    assert profile.regime(b)[0] == "compute-bound"
+    assert categories.regime(b)[0] == "compute-bound"
     # The same events on a CPU: operator (host) time is the device time, and what no operator covers is idle.
-    c = profile.breakdown(events, n_steps=1, step_us=400, device_time=False, op_floor_us=1.0)
+    c = categories.breakdown(events, n_steps=1, step_us=400, device_time=False, op_floor_us=1.0)
     cpu = {k: v["ms"] * 1e3 for k, v in c["categories"].items()}
     assert cpu["matmul"] == pytest.approx(20) and cpu["optimizer"] == pytest.approx(305)
-    assert cpu[profile.IDLE] == pytest.approx(3 + (400 - 338))  # the view op plus the gaps
+    assert cpu[categories.IDLE] == pytest.approx(3 + (400 - 338))  # the view op plus the gaps

@@ -1,35 +1,42 @@
-"""Part 8: the table, notes and waterfall read nothing but a results dict."""
+"""The table, notes and waterfall read nothing but saved results (typed records)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from speedladder import report
+from speedladder import report, results
+from speedladder.measure import Spread
+from speedladder.records import Gate, Results, RungResult, from_dict, to_dict
 
 COLOURS = report.COLOURS
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "example-cpu-results.json"
 
 
 def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", status="ok", passed=True, **kw):
-    r = {"name": name, "rung": kw.pop("rung", name), "role": role, "status": status, "detail": kw.pop("detail", ""),
-         "built_on": built_on, "precision": kw.pop("precision", "fp32"), "kind": "speed",
-         "spec": {"batch_size": kw.pop("batch_size", 64)}, "warnings": []}
+    r = RungResult(name=name, rung=kw.pop("rung", name), role=role, reason="", kind="speed", built_on=built_on,
+                   spec={"batch_size": kw.pop("batch_size", 64)}, precision=kw.pop("precision", "fp32"),
+                   requirement={}, status=status, detail=kw.pop("detail", ""))
     if status == "ok":
-        r.update(tokens_per_s={"median": median, "min": median * (1 - spread), "max": median * (1 + spread)},
-                 step_ms=10.0, peak_memory_bytes=kw.pop("mem", 2**30), mfu=0.5, tflops=100.0, compile_s=None,
-                 timing={"cache_hits": 0}, gate={"passed": passed, "detail": "" if passed else "logits differ"},
-                 verdict=verdict, speedup_prev=kw.pop("prev", None), speedup_cum=kw.pop("cum", 1.0))
+        r.tokens_per_s = Spread(median, median * (1 - spread), median * (1 + spread))
+        r.step_ms, r.peak_memory_bytes, r.mfu, r.tflops = 10.0, kw.pop("mem", 2**30), 0.5, 100.0
+        r.timing = {"cache_hits": 0}
+        r.gate = Gate(passed=passed, detail="" if passed else "logits differ")
+        r.verdict, r.speedup_prev, r.speedup_cum = verdict, kw.pop("prev", None), kw.pop("cum", 1.0)
     return r
 
 
-def results(rungs, fastest=None):
-    return {"rungs": rungs, "fastest": fastest, "status": "complete", "learns_check": None,
-            "config": {"preset": "d2l-512", "batch_size": 64, "seq_len": 128, "preset_note": None},
-            "environment": {"device_name": "NVIDIA H200", "device_type": "cuda", "torch": "2.11.0"},
-            "corpus": {"source": "timemachine"}}
+def make(rungs, fastest=None) -> Results:
+    return Results(schema=results.SCHEMA, status="complete", created="2026-11-29T00:00:00+00:00", command=["x"],
+                   config={"preset": "d2l-512", "batch_size": 64, "seq_len": 128, "preset_note": None},
+                   environment={"device_name": "NVIDIA H200", "device_type": "cuda", "torch": "2.11.0"},
+                   model={}, corpus={"source": "timemachine"}, rungs=rungs, fastest=fastest)
 
 
-def example():
-    return results([
+def example() -> Results:
+    return make([
         rung("eager", 100_000, verdict="baseline"),
         rung("compile", 130_000, built_on="eager", prev=1.3, cum=1.3),
         rung("bf16", 129_000, built_on="compile", verdict="noise", prev=0.99, cum=1.29, precision="bf16"),
@@ -51,21 +58,25 @@ def test_rows_show_the_saved_numbers():
     assert rows["fp8"]["verdict"] == "skipped" and rows["fp8"]["tokens/s"] == "—"
 
 
-def test_notes_explain_skips_failures_and_the_control():
-    text = "\n".join(report.notes(example()))
-    assert "fp8: skipped — needs CUDA compute capability >= 8.9; this GPU is 8.0" in text
-    assert "ckpt: gate failed — logits differ" in text
-    assert "fp32 at B=512 ran out of memory: bf16 bought the headroom" in text
-    assert "fastest rung that passed every gate: batch, 2.00× eager (200,000 tokens/s)" in text
+def test_notes_name_each_skip_failure_and_control():
+    by_rung = {}
+    for line in report.notes(example()):
+        by_rung.setdefault(line.split(":")[0], []).append(line)
+    # One note per thing to explain, carrying the saved reason.
+    assert any("needs CUDA compute capability >= 8.9" in n for n in by_rung["fp8"])
+    assert any("logits differ" in n for n in by_rung["ckpt"])
+    assert any("out of memory" in n and "B=512" in n for n in by_rung["batch"])
+    (fastest,) = [n for n in report.notes(example()) if n.startswith("fastest")]
+    assert "batch" in fastest and "2.00×" in fastest and "200,000" in fastest
 
 
 def test_control_note_compares_speed_and_memory():
     res = example()
-    res["rungs"][4] = rung("batch-fp32", 100_000, role="control", rung="batch", built_on="batch",
-                           mem=16 * 2**30, verdict="control")
-    text = "\n".join(report.notes(res))
-    assert "at B=512, bf16 runs 2.00× the fp32 control's tokens/s (200,000 vs 100,000)" in text
-    assert "peak memory 8.00 GiB vs 16.00 GiB (2.00× more in fp32)" in text
+    res.rungs[4] = rung("batch-fp32", 100_000, role="control", rung="batch", built_on="batch", mem=16 * 2**30,
+                        verdict="control")
+    (note,) = [n for n in report.notes(res) if n.startswith("batch:")]
+    for number in ("2.00×", "200,000", "100,000", "8.00 GiB", "16.00 GiB"):
+        assert number in note
 
 
 def test_waterfall_colours_by_verdict_and_hatches_failures():
@@ -83,3 +94,40 @@ def test_waterfall_colours_by_verdict_and_hatches_failures():
     assert bars["batch"].get_y() + bars["batch"].get_height() == pytest.approx(2.0)
     labels = [t.get_text() for t in fig.axes[0].texts]
     assert "2.00×\n8.00 GiB" in labels and "skipped" in labels
+
+
+def holds(whole, part) -> bool:
+    """Every key of `part`, recursively, is in `whole` with the same value (whole may add defaults)."""
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(k in whole and holds(whole[k], v) for k, v in part.items())
+    if isinstance(part, list):
+        return isinstance(whole, list) and len(whole) == len(part) and all(map(holds, whole, part))
+    return whole == part
+
+
+def test_records_round_trip_without_losing_fields():
+    data = json.loads(EXAMPLE.read_text())
+    assert holds(to_dict(from_dict(Results, data)), data)  # every field back
+    data["rungs"][0]["a_field_from_the_future"] = {"x": 1}
+    data["another"] = [1, 2]
+    again = to_dict(from_dict(Results, data))
+    assert again["rungs"][0]["a_field_from_the_future"] == {"x": 1} and again["another"] == [1, 2]  # kept in extra
+    assert holds(again, data)
+    assert not holds(again, {**data, "status": "other"})  # the comparison can fail
+
+
+def test_a_results_file_of_schema_1_still_loads_and_reports(tmp_path, capsys):
+    data = json.loads(EXAMPLE.read_text())
+    assert data["schema"] == "speedladder.results/1"
+    saved = results.load(EXAMPLE)
+    assert isinstance(saved.rungs[0], RungResult) and isinstance(saved.rungs[0].tokens_per_s, Spread)
+    assert saved.rungs[1].gate.passed == data["rungs"][1]["gate"]["passed"]
+    assert saved.rungs[0].tokens_per_s.median == data["rungs"][0]["tokens_per_s"]["median"]
+    assert saved.profile.regime == data["profile"]["regime"]
+    rows = report.rows(saved)
+    assert next(r["tokens/s"] for r in rows) == f"{data['rungs'][0]['tokens_per_s']['median']:,.0f}"
+    # Written again, it carries today's schema and every field it had.
+    results.save(saved, tmp_path)
+    rewritten = json.loads((tmp_path / results.FILENAME).read_text())
+    assert rewritten["schema"] == data["schema"]  # a loaded file keeps the version it was written with
+    assert {k for k in data} <= set(rewritten)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import pytest
 import torch
 
-from speedladder.config import SOURCE_LADDER
-from speedladder.model import GPT, PRESETS
+from speedladder.config import PRESETS, SOURCE_LADDER
+from speedladder.model import GPT
 from speedladder.rungs import RUNGS, Checkpointed, Env, Requirement, StepSpec, checkpoint_blocks
 
 CPU = Env("cpu", None, batch_multiplier=8)
@@ -39,11 +40,16 @@ def test_tf32_only_on_cuda():
     assert climb(H100, ("eager", "bf16"))[-1].tf32 is True
 
 
-def test_transforms_are_pure():
+def test_transforms_are_pure_functions_of_spec_and_env():
     spec = StepSpec(8, 16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.batch_size = 1  # type: ignore[misc]  # a spec cannot be changed in place, only replaced
     for rung in RUNGS.values():
-        rung.transform(spec, H100)
-    assert spec == StepSpec(8, 16)  # frozen, never changed in place
+        # Same input, same output, whatever ran before: no hidden state.
+        assert rung.transform(spec, H100) == rung.transform(spec, H100) == RUNGS[rung.name].transform(spec, H100)
+    # And the environment is an input: the same rung gives different specs on different machines.
+    assert RUNGS["bf16"].transform(spec, H100) != RUNGS["bf16"].transform(spec, CPU)
+    assert RUNGS["batch"].transform(spec, H100).batch_size == 64
 
 
 def test_every_rung_has_a_reason_and_a_kind():
@@ -75,7 +81,7 @@ def test_compile_needs_a_compiler(monkeypatch):
 
 def test_checkpointing_keeps_parameters_and_saves_less_for_backward():
     torch.manual_seed(0)
-    cfg = dataclasses.replace(PRESETS["tiny"], n_layer=4)
+    cfg = dataclasses.replace(PRESETS["tiny"].model, n_layer=4)
     plain = GPT(cfg)
     ckpt = checkpoint_blocks(copy.deepcopy(plain))
     assert all(isinstance(b, Checkpointed) for b in ckpt.blocks)

@@ -13,13 +13,13 @@ from speedladder.step import TrainStep, initial_state, matmul_precision
 
 
 def test_step_uses_adamw_at_the_sources_learning_rate(tiny):
-    step = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+    step = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     assert type(step.optimizer) is torch.optim.AdamW
-    assert step.optimizer.defaults["lr"] == 1e-3 == tiny.cfg.lr
+    assert step.optimizer.defaults["lr"] == 1e-3 == tiny.cfg.run.lr
 
 
 def test_step_updates_weights_and_sets_grads_to_none(tiny):
-    step = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+    step = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     stream = BatchStream(tiny.corpus, tiny.cfg.batch_size, tiny.cfg.seq_len, tiny.device, 0)
     before = {n: p.detach().clone() for n, p in step.params.items()}
     loss = step(*next(stream))
@@ -31,7 +31,7 @@ def test_step_updates_weights_and_sets_grads_to_none(tiny):
 
 
 def test_reset_restores_the_initial_weights(tiny):
-    step = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+    step = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     stream = BatchStream(tiny.corpus, tiny.cfg.batch_size, tiny.cfg.seq_len, tiny.device, 0)
     for _ in range(3):
         step(*next(stream))
@@ -50,7 +50,7 @@ def test_initial_state_is_seeded(tiny):
 
 
 def test_a_timed_step_never_reads_a_value_back_to_the_host(tiny):
-    """DESIGN.md rule 3: no .item() or other host sync inside the step.
+    """docs/measurement.md, rule 3: no .item() or other host sync inside the step.
 
     AdamW reads its step counter with .item(), but that counter is a host
     tensor by design (not capturable, not fused), so reading it waits for
@@ -68,7 +68,7 @@ def test_a_timed_step_never_reads_a_value_back_to_the_host(tiny):
     for spec in (tiny.base_spec, StepSpec(4, 32, autocast="bf16", transforms=("activation-checkpointing",)),
                  StepSpec(4, 32, transforms=("sdpa", "pad-vocab"), optimizer="adamw-fused"),
                  StepSpec(4, 32, optimizer="muon")):
-        step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+        step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
         stream = BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, tiny.device, 0)
         step(*next(stream))  # AdamW's first step creates its state: not what is timed
         seen.clear()

@@ -8,22 +8,30 @@ import json
 import pytest
 import torch
 
-from speedladder import report, tune
+from speedladder import report, results, tune
 from speedladder.cli import main
 from speedladder.config import RunConfig, resolve
+from speedladder.records import Gate, Results, RungResult
 from speedladder.rungs import RUNGS, Requirement
 
 
-def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", built_on="eager", detail=""):
-    r = {"name": name, "rung": name, "role": role, "status": status, "detail": detail, "built_on": built_on,
-         "spec": {}}
+def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", built_on="eager", detail="",
+         **extra) -> RungResult:
+    r = RungResult(name=name, rung=name, role=role, reason="", kind="speed", built_on=built_on, spec={},
+                   precision="fp32", requirement={}, status=status, detail=detail, **extra)
     if status == "ok":
-        r.update(verdict=verdict, speedup_prev=prev, gate={"passed": passed, "detail": "" if passed else "logits differ"})
+        r.verdict, r.speedup_prev = verdict, prev
+        r.gate = Gate(passed=passed, detail="" if passed else "logits differ")
     return r
 
 
-def fake() -> dict:
-    return {"rungs": [
+def results_of(rungs: list[RungResult], fastest: str | None = None) -> Results:
+    return Results(schema="speedladder.results/2", status="complete", created="", command=[], config={},
+                   environment={}, model={}, rungs=rungs, fastest=fastest)
+
+
+def fake() -> Results:
+    return results_of([
         rung("eager", verdict="baseline", prev=None, built_on=None),
         rung("compile", prev=1.5),
         rung("bf16", verdict="noise", prev=1.01, built_on="compile"),
@@ -35,7 +43,7 @@ def fake() -> dict:
         rung("max-autotune", status="skipped", detail="needs cuda; this device is cpu"),
         rung("fp8", status="oom", detail="CUDA out of memory"),
         rung("ckpt", prev=1.05, role="beside", built_on="batch"),
-    ]}
+    ])
 
 
 def test_survivors_are_the_rungs_that_won_and_passed():
@@ -55,18 +63,18 @@ def test_candidates_combine_the_survivors_then_leave_each_out_smallest_gain_firs
     assert [name for name, _ in cands[1:]] == ["tuned-no-ckpt", "tuned-no-sdpa", "tuned-no-batch", "tuned-no-compile"]
     assert cands[1][1] == ("compile", "sdpa", "batch")
     assert len(tune.candidates(fake(), limit=2)) == 2
-    nothing_won = {"rungs": [rung("eager", verdict="baseline", built_on=None), rung("compile", verdict="noise")]}
+    nothing_won = results_of([rung("eager", verdict="baseline", built_on=None), rung("compile", verdict="noise")])
     assert tune.survivors(nothing_won) == () and tune.candidates(nothing_won, 4) == []
 
 
 def test_the_winner_and_the_commands_that_reproduce_it():
     res = fake()
-    res["rungs"].append({**rung("tuned"), "role": "candidate", "rungs_combined": ["compile", "sdpa", "batch"]})
-    res["fastest"] = "tuned"
-    assert tune.winner(res)["name"] == "tuned"
+    res.rungs.append(rung("tuned", role="candidate", rungs_combined=["compile", "sdpa", "batch"]))
+    res.fastest = "tuned"
+    assert tune.winner(res).name == "tuned"
     assert tune.rungs_of(tune.winner(res), res) == ("compile", "sdpa", "batch")
     # A ladder rung's configuration is its chain of rungs from eager.
-    assert tune.rungs_of(next(r for r in res["rungs"] if r["name"] == "batch"), res) == (
+    assert tune.rungs_of(res.rung("batch"), res) == (
         "eager", "compile", "sdpa", "batch")
     cfg = resolve(RunConfig(preset="tiny"), torch.device("cpu"))
     cmds = tune.commands(("compile", "sdpa", "batch"), cfg, "runs/x")
@@ -76,14 +84,14 @@ def test_the_winner_and_the_commands_that_reproduce_it():
 
 
 def test_budget_refuses_work_that_would_not_fit():
-    won = {"rungs": [{**rung("eager", verdict="baseline", built_on=None), "wall_s": 30.0},
-                     {**rung("compile", prev=1.5), "wall_s": 30.0}]}
+    won = results_of([rung("eager", verdict="baseline", built_on=None, wall_s=30.0),
+                      rung("compile", prev=1.5, wall_s=30.0)])
     assert tune.Budget(100, won, reserve=1).reason() is None  # 100 s left >= 2 x 30 s
     late = tune.Budget(50, won, reserve=1)
     assert late.reason().startswith("not started: the tune budget has 50 s left and a rung takes about 30 s")
     assert tune.Budget(50, won, reserve=0).reason() is None
     # Nothing has won yet: no combination to keep time for.
-    lost = {"rungs": [won["rungs"][0], {**rung("compile", verdict="loss", prev=0.5), "wall_s": 30.0}]}
+    lost = results_of([won.rungs[0], rung("compile", verdict="loss", prev=0.5, wall_s=30.0)])
     assert tune.Budget(50, lost, reserve=1).reason() is None
     assert tune.Budget(20, lost, reserve=1).reason() is not None
 
@@ -111,4 +119,4 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     assert "tune: the winning configuration" in out
     cands = [r for r in res["rungs"] if r["role"] == "candidate"]
     assert len(cands) + sum(1 for c in t["candidates"] if c.get("same_as")) == len(t["candidates"]) <= 2
-    assert report.tune_lines(res)[0] in out  # the saved file is what was printed
+    assert report.tune_lines(results.load(path.parent))[0] in out  # the saved file is what was printed

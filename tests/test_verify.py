@@ -35,12 +35,11 @@ def wrong_transforms(monkeypatch):
 
 @pytest.fixture
 def ref(tiny):
-    batches = verify.gate_batches(tiny.corpus, 4, 32, seed=1, k=20)
-    return verify.reference(tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr, batches)
+    return verify.reference(tiny.step(StepSpec(4, 32)), tiny.gate_batches(StepSpec(4, 32), 20))
 
 
 def step_for(tiny, **spec) -> TrainStep:
-    return TrainStep(StepSpec(4, 32, **spec), tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr)
+    return TrainStep(StepSpec(4, 32, **spec), tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
 
 
 def test_tolerances_are_per_dtype_and_explained():
@@ -54,7 +53,7 @@ def test_tolerances_are_per_dtype_and_explained():
 def test_reference_trains_and_is_deterministic(tiny, ref):
     assert len(ref.curve) == 20
     assert ref.curve[-1] < ref.curve[0] - 0.1  # 20 steps at lr 1e-3 already lower the loss
-    again = verify.reference(tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.lr, ref.batches)
+    again = verify.reference(tiny.step(StepSpec(4, 32)), ref.batches)
     assert again.curve == ref.curve
     # The equivalence weights are the trained ones, not the near-zero initial logits.
     assert float(ref.logits.std()) > 0.2

@@ -8,12 +8,13 @@ Resolved one in which every value is concrete; that is what results.json keeps.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from speedladder.errors import UsageError
-from speedladder.model import PRESETS, GPTConfig
+from speedladder.model import GPTConfig
 
 # The source text's ladder, R0..R4.
 SOURCE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "ckpt")
@@ -48,9 +49,10 @@ class MuonConfig:
 
 
 @dataclass(frozen=True)
-class Setup:
-    """The workload a preset is measured on unless flags say otherwise."""
+class Preset:
+    """A named model and the workload it is measured on unless flags say otherwise."""
 
+    model: GPTConfig  # its vocabulary is replaced by the tokenizer's once the corpus is loaded
     corpus: str
     tokenizer: str
     batch_size: int
@@ -60,21 +62,35 @@ class Setup:
     warmup_steps: int  # warm-up steps with no compilation needed before timing starts
 
 
-SETUPS: dict[str, Setup] = {
-    # The d2l-style source: T=128, B=64, batch-up to 512.
-    "d2l-512": Setup("timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8,
-                     steps_per_window=20, warmup_steps=5),
-    "d2l-256": Setup("timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8,
-                     steps_per_window=20, warmup_steps=5),
-    # Sized so `speedladder run` on 2 CPU cores ends within 5 minutes, compiles included.
-    "d2l-cpu": Setup("timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4,
-                     steps_per_window=20, warmup_steps=2),
-    # The nanoGPT-style source: B=16, T=1024. Batch-up x4, not x8: a guess (untested on a GPU) that keeps
-    # the fp32 control's full-vocabulary logits within memory.
-    "gpt2-124m": Setup("tinyshakespeare", "gpt2", batch_size=16, seq_len=1024, batch_multiplier=4,
-                       steps_per_window=10, warmup_steps=3),
-    "tiny": Setup("timemachine", "char", batch_size=4, seq_len=32, batch_multiplier=2,
-                  steps_per_window=3, warmup_steps=1),
+PRESETS: dict[str, Preset] = {
+    # The small GPT of the d2l-style source: 28 characters, width 512, 6 blocks, ~19M parameters; T=128, B=64,
+    # batch-up to 512.
+    "d2l-512": Preset(GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=8, n_embd=512, mlp_hidden=2048,
+                                activation="relu"),
+                      "timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8, steps_per_window=20,
+                      warmup_steps=5),
+    # Same at width 256: the source's example where bf16 goes backwards (matmuls too small).
+    "d2l-256": Preset(GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=4, n_embd=256, mlp_hidden=1024,
+                                activation="relu"),
+                      "timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8, steps_per_window=20,
+                      warmup_steps=5),
+    # Scaled down so `speedladder run` on 2 CPU cores ends within 5 minutes, compiles included.
+    "d2l-cpu": Preset(GPTConfig(vocab_size=28, block_size=64, n_layer=2, n_head=4, n_embd=128, mlp_hidden=512,
+                                activation="relu"),
+                      "timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4, steps_per_window=20,
+                      warmup_steps=2),
+    # GPT-2 small, nanoGPT-compatible (124,439,808 parameters counting position embeddings); B=16, T=1024.
+    # Batch-up x4, not x8: a guess (untested on a GPU) that keeps the fp32 control's full-vocabulary logits
+    # within memory.
+    "gpt2-124m": Preset(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,
+                                  mlp_hidden=3072, tie_embeddings=True, activation="gelu"),
+                        "tinyshakespeare", "gpt2", batch_size=16, seq_len=1024, batch_multiplier=4,
+                        steps_per_window=10, warmup_steps=3),
+    # For tests: compiles in seconds.
+    "tiny": Preset(GPTConfig(vocab_size=28, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp_hidden=64,
+                             activation="relu"),
+                   "timemachine", "char", batch_size=4, seq_len=32, batch_multiplier=2, steps_per_window=3,
+                   warmup_steps=1),
 }
 
 CUDA_DEFAULT_PRESET = "d2l-512"
@@ -83,7 +99,7 @@ FALLBACK_PRESET = "d2l-cpu"  # without CUDA the reference setup would take far l
 
 @dataclass(frozen=True)
 class TimingConfig:
-    """How each rung is timed (DESIGN.md, rules 2-4)."""
+    """How each rung is timed (docs/measurement.md, rules 2-4)."""
 
     steps: int | None = None  # steps per timed window; None: the preset's
     windows: int = 3  # timed windows per rung; every window's time is kept
@@ -93,7 +109,7 @@ class TimingConfig:
 
 @dataclass(frozen=True)
 class GateConfig:
-    """Correctness gates (DESIGN.md, rule 7)."""
+    """Correctness gates (docs/measurement.md, rules 7 and 9)."""
 
     loss_steps: int = 20  # K: steps over the same first K batches compared with eager fp32
     loss_band: float = 0.02  # a rung's loss may differ from eager fp32's by this fraction at any of those steps
@@ -136,7 +152,7 @@ class ProfileConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """What the user asked for. None means "the preset's" (see SETUPS)."""
+    """What the user asked for. None means "the preset's" (see PRESETS)."""
 
     preset: str | None = None  # None: d2l-512 on CUDA, d2l-cpu elsewhere
     data: str | None = None  # an embedded corpus name or a path to a UTF-8 text file
@@ -144,7 +160,7 @@ class RunConfig:
     batch_size: int | None = None
     seq_len: int | None = None
     batch_multiplier: int | None = None
-    ladder: str = "source"  # a name in LADDERS: "source" (R0-R4) or "full" (the ladder beyond)
+    ladder: str | None = "source"  # a name in LADDERS; None once resolved from rungs given one by one: "source" (R0-R4) or "full" (the ladder beyond)
     rungs: tuple[str, ...] | None = None  # None: the ladder's; given, they replace it (and its beside rungs)
     beside: tuple[str, ...] | None = None  # rungs measured on the ladder's top, not built upon; None: the ladder's
     device: str = "auto"  # "auto": CUDA, else MPS, else CPU
@@ -152,6 +168,7 @@ class RunConfig:
     seed: int = 0
     out: str = "runs"  # each run writes runs/<timestamp>/
     peak_tflops: float | None = None  # override the peak table for MFU (e.g. a measured bf16 ceiling)
+    muon: MuonConfig = field(default_factory=MuonConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     gates: GateConfig = field(default_factory=GateConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -159,46 +176,57 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class Resolved:
-    """Every value concrete: what a run actually does."""
+    """What a run actually does: the RunConfig with every "the preset's" filled in, and the model it builds."""
 
-    preset: str
-    preset_note: str | None  # why this preset was chosen, when the user did not choose it
+    run: RunConfig  # every None of the user's RunConfig replaced by a concrete value; rungs always listed
     model: GPTConfig
-    data: str
-    tokenizer: str
-    batch_size: int
-    seq_len: int
-    batch_multiplier: int
-    ladder: str | None  # None when the rungs were given one by one
-    rungs: tuple[str, ...]
-    beside: tuple[str, ...]
-    device: str
-    lr: float
-    seed: int
-    out: str
-    peak_tflops: float | None
-    steps: int
-    windows: int
-    warmup: int
-    max_warmup: int
-    gates: GateConfig
-    profile: ProfileConfig
+    preset_note: str | None  # why this preset was chosen, when the user did not choose it
+
+    # The batch shape every measuring module reads, named once here rather than spelled out at each use.
+    @property
+    def batch_size(self) -> int:
+        return self.run.batch_size  # type: ignore[return-value]
+
+    @property
+    def seq_len(self) -> int:
+        return self.run.seq_len  # type: ignore[return-value]
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def to_run_config(self) -> RunConfig:
-        """The same run with every value stated: what a child process resolves to the same thing."""
-        return RunConfig(
-            preset=self.preset, data=self.data, tokenizer=self.tokenizer, batch_size=self.batch_size,
-            seq_len=self.seq_len, batch_multiplier=self.batch_multiplier, rungs=self.rungs, device=self.device,
-            lr=self.lr, seed=self.seed, out=self.out, peak_tflops=self.peak_tflops,
-            timing=TimingConfig(steps=self.steps, windows=self.windows, warmup=self.warmup,
-                                max_warmup=self.max_warmup),
-            gates=self.gates, profile=self.profile)
+        """The flat "config" of results.json (its field names are the schema's, kept since schema 1)."""
+        r = self.run
+        t = r.timing
+        return {"preset": r.preset, "preset_note": self.preset_note, "model": dataclasses.asdict(self.model),
+                "data": r.data, "tokenizer": r.tokenizer, "batch_size": r.batch_size, "seq_len": r.seq_len,
+                "batch_multiplier": r.batch_multiplier, "ladder": r.ladder, "rungs": list(r.rungs or ()),
+                "beside": list(r.beside or ()), "device": r.device, "lr": r.lr, "seed": r.seed, "out": r.out,
+                "peak_tflops": r.peak_tflops, "steps": t.steps, "windows": t.windows, "warmup": t.warmup,
+                "max_warmup": t.max_warmup, "gates": dataclasses.asdict(r.gates),
+                "profile": dataclasses.asdict(r.profile), "muon": dataclasses.asdict(r.muon)}
 
     def with_vocab(self, vocab_size: int) -> Resolved:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
+
+
+def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
+    """A RunConfig back from a saved one: dataclasses.asdict of a RunConfig, or results.json's flat "config"."""
+    d = dict(d)
+    if "timing" not in d:  # the flat form of Resolved.to_dict
+        d["timing"] = {k: d.pop(k) for k in ("steps", "windows", "warmup", "max_warmup") if k in d}
+    fields = RunConfig.__dataclass_fields__
+    out = {k: v for k, v in d.items() if k in fields}
+    out["timing"] = TimingConfig(**d["timing"])
+    out["gates"] = GateConfig(**{k: v for k, v in d.get("gates", {}).items() if k in GateConfig.__dataclass_fields__})
+    out["profile"] = ProfileConfig(**{k: v for k, v in d.get("profile", {}).items()
+                                      if k in ProfileConfig.__dataclass_fields__})
+    out["muon"] = MuonConfig(**d.get("muon", {}))
+    for name in ("rungs", "beside"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
+        if out.get(name) is not None:
+            out[name] = tuple(out[name])
+    if out.get("ladder") is None:
+        out.pop("ladder", None)
+    if device is not None:
+        out["device"] = device
+    return RunConfig(**out)
 
 
 def default(cls: type, name: str):
@@ -231,35 +259,12 @@ def pick_device(requested: str) -> torch.device:
 
 
 def _positive(name: str, value: float) -> None:
-    if value <= 0:
+    if not (math.isfinite(value) and value > 0):  # NaN compares false with everything: say so, not run
         raise UsageError(f"{name} must be positive, got {value}")
 
 
-def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] = ()) -> Resolved:
-    """Fill every "the preset's" with a value and check the result.
-
-    The model keeps its preset's vocabulary here; the caller sets the
-    tokenizer's with `with_vocab` once the corpus is loaded.
-    """
-    note = None
-    preset = cfg.preset
-    if preset is None:
-        preset = CUDA_DEFAULT_PRESET if device.type == "cuda" else FALLBACK_PRESET
-        if device.type != "cuda":
-            m = PRESETS[preset]
-            note = (f"no CUDA device: using the scaled-down preset {preset} (width {m.n_embd}, "
-                    f"{m.n_layer} blocks) so the ladder ends within minutes; "
-                    f"--preset {CUDA_DEFAULT_PRESET} gives the reference setup")
-    if preset not in PRESETS:
-        raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
-    setup = SETUPS[preset]
+def _check_values(cfg: RunConfig, batch_size: int, seq_len: int, mult: int, steps: int, warmup: int) -> None:
     t = cfg.timing
-
-    batch_size = cfg.batch_size if cfg.batch_size is not None else setup.batch_size
-    seq_len = cfg.seq_len if cfg.seq_len is not None else setup.seq_len
-    mult = cfg.batch_multiplier if cfg.batch_multiplier is not None else setup.batch_multiplier
-    steps = t.steps if t.steps is not None else setup.steps_per_window
-    warmup = t.warmup if t.warmup is not None else setup.warmup_steps
     for name, value in (("batch size", batch_size), ("sequence length", seq_len),
                         ("batch multiplier", mult), ("steps per window", steps),
                         ("learning rate", cfg.lr), ("loss-band steps", cfg.gates.loss_steps),
@@ -268,7 +273,7 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
         _positive(name, value)
     for name, value in (("warm-up steps", warmup), ("learns-check steps", cfg.gates.learns_steps),
                         ("learns-check minimum drop", cfg.gates.learns_min_drop)):
-        if value < 0:
+        if not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{name} must be zero or more, got {value}")
     if cfg.profile.steps < 1:
         raise UsageError(f"at least one profiled step is needed, got {cfg.profile.steps}")
@@ -276,14 +281,14 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
         raise UsageError(f"at least 3 timed windows are needed for a median and a spread, got {t.windows}")
     if cfg.peak_tflops is not None:
         _positive("peak TFLOP/s", cfg.peak_tflops)
-    model = PRESETS[preset]
-    if seq_len > model.block_size:
-        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
 
-    if cfg.ladder not in LADDERS:
+
+def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
+    """The ladder's name (None when the rungs were given one by one), its rungs and the rungs measured beside."""
+    if cfg.ladder is not None and cfg.ladder not in LADDERS:
         raise UsageError(f"unknown ladder {cfg.ladder!r} (choose from {', '.join(LADDERS)})")
-    ladder = LADDERS[cfg.ladder] if cfg.rungs is None else None
-    rungs = ladder.rungs if ladder else tuple(cfg.rungs)
+    ladder = LADDERS[cfg.ladder or "source"] if cfg.rungs is None else None
+    rungs = ladder.rungs if ladder else tuple(cfg.rungs or ())
     if not rungs:
         raise UsageError("no rungs given")
     unknown = [r for r in rungs if r not in known_rungs]
@@ -299,17 +304,43 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
         raise UsageError(f"unknown rung {unknown[0]!r} to measure beside the ladder")
     if set(beside) & set(rungs):
         raise UsageError(f"a rung cannot be both climbed and measured beside: {min(set(beside) & set(rungs))}")
+    return ((cfg.ladder or "source") if ladder else None), rungs, beside
 
-    return Resolved(
-        preset=preset, preset_note=note, model=model,
-        data=cfg.data if cfg.data is not None else setup.corpus,
+
+def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] = ()) -> Resolved:
+    """Fill every "the preset's" with a value and check the result.
+
+    The model keeps its preset's vocabulary here; the caller sets the
+    tokenizer's with `with_vocab` once the corpus is loaded.
+    """
+    note = None
+    preset = cfg.preset
+    if preset is None:
+        preset = CUDA_DEFAULT_PRESET if device.type == "cuda" else FALLBACK_PRESET
+        if device.type != "cuda":
+            m = PRESETS[preset].model
+            note = (f"no CUDA device: using the scaled-down preset {preset} (width {m.n_embd}, "
+                    f"{m.n_layer} blocks) so the ladder ends within minutes; "
+                    f"--preset {CUDA_DEFAULT_PRESET} gives the reference setup")
+    if preset not in PRESETS:
+        raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    setup = PRESETS[preset]
+    t = cfg.timing
+    batch_size = cfg.batch_size if cfg.batch_size is not None else setup.batch_size
+    seq_len = cfg.seq_len if cfg.seq_len is not None else setup.seq_len
+    mult = cfg.batch_multiplier if cfg.batch_multiplier is not None else setup.batch_multiplier
+    steps = t.steps if t.steps is not None else setup.steps_per_window
+    warmup = t.warmup if t.warmup is not None else setup.warmup_steps
+    _check_values(cfg, batch_size, seq_len, mult, steps, warmup)
+    if seq_len > setup.model.block_size:
+        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {setup.model.block_size}")
+    ladder, rungs, beside = _rungs(cfg, known_rungs)
+    run = dataclasses.replace(
+        cfg, preset=preset, data=cfg.data if cfg.data is not None else setup.corpus,
         tokenizer=cfg.tokenizer if cfg.tokenizer is not None else setup.tokenizer,
-        batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, ladder=cfg.ladder if ladder else None,
-        rungs=rungs, beside=beside,
-        device=str(device), lr=cfg.lr, seed=cfg.seed, out=cfg.out, peak_tflops=cfg.peak_tflops,
-        steps=steps, windows=t.windows, warmup=warmup, max_warmup=t.max_warmup, gates=cfg.gates,
-        profile=cfg.profile,
-    )
+        batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, ladder=ladder, rungs=rungs, beside=beside,
+        device=str(device), timing=dataclasses.replace(t, steps=steps, warmup=warmup))
+    return Resolved(run=run, model=setup.model, preset_note=note)
 
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")

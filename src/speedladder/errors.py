@@ -1,5 +1,17 @@
-"""The one exception type that the command line turns into a one-line message and exit 2."""
+"""Errors: the one exception type the command line turns into a one-line message and exit 2, and how any
+other exception is told in one line."""
 
 
 class UsageError(Exception):
     """Bad input from the user: a flag, a name, a file. Shown as one line; exit status 2."""
+
+
+def is_oom(e: BaseException) -> bool:
+    """An out-of-memory error of any device (CUDA's own type, or the allocator's message elsewhere)."""
+    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower()
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one short line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]

@@ -1,6 +1,6 @@
 """Timing windows, memory, FLOPs, MFU and verdicts: every derived figure is computed here.
 
-The rules (DESIGN.md): compilation and warm-up stay outside the timed windows
+The rules (docs/measurement.md, rules 1-4): compilation and warm-up stay outside the timed windows
 and are reported apart; the device is synchronized at window edges only; at
 least three windows, every window's time kept; tokens/s is end-to-end (batch
 fetch and host-to-device copy included); a window in which anything compiled

@@ -1,4 +1,4 @@
-"""The GPT: one decoder-only transformer, its config and its named presets.
+"""The GPT: one decoder-only transformer and its config (named sizes live in config.PRESETS).
 
 Nothing here times, logs or distributes. Speed techniques are applied from the
 outside (see rungs.py), so the function this file defines is the reference.
@@ -42,27 +42,6 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
-
-
-# Named sizes. The vocabulary given here is the one the preset is defined with;
-# a run replaces it with its tokenizer's size (dataclasses.replace).
-PRESETS: dict[str, GPTConfig] = {
-    # The small GPT of the d2l-style source: 28 characters, width 512, 6 blocks, ~19M parameters.
-    "d2l-512": GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=8, n_embd=512,
-                         mlp_hidden=2048, activation="relu"),
-    # Same at width 256: the source's example where bf16 goes backwards (matmuls too small).
-    "d2l-256": GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=4, n_embd=256,
-                         mlp_hidden=1024, activation="relu"),
-    # Scaled down so a whole ladder, compiles included, ends within minutes on 2 CPU cores.
-    "d2l-cpu": GPTConfig(vocab_size=28, block_size=64, n_layer=2, n_head=4, n_embd=128,
-                         mlp_hidden=512, activation="relu"),
-    # GPT-2 small, nanoGPT-compatible: 124,439,808 parameters counting position embeddings.
-    "gpt2-124m": GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,
-                           mlp_hidden=3072, tie_embeddings=True, activation="gelu"),
-    # For tests: compiles in seconds.
-    "tiny": GPTConfig(vocab_size=28, block_size=32, n_layer=2, n_head=2, n_embd=32,
-                      mlp_hidden=64, activation="relu"),
-}
 
 
 class CausalSelfAttention(nn.Module):

@@ -1,5 +1,9 @@
 """Muon: momentum orthogonalized by a Newton-Schulz iteration, for the hidden weight matrices.
 
+torch.optim.Muon (PyTorch >= 2.9) is used wherever the installed torch has it
+(`muon_optimizer`); the implementation below is the fallback for older torch,
+and a test checks that the two give the same update where both exist.
+
 Written here from Keller Jordan's published description (2024, "Muon: An
 optimizer for hidden layers in neural networks"): keep SGD momentum (Nesterov),
 replace each 2-D update by the nearest semi-orthogonal matrix U V^T of its SVD
@@ -65,10 +69,19 @@ class Muon(torch.optim.Optimizer):
                 p.add_(update, alpha=-group["lr"] * scale)
 
 
+def muon_optimizer(params: list[torch.nn.Parameter], lr: float, momentum: float, nesterov: bool,
+                   ns_steps: int) -> torch.optim.Optimizer:
+    """torch.optim.Muon where the installed torch has it (no weight decay, as the fallback), else ours."""
+    if hasattr(torch.optim, "Muon"):
+        return torch.optim.Muon(params, lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
+                                ns_coefficients=NS_COEFFICIENTS, weight_decay=0.0)
+    return Muon(params, lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
+
+
 class MuonAdamW:
     """Muon for the hidden matrices, AdamW for everything else; steps and clears both."""
 
-    def __init__(self, muon: Muon, adamw: torch.optim.Optimizer) -> None:
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
         self.muon = muon
         self.adamw = adamw
 

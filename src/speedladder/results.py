@@ -1,4 +1,4 @@
-"""results.json: what a result needs to be trusted, written after every rung.
+"""results.json on disk: the environment a result needs to be trusted, atomic saves, and loading any version.
 
 The file holds the resolved config, the environment (device, versions, git
 commit), and for every rung its spec, raw window times, derived figures and
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import os
 import platform
 import subprocess
@@ -20,8 +19,11 @@ import torch
 
 import speedladder
 from speedladder.errors import UsageError
+from speedladder.records import Results, from_dict, to_dict
 
-SCHEMA = "speedladder.results/1"
+# Version 2: typed records (this module) with the same field names as version 1, plus the version itself.
+SCHEMA = "speedladder.results/2"
+READABLE_SCHEMAS = ("speedladder.results/1", SCHEMA)  # what `load` accepts: every file written so far
 FILENAME = "results.json"
 
 
@@ -110,41 +112,36 @@ def new_run_dir(parent: str) -> Path:
     return path
 
 
-def _finite(value: object) -> object:
-    """JSON has no NaN or infinity: a non-finite number is saved as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def save(results: dict, run_dir: Path, filename: str = FILENAME) -> Path:
+def save(results: Results | dict, run_dir: Path, filename: str = FILENAME) -> Path:
     """Write atomically: an interruption mid-write leaves the previous complete file."""
-    results["updated"] = now()
+    if isinstance(results, dict):
+        results["updated"] = now()
+    else:
+        results.updated = now()
     path = run_dir / filename
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_finite(results), indent=1, allow_nan=False))
+    tmp.write_text(json.dumps(to_dict(results), indent=1, allow_nan=False))
     os.replace(tmp, path)
     return path
 
 
-def load(run: str | Path) -> dict:
-    """A run folder or a results.json path."""
+def load(run: str | Path) -> Results:
+    """A run folder or a results.json path, as typed records; any schema this project has written loads."""
     path = Path(run)
     if path.is_dir():
         path = path / FILENAME
     if not path.is_file():
         raise UsageError(f"no {FILENAME} at {path}")
     try:
-        results = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not a valid results file: {e}") from None
-    if not isinstance(results, dict) or results.get("schema") != SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in READABLE_SCHEMAS:
         raise UsageError(f"{path} is not a speedladder results file (schema {SCHEMA})")
-    return results
+    try:
+        return from_dict(Results, data)
+    except (TypeError, ValueError, AttributeError) as e:  # a required field missing, or of the wrong kind
+        raise UsageError(f"{path} is not a valid results file: {e}") from None
 
 
 def command_line() -> list[str]:

@@ -119,7 +119,7 @@ class Rung:
     kind: str  # "speed", "memory" (expected to cost speed) or "optimizer" (judged by tokens to a loss)
     transform: Callable[[StepSpec, Env], StepSpec]
     requires: Requirement = Requirement()
-    # A batch-changing rung also measures this variant of its spec, like with like (DESIGN.md rule 6).
+    # A batch-changing rung also measures this variant of its spec, like with like (docs/measurement.md, rule 6).
     control: Callable[[StepSpec], StepSpec] | None = None
     control_reason: str | None = None
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from speedladder.config import MuonConfig
 from speedladder.model import GPT, GPTConfig
-from speedladder.optim import Muon, MuonAdamW, is_hidden_matrix
+from speedladder.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
 from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
 
 
@@ -69,13 +69,18 @@ class TrainStep:
         self._autocast = torch.autocast(device.type, dtype=torch.bfloat16,
                                         enabled=spec.autocast == "bf16")
 
+    @property
+    def vocab_size(self) -> int:
+        """The real vocabulary (a padded head has more rows): what the gates compare."""
+        return self.cfg.vocab_size
+
     def _new_optimizer(self) -> torch.optim.Optimizer | MuonAdamW:
         opt = self.spec.optimizer
         if opt == "muon":
             hidden = [p for n, p in self.params.items() if is_hidden_matrix(n, p)]
             rest = [p for n, p in self.params.items() if not is_hidden_matrix(n, p)]
             m = self.muon
-            return MuonAdamW(Muon(hidden, lr=m.lr, momentum=m.momentum, nesterov=m.nesterov, ns_steps=m.ns_steps),
+            return MuonAdamW(muon_optimizer(hidden, lr=m.lr, momentum=m.momentum, nesterov=m.nesterov, ns_steps=m.ns_steps),
                              torch.optim.AdamW(rest, lr=self.lr))
         if opt not in ("adamw", "adamw-fused", "adamw-foreach"):
             raise ValueError(f"unknown optimizer {opt!r}")

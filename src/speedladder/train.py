@@ -17,12 +17,12 @@ import torch
 
 from speedladder import measure, results
 from speedladder.config import FULL_LADDER, RunConfig, TrainConfig
-from speedladder.data import BatchStream, get_tokenizer
+from speedladder.data import get_tokenizer
 from speedladder.errors import UsageError
-from speedladder.ladder import Workload, prepare
 from speedladder.model import GPT, GPTConfig
 from speedladder.rungs import RUNGS, Env, StepSpec, compose
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.step import matmul_precision
+from speedladder.workload import Workload, prepare
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -35,13 +35,13 @@ def default_rungs(env: Env) -> tuple[str, ...]:
 def saved_winner(run_dir: str) -> tuple[dict, StepSpec, str]:
     """A run folder's config, the spec of its winner (tune's, else the fastest rung), and that winner's name."""
     saved = results.load(run_dir)
-    tuned = (saved.get("tune") or {}).get("winner_spec")
-    if tuned:
-        return saved["config"], StepSpec.from_dict(tuned), saved["tune"]["winner"]
-    fastest = next((r for r in saved["rungs"] if r["name"] == saved.get("fastest")), None)
+    tuned = (saved.tune or {}).get("winner_spec")
+    if tuned and saved.tune:
+        return saved.config, StepSpec.from_dict(tuned), saved.tune["winner"]
+    fastest = saved.rung(saved.fastest) if saved.fastest else None
     if fastest is None:
         raise UsageError(f"{run_dir} names no configuration that passed every gate")
-    return saved["config"], StepSpec.from_dict(fastest["spec"]), fastest["name"]
+    return saved.config, StepSpec.from_dict(fastest.spec), fastest.name
 
 
 def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
@@ -84,24 +84,17 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
     return model, ckpt
 
 
-def main(args: argparse.Namespace) -> int:
-    work, spec, source = plan(args)
-    cfg = work.cfg
-    tps = spec.tokens_per_step
-    print(f"training {cfg.preset} ({work.params:,} parameters) on {work.corpus.source} with {source}: "
-          f"B={spec.batch_size} T={spec.seq_len}, {spec.precision}, "
-          f"{'compiled' + (f' ({spec.compile_mode})' if spec.compile_mode else '') if spec.compile else 'eager'}, "
-          f"{spec.optimizer}" + (f", {', '.join(spec.transforms)}" if spec.transforms else "")
-          + f", on {work.device}", flush=True)
+def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """Train `steps` steps from the initial weights, a log line every `log_every`; the reference weights and losses."""
     losses: list[torch.Tensor] = []
+    tps = spec.tokens_per_step
     with matmul_precision(spec):
-        step = TrainStep(spec, cfg.model, work.init, work.device, cfg.lr)
-        stream = BatchStream(work.corpus, spec.batch_size, spec.seq_len, work.device, cfg.seed)
+        step, stream = work.step(spec), work.stream(spec)
         measure.sync(work.device)
         t0, last = time.perf_counter(), 0
-        for i in range(args.steps):
+        for i in range(steps):
             losses.append(step(*next(stream)))
-            if (i + 1) % args.log_every == 0 or i + 1 == args.steps:
+            if (i + 1) % log_every == 0 or i + 1 == steps:
                 loss = float(losses[-1])  # waits for the device: only at a log line
                 seconds = time.perf_counter() - t0
                 n = i + 1 - last
@@ -110,12 +103,24 @@ def main(args: argparse.Namespace) -> int:
                       f"tokens/s {n * tps / seconds:,.0f}{note}", flush=True)
                 t0, last = time.perf_counter(), i + 1
         state = step.reference_state()
-    values = torch.stack(losses).float().cpu().tolist()
+    return state, torch.stack(losses).float().cpu().tolist()
+
+
+def main(args: argparse.Namespace) -> int:
+    work, spec, source = plan(args)
+    cfg = work.cfg
+    print(f"training {cfg.run.preset} ({work.params:,} parameters) on {work.corpus.source} with {source}: "
+          f"B={spec.batch_size} T={spec.seq_len}, {spec.precision}, "
+          f"{'compiled' + (f' ({spec.compile_mode})' if spec.compile_mode else '') if spec.compile else 'eager'}, "
+          f"{spec.optimizer}" + (f", {', '.join(spec.transforms)}" if spec.transforms else "")
+          + f", on {work.device}", flush=True)
+    state, values = train_loop(work, spec, args.steps, args.log_every)
     tail = values[-max(1, len(values) // 10):]
     print(f"loss {values[0]:.3f} -> {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} steps)")
     run_dir = results.new_run_dir(args.out)
     path = run_dir / CHECKPOINT
-    torch.save({"model": state, "config": dataclasses.asdict(cfg.model), "spec": {**spec.to_dict(), "transforms": list(spec.transforms)},
+    torch.save({"model": state, "config": dataclasses.asdict(cfg.model),
+                "spec": {**spec.to_dict(), "transforms": list(spec.transforms)},
                 "tokenizer": work.corpus.tokenizer, "corpus": work.corpus.source, "steps": args.steps,
                 "losses": values, "created": results.now()}, path)
     if args.sample_tokens:
@@ -132,7 +137,7 @@ def sample(state: dict[str, torch.Tensor], model_cfg: GPTConfig, work: Workload,
     model.load_state_dict(state)
     model.eval()
     prompt = work.corpus.tokens[: min(t.prompt_tokens, model_cfg.block_size)][None].to(work.device)  # (1, P)
-    gen = torch.Generator(device=work.device).manual_seed(work.cfg.seed)
+    gen = torch.Generator(device=work.device).manual_seed(work.cfg.run.seed)
     out = model.generate(prompt, new_tokens, t.temperature, t.top_k, gen)[0].tolist()
     tok = get_tokenizer(work.corpus.tokenizer)
     head, tail = tok.decode(out[: prompt.shape[1]]), tok.decode(out[prompt.shape[1]:])

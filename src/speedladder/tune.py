@@ -3,7 +3,7 @@
 1. Climb the full ladder (the same windows and gates as `speedladder run`).
 2. Keep the rungs that won (their windows wholly above the rung they built on,
    gates passed); drop those whose verdict was loss or noise, that failed a
-   gate, or that could not run. (`survivors`, `dropped`: pure, on a results dict.)
+   gate, or that could not run. (`survivors`, `dropped`: pure, on saved results.)
 3. Measure the survivors together, then, budget permitting, the survivors with
    each one left out in turn, smallest gain first (`candidates`).
 4. The winner is the fastest measured configuration (ladder rung or candidate)
@@ -13,79 +13,78 @@ Everything lands in the run folder's results.json, with a "tune" section.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from speedladder.config import Resolved
+from speedladder.ladder import Ladder
+from speedladder.records import Results, RungResult
 from speedladder.rungs import Env, Rung, StepSpec, compose
 
-if TYPE_CHECKING:
-    from speedladder.ladder import Ladder
+
+def _ladder_rungs(results: Results) -> list[RungResult]:
+    return [r for r in results.rungs if r.role in ("rung", "beside")]
 
 
-def _ladder_rungs(results: dict) -> list[dict]:
-    return [r for r in results["rungs"] if r["role"] in ("rung", "beside")]
-
-
-def dropped(results: dict) -> dict[str, str]:
+def dropped(results: Results) -> dict[str, str]:
     """Each ladder rung left out of the combination, with why."""
     out = {}
     for r in _ladder_rungs(results):
-        if r["name"] == "eager":
+        if r.name == "eager":
             continue
-        if r["status"] != "ok":
-            out[r["name"]] = f"{r['status']}: {r['detail']}"
-        elif not r["gate"]["passed"]:
-            out[r["name"]] = f"failed a gate: {r['gate']['detail']}"
-        elif r["verdict"] != "win":
-            where = "inside the spread of" if r["verdict"] == "noise" else "below"
-            out[r["name"]] = f"{r['verdict']}: {r['speedup_prev']:.2f}×, {where} {r['built_on']}"
+        if not r.ok:
+            out[r.name] = f"{r.status}: {r.detail}"
+        elif r.gate is None or not r.gate.passed:
+            out[r.name] = f"failed a gate: {r.gate.detail if r.gate else 'not run'}"
+        elif r.verdict != "win":
+            where = "inside the spread of" if r.verdict == "noise" else "below"
+            out[r.name] = f"{r.verdict}: {r.speedup_prev:.2f}×, {where} {r.built_on}"
     return out
 
 
-def survivors(results: dict) -> tuple[str, ...]:
+def survivors(results: Results) -> tuple[str, ...]:
     """The ladder's winning rungs, in ladder order (beside rungs last): what the combination is made of."""
     gone = dropped(results)
-    return tuple(r["name"] for r in _ladder_rungs(results) if r["name"] != "eager" and r["name"] not in gone)
+    return tuple(r.name for r in _ladder_rungs(results) if r.name != "eager" and r.name not in gone)
 
 
-def candidates(results: dict, limit: int) -> list[tuple[str, tuple[str, ...]]]:
+def candidates(results: Results, limit: int) -> list[tuple[str, tuple[str, ...]]]:
     """(name, rungs) to measure: the survivors together, then each left out in turn, smallest gain first."""
     keep = survivors(results)
     if not keep:
         return []
     out = [("tuned", keep)]
-    gain = {r["name"]: r["speedup_prev"] for r in _ladder_rungs(results) if r["name"] in keep}
+    gain = {r.name: r.speedup_prev or 0.0 for r in _ladder_rungs(results) if r.name in keep}
     for name in sorted(keep, key=lambda n: gain[n]) if len(keep) > 1 else ():
         out.append((f"tuned-no-{name}", tuple(n for n in keep if n != name)))
     return out[:limit]
 
 
-def winner(results: dict) -> dict | None:
+def winner(results: Results) -> RungResult | None:
     """The record named fastest (it passed every gate and the learns-check), or None."""
-    name = results.get("fastest")
-    return next((r for r in results["rungs"] if r["name"] == name), None)
+    return results.rung(results.fastest) if results.fastest else None
 
 
-def rungs_of(record: dict, results: dict) -> tuple[str, ...]:
+def rungs_of(record: RungResult, results: Results) -> tuple[str, ...]:
     """The rung names that give a record's spec from eager: a candidate's own, a ladder rung's chain."""
-    if record.get("rungs_combined") is not None:
-        return tuple(record["rungs_combined"])
-    chain, by_name = [], {r["name"]: r for r in results["rungs"]}
-    r: dict | None = record
+    if record.rungs_combined is not None:
+        return tuple(record.rungs_combined)
+    chain = []
+    r: RungResult | None = record
     while r is not None:
-        chain.append(r["rung"])
-        r = by_name.get(r["built_on"]) if r["built_on"] else None
+        chain.append(r.rung)
+        r = results.rung(r.built_on) if r.built_on else None
     return tuple(reversed(chain))
 
 
 def commands(names: tuple[str, ...], cfg: Resolved, run_dir: str) -> dict[str, str]:
     """The exact commands that reproduce the winner: measure it, or train it."""
     rungs = ",".join(["eager", *(n for n in names if n != "eager")])
-    workload = f"--preset {cfg.preset} --data {cfg.data} --tokenizer {cfg.tokenizer} " \
-               f"--batch-size {cfg.batch_size} --seq-len {cfg.seq_len} --batch-multiplier {cfg.batch_multiplier}"
+    r = cfg.run
+    workload = f"--preset {r.preset} --data {r.data} --tokenizer {r.tokenizer} " \
+               f"--batch-size {r.batch_size} --seq-len {r.seq_len} --batch-multiplier {r.batch_multiplier}"
     return {"run": f"speedladder run {workload} --rungs {rungs}",
             "train": f"speedladder train --run {run_dir}",
             "train_rungs": f"speedladder train {workload} --rungs {rungs}"}
@@ -96,7 +95,7 @@ class Budget:
     """A deadline; `reason` says why the next piece of work would not fit, judged by the slowest one so far."""
 
     seconds: float
-    results: dict
+    results: Results
     reserve: int = 1  # keep this many more pieces' worth of time for the combination, once a rung has won
     start: float = 0.0
 
@@ -107,7 +106,7 @@ class Budget:
         return self.seconds - (time.perf_counter() - self.start)
 
     def estimate(self) -> float:
-        walls = [r["wall_s"] for r in self.results["rungs"] if r.get("wall_s") and r["status"] == "ok"]
+        walls = [r.wall_s for r in self.results.rungs if r.wall_s and r.ok]
         return max(walls, default=0.0)
 
     def reason(self) -> str | None:
@@ -119,6 +118,11 @@ class Budget:
         return None
 
 
+def _key(spec: dict) -> str:
+    """A spec as a comparable key (tuples in memory and lists from JSON compare equal)."""
+    return json.dumps(spec, sort_keys=True, default=list)
+
+
 def combination_rung(name: str, names: tuple[str, ...]) -> Rung:
     return Rung(name, f"the surviving rungs together: {'+'.join(names)}", "speed", lambda s, e: s)
 
@@ -127,13 +131,13 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
     """Measure each candidate on the ladder's baseline, within the budget; each gets the ladder's gates."""
     res = ladder.results
     env: Env = ladder.work.env
-    base = next((r for r in res["rungs"] if r["role"] == "rung" and r["status"] == "ok"), None)
-    measured = {tuple(sorted(r["spec"].items(), key=str)): r["name"] for r in res["rungs"] if r["status"] == "ok"}
+    base = res.baseline
+    measured = {_key(r.spec): r.name for r in res.rungs if r.ok}
     out = []
     budget.reserve = 0
     for name, names in candidates(res, limit):
         spec: StepSpec = compose(names, ladder.work.base_spec, env)
-        key = tuple(sorted(spec.to_dict().items(), key=str))
+        key = _key(spec.to_dict())
         if key in measured:
             say(f"{name} ({'+'.join(names)}) is {measured[key]}'s configuration, measured already")
             out.append({"name": name, "rungs": list(names), "same_as": measured[key]})
@@ -141,17 +145,17 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
         say(f"measuring {name}: {'+'.join(names)}")
         r = ladder.climb(combination_rung(name, names), spec, base, role="candidate",
                          predicted=ladder.predicted_together(names))
-        r["rungs_combined"] = list(names)
+        r.rungs_combined = list(names)
         ladder.save()
-        out.append({"name": name, "rungs": list(names), "status": r["status"], "detail": r["detail"]})
+        out.append({"name": name, "rungs": list(names), "status": r.status, "detail": r.detail})
     return out
 
 
-def summarize(results: dict, run_dir: str, cfg: Resolved) -> dict:
+def summarize(results: Results, run_dir: str, cfg: Resolved) -> dict:
     """The tune section of results.json once the search is over: what was kept, dropped, and who won."""
     best = winner(results)
     names = rungs_of(best, results) if best else ()
     names = tuple(n for n in names if n != "eager")
-    return {"winner": best["name"] if best else None, "winner_rungs": list(names),
-            "winner_spec": best["spec"] if best else None,
+    return {"winner": best.name if best else None, "winner_rungs": list(names),
+            "winner_spec": best.spec if best else None,
             "commands": commands(names, cfg, run_dir) if best else None}

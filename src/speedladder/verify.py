@@ -10,7 +10,7 @@
 3. Learns-check: after the ladder, the fastest rung that passed trains for a
    few hundred steps and its loss must fall clearly.
 The reference for 1 and 2 is always eager fp32 at the rung's own batch shape,
-computed once per shape and kept on the host.
+computed once per shape and kept on the host (docs/measurement.md, rules 7 and 9).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speedladder.data import BatchStream, Corpus
-from speedladder.model import GPTConfig
+from speedladder.data import BatchStream
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
 
@@ -70,13 +69,6 @@ class Reference:
     curve: list[float]  # training loss over the K batches
 
 
-def gate_batches(corpus: Corpus, batch_size: int, seq_len: int, seed: int, k: int
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same first K batches for every rung of a shape; drawn apart from the timing stream."""
-    stream = BatchStream(corpus, batch_size, seq_len, torch.device("cpu"), seed)
-    return [stream.next_host() for _ in range(k)]
-
-
 def _outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
              rows: int) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
     step.reset(weights)
@@ -85,7 +77,7 @@ def _outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[tor
     # A padded vocabulary is compared on the real one: its first rows and logits.
     grads = {n: step.reference_part(n, p.grad).detach().float().cpu()
              for n, p in step.params.items() if p.grad is not None}
-    vocab = step.cfg.vocab_size
+    vocab = step.vocab_size
     return logits[:rows, :, :vocab].detach().float().cpu(), float(loss.detach()), grads
 
 
@@ -96,13 +88,11 @@ def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]
     return torch.stack(losses).float().cpu().tolist()
 
 
-def reference(cfg: GPTConfig, init: dict[str, torch.Tensor], device: torch.device, lr: float,
-              batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Reference:
+def reference(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Reference:
+    """Eager fp32 at the batches' shape: its loss curve over them, then its outputs at the weights they gave."""
     batch_size, seq_len = batches[0][0].shape
-    spec = StepSpec(batch_size, seq_len)  # eager fp32
-    rows = max(1, min(batch_size, _PROBE_LOGITS // (seq_len * cfg.vocab_size)))
-    with matmul_precision(spec):
-        step = TrainStep(spec, cfg, init, device, lr)
+    rows = max(1, min(batch_size, _PROBE_LOGITS // (seq_len * step.vocab_size)))
+    with matmul_precision(step.spec):
         curve = loss_curve(step, batches)
         weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
         logits, loss, grads = _outputs(step, weights, batches[0], rows)

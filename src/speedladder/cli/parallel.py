@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from speedladder import results
+from speedladder.cli.flags import add_output_flags, add_rung_flags, add_workload_flags, run_config
 from speedladder.config import STRATEGIES, ParallelConfig, RunConfig, default
+from speedladder.parallel import launch
+from speedladder.parallel import report as parallel_report
+from speedladder.progress import show_on_stderr
 
 
 def _nproc(text: str) -> int:
@@ -45,8 +49,6 @@ def _torchrun_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    from speedladder.cli import add_output_flags, add_rung_flags, add_workload_flags
-
     add_workload_flags(p)
     add_rung_flags(p)
     p.add_argument("--strategy", choices=STRATEGIES, default=default(ParallelConfig, "strategy"),
@@ -90,8 +92,6 @@ def add_commands(sub) -> None:
 
 
 def _configs(args: argparse.Namespace, nproc: int) -> tuple[RunConfig, ParallelConfig]:
-    from speedladder.cli import run_config  # the one mapping of the shared flags onto a RunConfig
-
     run = run_config(args)
     pcfg = ParallelConfig(
         strategy=args.strategy, nproc=nproc, bucket_cap_mb=args.bucket_cap_mb, nnodes=args.nnodes,
@@ -101,8 +101,6 @@ def _configs(args: argparse.Namespace, nproc: int) -> tuple[RunConfig, ParallelC
 
 
 def _finish(run_dir: Path) -> None:
-    from speedladder import parallel_report, results
-
     saved = results.load(run_dir)
     parallel_report.print_parallel(saved)
     png = parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)
@@ -110,30 +108,19 @@ def _finish(run_dir: Path) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from speedladder import parallel
-    from speedladder.progress import Progress
-
     run, pcfg = _configs(args, default(ParallelConfig, "nproc"))
     pcfg = ParallelConfig(**{**pcfg.__dict__, "predict_nproc": args.nproc})
-    run_dir = parallel.run_predict(run, pcfg, list(args.nproc), args.bandwidth, args.measure_bandwidth,
-                                   args.latency_us, Progress(quiet=args.quiet))
+    run_dir = launch.run_predict(run, pcfg, list(args.nproc), args.bandwidth, args.measure_bandwidth,
+                                   args.latency_us, show_on_stderr(args.quiet))
     _finish(run_dir)
     return 0
 
 
 def cmd_ddp(args: argparse.Namespace) -> int:
-    from speedladder import parallel
-    from speedladder.progress import Progress
-
     run, pcfg = _configs(args, args.nproc)
-    run_dir = parallel.run_ddp(run, pcfg, Progress(quiet=args.quiet))
+    run_dir = launch.run_ddp(run, pcfg, show_on_stderr(args.quiet))
     if run_dir is None:
         print("this node's ranks finished; rank 0 ran on another node, whose run folder holds the results")
         return 0
     _finish(run_dir)
     return 0
-
-
-def job_failed(e: Exception) -> int:
-    print(f"speedladder: error: {e}", file=sys.stderr)
-    return 1

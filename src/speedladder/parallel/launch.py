@@ -19,7 +19,6 @@ import os
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -28,34 +27,20 @@ from pathlib import Path
 import torch
 
 import speedladder
-from speedladder import costmodel, measure, results
-from speedladder.config import GateConfig, ParallelConfig, ProfileConfig, RunConfig, TimingConfig
-from speedladder.data import BatchStream
+from speedladder import results
+from speedladder.config import ParallelConfig, RunConfig
 from speedladder.errors import UsageError
-from speedladder.ladder import Workload, free_device_memory, prepare
-from speedladder.model import GPT
+from speedladder.parallel import costmodel
+from speedladder.parallel.section import new_section, price, single_prediction
 from speedladder.progress import Progress
+from speedladder.records import ParallelSection, Results
 from speedladder.rungs import RUNGS, StepSpec, compose
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.step import matmul_precision
+from speedladder.workload import Workload, free_device_memory, measure_spec, new_results, prepare
 
-DDP_DEFAULT_BUCKET_MB = 25.0  # torch's DistributedDataParallel default bucket_cap_mb
 JOB_FILE = "job.json"
 LOG_FILE = "torchrun.log"
 _RANK_LINE = re.compile(r"^speedladder\[rank (\d+)\] (error: )?(.*)$")
-
-
-# -- configuration ----------------------------------------------------------------------------------
-
-def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
-    """A RunConfig back from dataclasses.asdict (as written into a job file)."""
-    d = {**d, "timing": TimingConfig(**d["timing"]), "gates": GateConfig(**d["gates"]),
-         "profile": ProfileConfig(**d.get("profile", {}))}
-    for name in ("rungs", "beside"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
-        if d.get(name) is not None:
-            d[name] = tuple(d[name])
-    if device is not None:
-        d["device"] = device
-    return RunConfig(**d)
 
 
 def cpu_cores() -> int:
@@ -69,11 +54,11 @@ def threads_per_process(k: int) -> int:
 
 def chosen_spec(work: Workload) -> StepSpec:
     """The composed rungs on the workload's base spec; a rung that cannot run here is a usage error."""
-    for name in work.cfg.rungs:
+    for name in work.cfg.run.rungs or ():
         unmet = RUNGS[name].requires.unmet(work.env)
         if unmet:
             raise UsageError(f"rung {name} cannot run here: {unmet}")
-    spec = compose(work.cfg.rungs, work.base_spec, work.env)
+    spec = compose(work.cfg.run.rungs or (), work.base_spec, work.env)
     if spec.tokens_per_step > work.corpus.n_tokens - 1:
         raise UsageError(f"batch {spec.batch_size} x {spec.seq_len} after the rungs exceeds the corpus "
                          f"({work.corpus.n_tokens - 1:,} usable tokens)")
@@ -105,145 +90,30 @@ def check_port(pcfg: ParallelConfig) -> None:
             # Not an address of this machine: torchrun will reach it, or say why.
 
 
-def model_bytes(work: Workload) -> tuple[list[int], list[int]]:
-    """fp32 gradient bytes per parameter tensor (registration order) and per FSDP unit (root first, blocks)."""
-    with torch.device("meta"):
-        model = GPT(work.cfg.model)
-    per_param = [costmodel.grad_bytes(p.numel()) for p in model.parameters()]
-    blocks = [sum(costmodel.grad_bytes(p.numel()) for p in b.parameters()) for b in model.blocks]
-    return per_param, [sum(per_param) - sum(blocks), *blocks]
-
-
 # -- the single-device measurement ------------------------------------------------------------------
 
 def measure_single(work: Workload, spec: StepSpec, threads: int, say) -> dict:
     """One process, no process group: the t_compute every prediction starts from (same windows as `run`)."""
-    cfg = work.cfg
     before = torch.get_num_threads()
     if work.device.type == "cpu":
         torch.set_num_threads(threads)
     try:
         with matmul_precision(spec):
-            step = TrainStep(spec, cfg.model, work.init, work.device, cfg.lr)
-            stream = BatchStream(work.corpus, spec.batch_size, spec.seq_len, work.device, cfg.seed)
-            timing = measure.run_windows(measure.stepper(step, stream), work.device, spec.tokens_per_step,
-                                         cfg.steps, cfg.windows, cfg.warmup, cfg.max_warmup, on_progress=say)
+            m, _ = measure_spec(work, spec, say)
     finally:
         torch.set_num_threads(before)
         free_device_memory(work.device)
-    spread = measure.tokens_per_s(timing)
-    if spread is None:
-        raise RuntimeError("every timed window of the single-process measurement recompiled")
     return {"threads": threads if work.device.type == "cpu" else None, "device": str(work.device),
-            "tokens_per_s": dataclasses.asdict(spread), "step_ms": measure.step_ms(timing),
-            "timing": dataclasses.asdict(timing)}
+            "tokens_per_s": dataclasses.asdict(m.tokens_per_s), "step_ms": m.step_ms,
+            "timing": dataclasses.asdict(m.timing)}
 
 
-# -- the results section and the predictions ---------------------------------------------------------
-
-def new_results(work: Workload, spec: StepSpec, pcfg: ParallelConfig, command: str, ks: list[int],
-                threads: int) -> dict:
-    per_param, units = model_bytes(work)
-    cap = int(pcfg.bucket_cap_mb * costmodel.MIB)
-    first = int(pcfg.first_bucket_mb * costmodel.MIB) if pcfg.bucket_cap_mb == DDP_DEFAULT_BUCKET_MB else cap
-    cfg = work.cfg
-    return {
-        "schema": results.SCHEMA, "status": "running", "created": results.now(), "command": results.command_line(),
-        "config": cfg.to_dict(), "environment": results.environment(work.device),
-        "corpus": {"source": work.corpus.source, "tokenizer": work.corpus.tokenizer,
-                   "tokens": work.corpus.n_tokens, "vocab_size": work.corpus.vocab_size},
-        "model": {"preset": cfg.preset, "params": work.params, "matmul_params": work.matmul_params},
-        "rungs": [], "learns_check": None, "fastest": None,
-        "parallel": {
-            "command": command, "strategy": pcfg.strategy, "nproc": ks, "threads_per_process": threads,
-            "cpu_cores": cpu_cores() if work.device.type == "cpu" else None,
-            "config": dataclasses.asdict(pcfg), "spec": spec.to_dict(), "rungs": list(cfg.rungs),
-            "tokens_per_step_per_process": spec.tokens_per_step,
-            "grad_bytes": sum(per_param), "param_bytes": per_param, "unit_bytes": units,
-            "bucket_cap_bytes": cap, "first_bucket_bytes": first,
-            "ddp_buckets": costmodel.ddp_buckets(per_param, cap, first),
-            "single": None, "bandwidth": None, "probes": [], "predictions": [], "measured": None,
-        },
-    }
-
-
-def price(section: dict, ks: list[int]) -> list[dict]:
-    """Predictions for every k from the single-process tokens/s and the section's bandwidth figures."""
-    bw = section["bandwidth"]
-    pcfg = section["config"]
-    single = section["single"]["tokens_per_s"]["median"]
-    by_k = {p["k"]: p for p in section["probes"]}
-    out = []
-    for k in ks:
-        probe = by_k.get(k) if bw["source"] == "measured" else None
-        busbw = probe["busbw_GBps"] if probe else bw["busbw_GBps"]
-        latency_us = probe["latency_us"] if probe else bw["latency_us"]
-        p = costmodel.predict(k, section["strategy"], section["tokens_per_step_per_process"], single,
-                              section["param_bytes"], section["unit_bytes"], busbw * 1e9, latency_us * 1e-6,
-                              section["bucket_cap_bytes"], section["first_bucket_bytes"], pcfg["backward_fraction"])
-        out.append({**dataclasses.asdict(p), "busbw_GBps": busbw, "latency_us": latency_us,
-                    "from_probe_k": probe["k"] if probe else bw.get("probe_k")})
-    return out
-
-
-def record_probe(saved: dict, probe: dict) -> None:
-    """A ddp job's own probe: its figures price the job (and, extrapolated, other k)."""
-    section = saved["parallel"]
-    section["probes"] = [probe]
-    if probe["busbw_GBps"] is None:  # one process: nothing to reduce, nothing to measure
-        section["bandwidth"] = {"source": "none", "busbw_GBps": None, "latency_us": probe["latency_us"],
-                                "probe_k": 1, "note": "one process: no communication to price"}
-        section["predictions"] = [{**_single_prediction(section), "from_probe_k": 1}]
-        return
-    section["bandwidth"] = {"source": "measured", "busbw_GBps": probe["busbw_GBps"],
-                            "latency_us": probe["latency_us"], "probe_k": probe["k"],
-                            "note": f"allreduce probe over this job's {probe['backend']} group, k={probe['k']}"}
-    ks = sorted({1, probe["k"], *section["config"]["predict_nproc"]})
-    section["predictions"] = price(section, ks)
-
-
-def _single_prediction(section: dict) -> dict:
-    single = section["single"]["tokens_per_s"]["median"]
-    tc = costmodel.t_compute(section["tokens_per_step_per_process"], single)
-    return {"k": 1, "strategy": section["strategy"], "comm_bytes": 0, "messages": 0, "t_compute_s": tc,
-            "t_comm_s": 0.0, "t_exposed_s": 0.0, "floor_tokens_per_s": single, "overlap_tokens_per_s": single,
-            "floor_efficiency": 1.0, "overlap_efficiency": 1.0, "busbw_GBps": None, "latency_us": None}
-
-
-def prediction_lines(saved: dict) -> list[str]:
-    section = saved["parallel"]
-    lines = []
-    for p in section["predictions"]:
-        lines.append(f"predicted k={p['k']}: floor {p['floor_tokens_per_s']:,.0f} tokens/s, overlap-aware "
-                     f"{p['overlap_tokens_per_s']:,.0f} ({100 * p['overlap_efficiency']:.0f}% efficiency)")
-    return lines
-
-
-def job_tokens_per_s(window_s_per_rank: list[list[float]], steps: int, tokens_per_step: int) -> list[float]:
-    """Per window, the whole job's tokens/s: every rank's tokens over the slowest rank's window time."""
-    k = len(window_s_per_rank)
-    return [costmodel.tokens_per_s(k, tokens_per_step, max(col) / steps) for col in zip(*window_s_per_rank)]
-
-
-def record_measured(saved: dict, measured: dict, world: int) -> None:
-    section = saved["parallel"]
-    timing = measured["timing"]
-    steps = timing["windows"][0]["steps"]
-    rates = job_tokens_per_s(measured["window_s_per_rank"], steps, section["tokens_per_step_per_process"])
-    clean = [r for r, w in zip(rates, timing["windows"]) if w["recompiles"] == 0]
-    if not clean:
-        raise RuntimeError("every timed window of the job recompiled: no valid window")
-    spread = measure.Spread(statistics.median(clean), min(clean), max(clean))
-    pred = next((p for p in section["predictions"] if p["k"] == world), None)
-    section["measured"] = {
-        "k": world, "tokens_per_s": dataclasses.asdict(spread), "window_tokens_per_s": rates,
-        "window_s_per_rank": measured["window_s_per_rank"], "steps_per_window": steps,
-        "timing_rank0": timing, "param_check": measured["param_check"],
-        "efficiency": costmodel.efficiency(spread.median, world, section["single"]["tokens_per_s"]["median"]),
-        "floor_error": costmodel.relative_error(spread.median, pred["floor_tokens_per_s"]) if pred else None,
-        "overlap_error": costmodel.relative_error(spread.median, pred["overlap_tokens_per_s"]) if pred else None,
-    }
-    saved["status"] = "complete"
+def new_parallel_results(work: Workload, spec: StepSpec, pcfg: ParallelConfig, command: str, ks: list[int],
+                         threads: int) -> Results:
+    saved = new_results(work)
+    saved.parallel = new_section(work, spec, pcfg, command, ks, threads,
+                                 cpu_cores() if work.device.type == "cpu" else None)
+    return saved
 
 
 # -- torchrun -----------------------------------------------------------------------------------------
@@ -257,7 +127,7 @@ def torchrun_command(pcfg: ParallelConfig, nproc: int, job_path: Path) -> list[s
             cmd.append(f"--rdzv-id={pcfg.rdzv_id}")
     else:
         cmd += [f"--master-addr={pcfg.master_addr}", f"--master-port={pcfg.master_port}"]
-    return [*cmd, "-m", "speedladder.worker", str(job_path)]
+    return [*cmd, "-m", "speedladder.parallel.worker", str(job_path)]
 
 
 @dataclasses.dataclass
@@ -379,37 +249,36 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_g
         check_port(pcfg)
     threads = threads_per_process(max(ks))
     run_dir = results.new_run_dir(run.out)
-    saved = new_results(work, spec, pcfg, "predict", ks, threads)
-    section = saved["parallel"]
+    saved = new_parallel_results(work, spec, pcfg, "predict", ks, threads)
+    section: ParallelSection = saved.parallel  # type: ignore[assignment]
     results.save(saved, run_dir)
     if measure_bandwidth:
-        section["probes"] = [_probe(work, run, spec, pcfg, k, run_dir, progress) for k in ks if k > 1]
-        section["bandwidth"] = {"source": "measured", "busbw_GBps": section["probes"][-1]["busbw_GBps"]
-                                if section["probes"] else None,
-                                "latency_us": section["probes"][-1]["latency_us"] if section["probes"] else None,
-                                "probe_k": section["probes"][-1]["k"] if section["probes"] else None,
+        section.probes = [_probe(work, run, spec, pcfg, k, run_dir, progress) for k in ks if k > 1]
+        last = section.probes[-1] if section.probes else {}
+        section.bandwidth = {"source": "measured", "busbw_GBps": last.get("busbw_GBps"),
+                             "latency_us": last.get("latency_us"), "probe_k": last.get("k"),
                                 "note": "allreduce probe over the process group of each k (torchrun)"}
     elif bandwidth_gbps is not None:
         lat = latency_us if latency_us is not None else pcfg.assumed_latency_us
-        section["bandwidth"] = {"source": "given", "busbw_GBps": bandwidth_gbps, "latency_us": lat,
+        section.bandwidth = {"source": "given", "busbw_GBps": bandwidth_gbps, "latency_us": lat,
                                 "note": "bus bandwidth from --bandwidth; latency "
                                         + ("from --latency-us" if latency_us is not None else
                                            f"assumed {lat:g} µs (not measured)")}
     else:
         lat = latency_us if latency_us is not None else pcfg.assumed_latency_us
-        section["bandwidth"] = {"source": "datasheet", "busbw_GBps": datasheet, "latency_us": lat,
+        section.bandwidth = {"source": "datasheet", "busbw_GBps": datasheet, "latency_us": lat,
                                 "note": f"ASSUMED, not measured: NVIDIA's datasheet NVLink bandwidth per direction "
                                         f"for {results.device_name(work.device)} ({datasheet:g} GB/s), the ceiling "
                                         f"a ring's busbw approaches; latency assumed {lat:g} µs"}
     results.save(saved, run_dir)
     progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
-             f"tokens/s of {'+'.join(work.cfg.rungs)}", "single")
-    section["single"] = measure_single(work, spec, threads, progress.scoped("single"))
-    if section["bandwidth"]["busbw_GBps"] is None:  # only k=1 asked for
-        section["predictions"] = [_single_prediction(section)]
+             f"tokens/s of {'+'.join(work.cfg.run.rungs or ())}", "single")
+    section.single = measure_single(work, spec, threads, progress.scoped("single"))
+    if section.bandwidth["busbw_GBps"] is None:  # only k=1 asked for
+        section.predictions = [single_prediction(section)]
     else:
-        section["predictions"] = price(section, sorted({1, *ks}))
-    saved["status"] = "complete"
+        section.predictions = price(section, sorted({1, *ks}))
+    saved.status = "complete"
     results.save(saved, run_dir)
     return run_dir
 
@@ -422,11 +291,11 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | 
     check_port(pcfg)
     threads = threads_per_process(k)
     run_dir = results.new_run_dir(run.out)
-    saved = new_results(work, spec, pcfg, "ddp", [k], threads)
+    saved = new_parallel_results(work, spec, pcfg, "ddp", [k], threads)
     results.save(saved, run_dir)
     progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
-             f"tokens/s of {'+'.join(work.cfg.rungs)} (the prediction's t_compute)", "single")
-    saved["parallel"]["single"] = measure_single(work, spec, threads, progress.scoped("single"))
+             f"tokens/s of {'+'.join(work.cfg.run.rungs or ())} (the prediction's t_compute)", "single")
+    saved.parallel.single = measure_single(work, spec, threads, progress.scoped("single"))
     results.save(saved, run_dir)
     job = write_job(run_dir, "train", run, spec, pcfg, work.device, threads)
     log = run_dir / LOG_FILE
@@ -437,14 +306,14 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | 
     if outcome.rc != 0:
         line = failure_line(outcome, log)
         saved = results.load(run_dir)
-        saved.update(status="failed", error=line)
+        saved.status, saved.error = "failed", line
         results.save(saved, run_dir)
         raise JobFailed(line)
     saved = results.load(run_dir)
-    if saved["parallel"]["measured"] is None:  # rank 0 ran on another node and wrote its results there
-        saved.update(status="elsewhere", detail="rank 0 ran on another node: the job's results are in its run folder")
+    if saved.parallel is None or saved.parallel.measured is None:  # rank 0 ran on another node, wrote there
+        saved.status, saved.detail = "elsewhere", "rank 0 ran on another node: the job's results are in its run folder"
         results.save(saved, run_dir)
         return None
-    saved["parallel"]["launch"] = {"command": cmd, "seconds": outcome.seconds, "log": str(log)}
+    saved.parallel.launch = {"command": cmd, "seconds": outcome.seconds, "log": str(log)}
     results.save(saved, run_dir)
     return run_dir

@@ -9,6 +9,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from speedladder.records import Results
+
 SCALING_PLOT = "scaling.png"
 
 
@@ -16,11 +18,11 @@ def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:+.0f}%"
 
 
-def title(saved: dict) -> str:
-    c, e, p = saved["config"], saved["environment"], saved["parallel"]
-    s = p["spec"]
-    return (f"speedladder {p['command']} · {p['strategy']} · {c['preset']} on {e['device_name']} "
-            f"({e['device_type']}) · {'+'.join(p['rungs'])} · B={s['batch_size']} T={s['seq_len']} per process"
+def title(saved: Results) -> str:
+    c, e, p = saved.config, saved.environment, saved.parallel
+    s = p.spec
+    return (f"speedladder {p.command} · {p.strategy} · {c['preset']} on {e['device_name']} "
+            f"({e['device_type']}) · {'+'.join(p.rungs)} · B={s['batch_size']} T={s['seq_len']} per process"
             f" · torch {e['torch']}")
 
 
@@ -34,9 +36,9 @@ def probe_table(probe: dict) -> Table:
     return t
 
 
-def prediction_table(saved: dict) -> Table:
-    p = saved["parallel"]
-    m = p.get("measured")
+def prediction_table(saved: Results) -> Table:
+    p = saved.parallel
+    m = p.measured
     t = Table(title=escape(title(saved)), title_justify="left")
     cols = ["k", "comm MB", "msgs", "t_compute ms", "t_comm ms", "exposed ms", "floor tok/s", "overlap tok/s",
             "eff floor", "eff overlap"]
@@ -44,7 +46,7 @@ def prediction_table(saved: dict) -> Table:
         cols += ["measured tok/s", "min–max", "eff", "vs floor", "vs overlap"]
     for col in cols:
         t.add_column(col, justify="right", no_wrap=True)
-    for r in p["predictions"]:
+    for r in p.predictions:
         row = [str(r["k"]), f"{r['comm_bytes'] / 1e6:.2f}", str(r["messages"]), f"{r['t_compute_s'] * 1e3:.1f}",
                f"{r['t_comm_s'] * 1e3:.2f}", f"{r['t_exposed_s'] * 1e3:.2f}", f"{r['floor_tokens_per_s']:,.0f}",
                f"{r['overlap_tokens_per_s']:,.0f}", f"{100 * r['floor_efficiency']:.0f}%",
@@ -55,7 +57,7 @@ def prediction_table(saved: dict) -> Table:
                 row += [f"{tps['median']:,.0f}", f"{tps['min']:,.0f}–{tps['max']:,.0f}", f"{100 * m['efficiency']:.0f}%",
                         _pct(m["floor_error"]), _pct(m["overlap_error"])]
             elif r["k"] == 1:
-                s = p["single"]["tokens_per_s"]
+                s = p.single["tokens_per_s"]
                 row += [f"{s['median']:,.0f}", f"{s['min']:,.0f}–{s['max']:,.0f}", "100%", "", ""]
             else:
                 row += ["", "", "", "", ""]
@@ -63,21 +65,21 @@ def prediction_table(saved: dict) -> Table:
     return t
 
 
-def notes(saved: dict) -> list[str]:
-    p = saved["parallel"]
+def notes(saved: Results) -> list[str]:
+    p = saved.parallel
     out = []
-    single = p["single"]
+    single = p.single
     if single:
         who = f"one process with {single['threads']} thread(s)" if single["threads"] else f"one {single['device']}"
         s = single["tokens_per_s"]
         out.append(f"t_compute: {who}, no process group: {s['median']:,.0f} tokens/s "
                    f"(min {s['min']:,.0f}, max {s['max']:,.0f}), {single['step_ms']:.1f} ms a step.")
-    bw = p["bandwidth"]
-    if bw and bw["source"] == "measured" and len(p["probes"]) > 1:
+    bw = p.bandwidth
+    if bw and bw["source"] == "measured" and len(p.probes) > 1:
         out.append(f"bandwidth (measured): {bw['note']}; each k is priced with its own probe's busbw (at the largest "
                    "message) and latency (the smallest message's time): "
                    + ", ".join(f"k={q['k']}: {q['busbw_GBps']:.3f} GB/s, {q['latency_us']:,.0f} µs"
-                               for q in p["probes"]) + ".")
+                               for q in p.probes) + ".")
     elif bw and bw["busbw_GBps"] is not None:
         out.append(f"bandwidth ({bw['source']}): busbw {bw['busbw_GBps']:.3f} GB/s, latency {bw['latency_us']:,.0f} µs"
                    f" — {bw['note']}.")
@@ -86,27 +88,27 @@ def notes(saved: dict) -> list[str]:
                        "(the model's extrapolation).")
     elif bw:
         out.append(bw["note"] + ".")
-    if p["strategy"] == "ddp":
-        out.append(f"DDP: {len(p['ddp_buckets'])} bucket(s) of {', '.join(f'{b / 1e6:.2f}' for b in p['ddp_buckets'])}"
-                   f" MB (first {p['first_bucket_bytes'] / 2**20:g} MiB, then {p['bucket_cap_bytes'] / 2**20:g} MiB); "
+    if p.strategy == "ddp":
+        out.append(f"DDP: {len(p.ddp_buckets)} bucket(s) of {', '.join(f'{b / 1e6:.2f}' for b in p.ddp_buckets)}"
+                   f" MB (first {p.first_bucket_bytes / 2**20:g} MiB, then {p.bucket_cap_bytes / 2**20:g} MiB); "
                    "floor = no overlap; overlap-aware = the last bucket plus whatever does not fit under backward "
-                   f"({p['config']['backward_fraction']:.2f} of compute) is exposed.")
+                   f"({p.config['backward_fraction']:.2f} of compute) is exposed.")
     else:
-        out.append(f"FSDP2: {len(p['unit_bytes'])} units (root + blocks); all-gather in forward and backward, "
+        out.append(f"FSDP2: {len(p.unit_bytes)} units (root + blocks); all-gather in forward and backward, "
                    "reduce-scatter in backward, each (k-1)/k·bytes/busbw; overlap-aware = the first gather of each "
                    "pass and the last reduce-scatter exposed, plus what does not fit under the compute.")
-    cores = p.get("cpu_cores")
+    cores = p.cpu_cores
     if single and single["threads"] and cores:
-        over = [k for k in p["nproc"] if k > cores]
+        over = [k for k in p.nproc if k > cores]
         out.append(f"on a CPU the k processes share this machine's {cores} core(s): each process is priced as one "
                    f"device with {single['threads']} thread(s)"
                    + (f"; k={','.join(map(str, over))} exceed the cores: those rows price k separate devices like "
-                      "it, not this machine" + (", and their probes ran k processes on these cores" if p["probes"]
+                      "it, not this machine" + (", and their probes ran k processes on these cores" if p.probes
                                                 else "") + "." if over else "."))
-    m = p.get("measured")
+    m = p.measured
     if m:
         tps = m["tokens_per_s"]["median"]
-        pred = next((r for r in p["predictions"] if r["k"] == m["k"]), None)
+        pred = next((r for r in p.predictions if r["k"] == m["k"]), None)
         out.append(f"measured k={m['k']}: {tps:,.0f} tokens/s for the whole job (every rank's tokens over the slowest "
                    f"rank's window), {100 * m['efficiency']:.0f}% scaling efficiency"
                    + (f"; predicted floor {pred['floor_tokens_per_s']:,.0f} ({_pct(m['floor_error'])}), "
@@ -117,26 +119,26 @@ def notes(saved: dict) -> list[str]:
     return out
 
 
-def print_parallel(saved: dict, console: Console | None = None) -> None:
+def print_parallel(saved: Results, console: Console | None = None) -> None:
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    for probe in saved["parallel"]["probes"]:
+    for probe in saved.parallel.probes:
         console.print(probe_table(probe))
     console.print(prediction_table(saved))
     for line in notes(saved):
         console.print(escape(line), soft_wrap=True)
 
 
-def plot(saved: dict, path: Path) -> Path:
+def plot(saved: Results, path: Path) -> Path:
     """Measured and predicted tokens/s against k, with linear scaling for reference."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    p = saved["parallel"]
-    preds = p["predictions"]
+    p = saved.parallel
+    preds = p.predictions
     ks = [r["k"] for r in preds]
-    single = p["single"]["tokens_per_s"]
+    single = p.single["tokens_per_s"]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ax.plot(ks, [k * single["median"] for k in ks], linestyle=":", color="#888888", label="linear (k × one process)")
     ax.plot(ks, [r["floor_tokens_per_s"] for r in preds], marker="v", color="#d62728", label="predicted floor (no overlap)")
@@ -146,7 +148,7 @@ def plot(saved: dict, path: Path) -> Path:
     med = [single["median"]]
     lo = [single["median"] - single["min"]]
     hi = [single["max"] - single["median"]]
-    m = p.get("measured")
+    m = p.measured
     if m:
         t = m["tokens_per_s"]
         mk.append(m["k"])
@@ -158,8 +160,8 @@ def plot(saved: dict, path: Path) -> Path:
     ax.set_ylabel("tokens/s, whole job")
     ax.set_xticks(sorted(set(ks) | set(mk)))
     ax.set_ylim(bottom=0)
-    e = saved["environment"]
-    ax.set_title(f"{p['strategy']} · {saved['config']['preset']} · {e['device_name']}", fontsize=10)
+    e = saved.environment
+    ax.set_title(f"{p.strategy} · {saved.config['preset']} · {e['device_name']}", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()

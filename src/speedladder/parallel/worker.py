@@ -23,12 +23,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from speedladder import costmodel, measure, parallel, results
-from speedladder.config import ParallelConfig
-from speedladder.data import BatchStream
-from speedladder.ladder import one_line, prepare
+from speedladder import measure, results
+from speedladder.config import ParallelConfig, run_config_from_dict
+from speedladder.errors import one_line
+from speedladder.parallel import costmodel, section
 from speedladder.rungs import StepSpec
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.step import matmul_precision
+from speedladder.workload import measure_spec, prepare
 
 PREFIX = "speedladder[rank "
 FAIL_RANK_ENV = "SPEEDLADDER_FAIL_RANK"  # fault injection for the tests: this rank raises before training
@@ -133,7 +134,7 @@ def wrapper(strategy: str, device: torch.device, pcfg: ParallelConfig):
 
         ids = [device.index] if device.type == "cuda" else None
         # None keeps DDP's default path (25 MiB buckets after a 1 MiB first one): what the cost model prices.
-        cap = None if pcfg.bucket_cap_mb == parallel.DDP_DEFAULT_BUCKET_MB else pcfg.bucket_cap_mb
+        cap = None if pcfg.bucket_cap_mb == section.DDP_DEFAULT_BUCKET_MB else pcfg.bucket_cap_mb
         return lambda m: DistributedDataParallel(m, device_ids=ids, bucket_cap_mb=cap)
     fully_shard = fully_shard_fn()
 
@@ -164,29 +165,22 @@ def param_check(group: Group, model: nn.Module) -> dict:
 
 def train(job: dict, group: Group) -> dict:
     pcfg = ParallelConfig(**job["parallel_config"])
-    run = parallel.run_config_from_dict(job["run"], device=str(group.device))
-    work = prepare(run)
-    cfg = work.cfg
+    work = prepare(run_config_from_dict(job["run"], device=str(group.device)))
     spec = StepSpec.from_dict(job["spec"])
     say_0 = (lambda m: say(group.rank, m)) if group.rank == 0 else (lambda m: None)
     with matmul_precision(spec):
-        step = TrainStep(spec, cfg.model, work.init, group.device, cfg.lr,
-                         wrap=wrapper(job["strategy"], group.device, pcfg))
-        stream = BatchStream(work.corpus, spec.batch_size, spec.seq_len, group.device,
-                             cfg.seed + group.rank * RANK_SEED_STRIDE)
+        step = work.step(spec, wrap=wrapper(job["strategy"], group.device, pcfg), device=group.device)
+        stream = work.stream(spec, seed=work.cfg.run.seed + group.rank * RANK_SEED_STRIDE, device=group.device)
         if os.environ.get(FAIL_RANK_ENV) == str(group.rank):
             raise RuntimeError(f"injected failure on rank {group.rank} ({FAIL_RANK_ENV})")
-        say_0("building" + (" and compiling (first step)" if spec.compile else "") + f" on {group.world} ranks")
+        say_0(f"on {group.world} ranks")
         # The compile count is summed over ranks, so every rank ends its warm-up on the same step.
         # Window tokens are the whole job's: every rank does tokens_per_step a step.
-        timing = measure.run_windows(measure.stepper(step, stream), group.device, group.world * spec.tokens_per_step,
-                                     cfg.steps,
-                                     cfg.windows, cfg.warmup, cfg.max_warmup,
-                                     counter=lambda: group.total(measure.compile_count()),
-                                     on_progress=say_0, edge=group.edge)
-    per_rank = group.gather([w.seconds for w in timing.windows])
+        m, step = measure_spec(work, spec, say_0, step=step, stream=stream, world=group.world,
+                               counter=lambda: group.total(measure.compile_count()), edge=group.edge)
+    per_rank = group.gather([w.seconds for w in m.timing.windows])
     check = param_check(group, step.model)
-    return {"timing": dataclasses.asdict(timing), "window_s_per_rank": per_rank, "param_check": check}
+    return {"timing": dataclasses.asdict(m.timing), "window_s_per_rank": per_rank, "param_check": check}
 
 
 def main(argv: list[str]) -> None:
@@ -201,14 +195,14 @@ def main(argv: list[str]) -> None:
                 Path(job["probe_out"]).write_text(json.dumps(probe))
         else:
             saved = results.load(job["run_dir"]) if rank == 0 else None
-            if saved is not None:
-                parallel.record_probe(saved, probe)
+            if saved is not None and saved.parallel is not None:
+                section.record_probe(saved.parallel, probe)
                 results.save(saved, Path(job["run_dir"]))
-                for line in parallel.prediction_lines(saved):
+                for line in section.prediction_lines(saved.parallel):
                     say(rank, line)
             measured = train(job, group)
             if saved is not None:
-                parallel.record_measured(saved, measured, group.world)
+                section.record_measured(saved, measured, group.world)
                 results.save(saved, Path(job["run_dir"]))
         group.close()
     except BaseException as e:  # noqa: BLE001 -- one line for the parent; torchrun stops the other ranks

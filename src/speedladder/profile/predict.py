@@ -28,7 +28,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from speedladder.profile import IDLE
+from speedladder.profile.categories import IDLE
+from speedladder.records import ProfileSummary
 from speedladder.rungs import RUNGS, Env, StepSpec
 
 PARTS: tuple[str, ...] = ("matmul", "attn_matmul", "attention", "attn_tail", "tail", "copies", "optimizer",
@@ -61,18 +62,18 @@ class Prediction:
         return dataclasses.asdict(self)
 
 
-def baseline_parts(profile: dict) -> dict[str, float]:
+def baseline_parts(profile: ProfileSummary) -> dict[str, float]:
     """The profiled step in the model's parts (ms per step)."""
-    c = profile["categories"]
+    c = profile.categories
 
     def net(name: str) -> float:  # a category's time less its operators' fixed cost
         return c[name]["ms"] - c[name].get("floor_ms", 0.0)
 
     floors = sum(c[name].get("floor_ms", 0.0) for name in c if name not in (IDLE, "optimizer"))
     matmul = net("matmul")
-    attn_frac = ((profile.get("matmuls") or {}).get("attention_fraction") or {}).get("fp32", 0.0)
+    attn_frac = (profile.matmuls.get("attention_fraction") or {}).get("fp32", 0.0)
     tail = net("elementwise & norm") + net("reductions & softmax")
-    ops = profile.get("ops_ms") or {}
+    ops = profile.ops_ms
     attn_tail = min(sum(ops.get(n, 0.0) for n in ATTENTION_TAIL_OPS), tail)
     return {
         "matmul": matmul * (1 - attn_frac), "attn_matmul": matmul * attn_frac, "attention": net("attention"),
@@ -86,7 +87,7 @@ class Context:
     parts: dict[str, float]
     before: StepSpec
     after: StepSpec
-    profile: dict
+    profile: ProfileSummary
 
     def share(self, *names: str) -> float:
         return sum(self.parts[n] for n in names) / (sum(self.parts.values()) or 1.0)
@@ -99,7 +100,7 @@ Predictor = Callable[[Context], tuple[dict[str, float], str]]
 
 
 def _facts(c: Context) -> dict:
-    return c.profile.get("matmuls") or {}
+    return c.profile.matmuls
 
 
 def _prec(spec: StepSpec) -> str:
@@ -158,7 +159,7 @@ def _sdpa(c: Context) -> tuple[dict[str, float], str]:
 
 
 def _fused_adamw(c: Context) -> tuple[dict[str, float], str]:
-    params, gbps = c.profile.get("params"), c.profile.get("copy_gbps")
+    params, gbps = c.profile.params, c.profile.copy_gbps
     if not params or not gbps:
         return c.parts, "no parameter count or bandwidth in the profile: predicted unchanged"
     floor_ms = ADAMW_BYTES_PER_PARAM * params / (gbps * 1e9) * 1e3
@@ -194,8 +195,8 @@ def _cudagraphs(c: Context) -> tuple[dict[str, float], str]:
 
 
 def _muon(c: Context) -> tuple[dict[str, float], str]:
-    model = c.profile.get("model")
-    ceiling = (_facts(c).get("ceiling_tflops") or {}).get("bf16" if c.profile.get("device_type") == "cuda"
+    model = c.profile.model
+    ceiling = (_facts(c).get("ceiling_tflops") or {}).get("bf16" if c.profile.device_type == "cuda"
                                                           else "fp32")
     if not model or not ceiling:
         return c.parts, "no model shape or matmul ceiling in the profile: predicted unchanged"
@@ -237,7 +238,7 @@ PREDICTORS: dict[str, Predictor] = {
 }
 
 
-def chain(profile: dict, names: tuple[str, ...] | list[str], base: StepSpec, env: Env) -> list[Prediction]:
+def chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: StepSpec, env: Env) -> list[Prediction]:
     """Predictions for rungs applied in order from the profiled baseline, each on the one before."""
     parts = baseline_parts(profile)
     spec = base

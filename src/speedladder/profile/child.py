@@ -1,0 +1,142 @@
+"""Profile a few training steps in a child process, and break them down (profile.categories).
+
+Measure -> classify -> fix -> re-measure: before any rung is tried, a few steps
+of the baseline run under torch.profiler. Profiling taxes what it watches, so
+it never shares a process with a timed window (docs/measurement.md, rule 5):
+`run_in_child` runs it in a fresh process, and the ladder's timing starts after
+that process has ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from speedladder.measure import stepper, sync
+from speedladder.profile.categories import STEP_MARK, breakdown, regime
+from speedladder.profile.facts import copy_gbps, matmul_facts, op_floor_us
+from speedladder.rungs import StepSpec, compose
+from speedladder.step import matmul_precision
+from speedladder.workload import prepare
+
+TRACE = "trace.json"
+FILENAME = "profile.json"  # what `speedladder profile` writes; `run` keeps the profile inside results.json
+
+
+def profile_step(step: Callable[[], object], device: torch.device, steps: int, warmup: int,
+                 trace_path: Path | None = None) -> dict:
+    """Warm up, then profile `steps` steps (each synchronized at its end) and break them down."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    activities = [ProfilerActivity.CPU]
+    device_time = device.type == "cuda"
+    if device_time:
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
+        for _ in range(steps):
+            with record_function(STEP_MARK):
+                step()
+                sync(device)
+    events = list(prof.events())
+    marks = [e for e in events if e.name == STEP_MARK]
+    spans = [(e.time_range.start, e.time_range.end) for e in marks]
+    inside = [e for e in events if e.name != STEP_MARK and e.device_type == torch.autograd.DeviceType.CPU
+              and any(s <= e.time_range.start < t for s, t in spans)]
+    step_us = sum(t - s for s, t in spans)
+    floor = 0.0 if device_time else op_floor_us(device)
+    b = breakdown(inside, len(spans), step_us, device_time, floor)
+    b["op_floor_us"] = floor
+    b["steps"] = len(spans)
+    b["time_basis"] = ("CUDA kernel time per operator; idle is the GPU waiting on the host" if device_time else
+                       "CPU operator time (a CPU is its own device); idle is Python, dispatch and autograd "
+                       "bookkeeping between operators")
+    sort = "self_device_time_total" if device_time else "self_cpu_time_total"
+    b["top_table"] = prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=40)
+    name, evidence, buckets = regime(b)
+    b.update(regime=name, evidence=evidence, buckets=buckets)
+    if trace_path is not None:
+        prof.export_chrome_trace(str(trace_path))
+        b["trace"] = trace_path.name
+    return b
+
+
+def profile_workload(run_cfg, rungs: tuple[str, ...], trace_path: Path | None) -> dict:
+    """Build the workload of a RunConfig, profile the spec of `rungs` (the baseline when empty)."""
+    work = prepare(run_cfg)
+    cfg = work.cfg
+    spec = compose(rungs, work.base_spec, work.env)
+    torch.manual_seed(cfg.run.seed)
+    with matmul_precision(spec):
+        step = work.step(spec)
+        warmup = max(cfg.run.timing.warmup or 0, 3) + (5 if spec.compile else 0)
+        b = profile_step(stepper(step, work.stream(spec)), work.device, cfg.run.profile.steps, warmup, trace_path)
+        del step
+        cuda = work.device.type == "cuda"
+        b.update(spec=spec.to_dict(), rungs=list(rungs), device_type=work.device.type,
+                 tokens_per_step=spec.tokens_per_step, params=work.params, model=dataclasses.asdict(cfg.model),
+                 matmuls=matmul_facts(cfg.model, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
+                                      work.device, ceiling_n=4096 if cuda else 512),
+                 copy_gbps=copy_gbps(work.device, (1 << 30) if cuda else (1 << 26)))
+    return b
+
+
+def run_in_child(run_cfg, rungs: tuple[str, ...] = (), trace_path: Path | None = None,
+                 timeout_s: float = 900.0) -> dict:
+    """Profile in a fresh Python process: nothing of the profiler stays in the one that times.
+
+    A plain subprocess, not multiprocessing: it works whatever the parent's
+    __main__ is (a script, a notebook, pytest). Its stderr (the profiler's own
+    chatter) is kept and shown only when it fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="speedladder-profile-") as tmp:
+        request, answer = Path(tmp) / "request.pkl", Path(tmp) / "profile.json"
+        request.write_bytes(pickle.dumps((run_cfg, tuple(rungs), str(trace_path) if trace_path else None)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "speedladder.profile.child", str(request), str(answer)],
+                                  check=False, capture_output=True, text=True, timeout=timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the profiling process took longer than {timeout_s:.0f} s") from None
+        if proc.returncode != 0 or not answer.exists():
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip() and not ln.startswith("USDT")]
+            raise RuntimeError(lines[-1] if lines else f"the profiling process exited with {proc.returncode}")
+        return json.loads(answer.read_text())
+
+
+# This package's source folder: the child imports the same speedladder as the parent.
+_SRC = str(Path(__file__).resolve().parents[2])
+
+
+def _main(argv: list[str]) -> int:
+    request, answer = argv
+    run_cfg, rungs, trace = pickle.loads(Path(request).read_bytes())
+    b = profile_workload(run_cfg, rungs, Path(trace) if trace else None)
+    Path(answer).write_text(json.dumps(b))
+    return 0
+
+
+def spec_of(b: dict) -> StepSpec:
+    """The StepSpec a saved profile was taken of."""
+    return StepSpec.from_dict(b["spec"])
+
+
+def valid_trace(path: Path) -> int:
+    """Events in a Chrome/Perfetto trace file; raises if it is not one."""
+    data = json.loads(Path(path).read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return len(events)
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,234 @@
+"""The typed records of results.json, and one generic to_dict / from_dict that round-trips them.
+
+Every record keeps the field names of the JSON file (docs/results.md), so a
+file written by any version of speedladder loads: a field the record does not
+know lands in its `extra` and is written back unchanged; a field the file
+lacks takes the record's default. Nothing read is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from speedladder.measure import Spread
+
+T = TypeVar("T")
+EXTRA = "extra"  # the field that keeps what a record does not declare
+
+
+def to_dict(obj: Any) -> Any:
+    """A record (or a list/dict of them) as plain JSON-ready data; `extra` is merged back into its record.
+
+    JSON has no NaN or infinity: a non-finite number becomes null.
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            if f.name == EXTRA:
+                continue
+            out[f.name] = to_dict(getattr(obj, f.name))
+        out.update(to_dict(getattr(obj, EXTRA, None) or {}))
+        return out
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    """A JSON value as the annotated type: records (and lists and optionals of them) are rebuilt."""
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        records = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        if records and isinstance(value, dict):
+            return from_dict(records[0], value)
+        return value
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_convert(item, v) for v in value]
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return from_dict(tp, value)
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """A record from its JSON form; unknown keys are kept in `extra`, missing ones take the defaults."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    known = {k: _convert(hints[k], v) for k, v in data.items() if k in names and k != EXTRA}
+    if EXTRA in names:
+        known[EXTRA] = {k: v for k, v in data.items() if k not in names}
+    return cls(**known)
+
+
+@dataclass
+class Gate:
+    """A rung's correctness gates (docs/measurement.md, rules 7 and 9): each check's own record, and the verdict."""
+
+    passed: bool
+    detail: str = ""  # why it failed: the first failing check's line
+    reference: bool = False  # the rung is eager fp32 itself, the reference of every check
+    equivalence: dict[str, Any] | None = None  # logits, loss and gradients against eager fp32
+    loss_band: dict[str, Any] | None = None  # the loss curve against eager fp32's over the same batches
+    tokens_to_target: dict[str, Any] | None = None  # an optimizer rung: tokens to AdamW's loss
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Prediction:
+    """What the profile's model predicted for a rung, on the spec it built on."""
+
+    speedup: float | None
+    reason: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RungResult:
+    """One measured (or skipped, failed, interrupted) rung, control, beside rung or tune candidate."""
+
+    name: str
+    rung: str  # the rung it applies (a control is named "<rung>-fp32")
+    role: str  # "rung", "control", "beside" or "candidate"
+    reason: str
+    kind: str  # "speed", "memory" or "optimizer"
+    built_on: str | None  # the result it is compared with
+    spec: dict[str, Any]  # the StepSpec, as saved
+    precision: str
+    requirement: dict[str, Any]
+    status: str = "pending"  # "ok", "skipped", "oom", "error", "interrupted" (or "pending" while it runs)
+    detail: str = ""
+    predicted: Prediction | None = None
+    wall_s: float | None = None  # the whole rung: build, compile, windows and gates
+    peak_memory_bytes: int | None = None
+    timing: dict[str, Any] | None = None  # measure.Timing as saved: every window's raw time
+    tokens_per_s: Spread | None = None
+    step_ms: float | None = None
+    compile_s: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    flops_per_token: int | None = None
+    tflops: float | None = None
+    peak_tflops: float | None = None
+    mfu: float | None = None
+    gate: Gate | None = None
+    speedup_prev: float | None = None
+    speedup_cum: float | None = None
+    verdict: str | None = None  # "baseline", "win", "loss", "noise" or "control"
+    prediction_error: float | None = None  # measured x prev over predicted, less 1
+    rungs_combined: list[str] | None = None  # a tune candidate's rungs
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def passed(self) -> bool:
+        """Measured and through every gate."""
+        return self.ok and self.gate is not None and self.gate.passed
+
+
+@dataclass
+class ProfileSummary:
+    """The profiled step (profile/child.py): categories, regime, device facts; or the error that stopped it."""
+
+    error: str | None = None
+    categories: dict[str, Any] = field(default_factory=dict)
+    regime: str | None = None
+    evidence: str = ""
+    buckets: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    step_ms: float | None = None
+    wall_step_ms: float | None = None
+    ops_per_step: float | None = None
+    floor_share: float = 0.0
+    op_floor_us: float = 0.0
+    ops_ms: dict[str, float] = field(default_factory=dict)
+    top_ops: list[dict[str, Any]] = field(default_factory=list)
+    top_table: str = ""
+    time_basis: str = ""
+    matmul_tflops: float | None = None
+    memory_gbps: float | None = None
+    memory_counted_share: float | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+    rungs: list[str] = field(default_factory=list)
+    device_type: str | None = None
+    tokens_per_step: int | None = None
+    params: int | None = None
+    model: dict[str, Any] | None = None
+    matmuls: dict[str, Any] = field(default_factory=dict)
+    copy_gbps: float | None = None
+    trace: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParallelSection:
+    """predict / ddp: the priced k, the bandwidth, the single-process measurement and the job's (parallel/)."""
+
+    command: str
+    strategy: str
+    nproc: list[int]
+    threads_per_process: int
+    cpu_cores: int | None
+    config: dict[str, Any]
+    spec: dict[str, Any]
+    rungs: list[str]
+    tokens_per_step_per_process: int
+    grad_bytes: int
+    param_bytes: list[int]
+    unit_bytes: list[int]
+    bucket_cap_bytes: int
+    first_bucket_bytes: int
+    ddp_buckets: list[int]
+    single: dict[str, Any] | None = None
+    bandwidth: dict[str, Any] | None = None
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    predictions: list[dict[str, Any]] = field(default_factory=list)
+    measured: dict[str, Any] | None = None
+    launch: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Results:
+    """A whole results.json: the header (what the numbers need to be trusted), then what was measured."""
+
+    schema: str
+    status: str  # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere)
+    created: str
+    command: list[str]
+    config: dict[str, Any]  # the resolved configuration (config.Resolved.to_dict)
+    environment: dict[str, Any]
+    model: dict[str, Any]
+    corpus: dict[str, Any] | None = None
+    kind: str | None = None  # "profile" for a `speedladder profile` folder's profile.json
+    updated: str | None = None
+    rungs: list[RungResult] = field(default_factory=list)
+    learns_check: dict[str, Any] | None = None
+    fastest: str | None = None
+    profile: ProfileSummary | None = None
+    predictions: list[dict[str, Any]] | None = None
+    tune: dict[str, Any] | None = None
+    parallel: ParallelSection | None = None
+    error: str | None = None
+    detail: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def rung(self, name: str) -> RungResult | None:
+        return next((r for r in self.rungs if r.name == name), None)
+
+    @property
+    def baseline(self) -> RungResult | None:
+        """The first ladder rung that ran: what every x cum is against."""
+        return next((r for r in self.rungs if r.role == "rung" and r.ok), None)

@@ -1,0 +1,39 @@
+"""What every report shares: labels and number formats."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+from speedladder.records import RungResult
+
+STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
+                "pending": "interrupted"}
+
+
+def console() -> Console:
+    # Wide enough for every column when the output is piped to a file (rich would assume 80).
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def times(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def label(r: RungResult) -> str:
+    if r.role == "control":
+        return f"└ {r.rung} fp32 control"
+    if r.role == "beside" and r.ok:
+        return f"┊ {r.name} beside {r.built_on or 'the top'}"
+    if r.role == "candidate":
+        return f"◆ {r.name}"
+    return r.name
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.0f}%"

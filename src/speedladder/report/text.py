@@ -1,0 +1,157 @@
+"""The rung table and the notes under it: drawn from saved results alone."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from speedladder.records import Results, RungResult
+from speedladder.report.common import STATUS_LABEL, console, gib, label, times
+from speedladder.report.profile import profile_notes
+
+
+def _gate(r: RungResult) -> str:
+    if not r.ok or r.gate is None:
+        return "—"
+    if r.gate.reference:
+        return "ref"
+    return "pass" if r.gate.passed else "FAIL"
+
+
+def _compile(r: RungResult) -> str:
+    if r.compile_s is None:
+        return "—"
+    return f"{r.compile_s:.1f}" + (" (cache)" if (r.timing or {}).get("cache_hits") else "")
+
+
+def rows(results: Results) -> list[dict[str, str]]:
+    """One row of display strings per rung or control, in ladder order."""
+    out = []
+    for r in results.rungs:
+        pred = r.predicted.speedup if r.predicted else None
+        row = {"rung": label(r), "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": times(pred), "err": "—",
+               "× cum": "—", "step ms": "—", "peak mem": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—",
+               "gate": _gate(r), "verdict": STATUS_LABEL.get(r.status, "")}
+        if r.ok and r.tokens_per_s is not None and r.gate is not None:
+            t = r.tokens_per_s
+            row.update({
+                "tokens/s": f"{t.median:,.0f}", "min–max": f"{t.min:,.0f}–{t.max:,.0f}",
+                "× prev": times(r.speedup_prev), "× cum": times(r.speedup_cum),
+                "err": "—" if r.prediction_error is None else f"{100 * r.prediction_error:+.0f}%",
+                "step ms": f"{r.step_ms:.1f}", "peak mem": gib(r.peak_memory_bytes),
+                "MFU": "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%",
+                "TFLOP/s": "—" if r.tflops is None else f"{r.tflops:.2f}" if r.tflops >= 0.1 else f"{r.tflops:.3f}",
+                "compile s": _compile(r),
+                "verdict": (r.verdict or "") if r.gate.passed else f"failed ({r.verdict})",
+            })
+        out.append(row)
+    return out
+
+
+def title(results: Results) -> str:
+    c, e = results.config, results.environment
+    return (f"speedladder · {c['preset']} on {e['device_name']} ({e['device_type']}) · "
+            f"{(results.corpus or {}).get('source')} · B={c['batch_size']} T={c['seq_len']} · torch {e['torch']}")
+
+
+def table(results: Results) -> Table:
+    t = Table(title=escape(title(results)), title_justify="left")
+    data = rows(results)
+    for col in data[0] if data else ["rung"]:
+        t.add_column(col, justify="left" if col in ("rung", "gate", "verdict") else "right", no_wrap=True)
+    for r, row in zip(results.rungs, data):
+        t.add_row(*(escape(v) for v in row.values()), style="bold" if r.name == results.fastest else None)
+    return t
+
+
+def _control_note(rung: RungResult, control: RungResult) -> str:
+    b = rung.spec["batch_size"]
+    if control.status == "oom":
+        return f"fp32 at B={b} ran out of memory: bf16 bought the headroom for this batch."
+    if not control.ok or control.tokens_per_s is None or rung.tokens_per_s is None:
+        return f"fp32 control at B={b}: {control.status} ({control.detail})."
+    ratio = rung.tokens_per_s.median / control.tokens_per_s.median
+    text = (f"at B={b}, {rung.precision} runs {ratio:.2f}× the fp32 control's tokens/s "
+            f"({rung.tokens_per_s.median:,.0f} vs {control.tokens_per_s.median:,.0f})")
+    if rung.peak_memory_bytes and control.peak_memory_bytes:
+        text += (f", peak memory {gib(rung.peak_memory_bytes)} vs {gib(control.peak_memory_bytes)} "
+                 f"({control.peak_memory_bytes / rung.peak_memory_bytes:.2f}× more in fp32)")
+    return text + "."
+
+
+def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
+    """What a rung of the ladder beyond needs said beside its row."""
+    out = []
+    if r.role == "beside" and r.ok:
+        out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
+                   f"and not built upon ({r.kind} rung).")
+    base = by_name.get(r.built_on or "")
+    opt = r.spec.get("optimizer")
+    if r.ok and opt and base is not None and opt != base.spec.get("optimizer"):
+        out.append(f"{r.name}: optimizer {opt}.")
+    gate = r.gate
+    band = (gate.loss_band if gate else None) or {}
+    if band.get("applies") is False:
+        out.append(f"{r.name}: loss band {band['detail']}.")
+    t = gate.tokens_to_target if gate else None
+    if t and r.tokens_per_s is not None:
+        ours = "never" if t["tokens"] is None else f"{t['tokens']:,} tokens"
+        theirs = "never" if t["adamw_tokens"] is None else f"{t['adamw_tokens']:,} tokens"
+        out.append(f"{r.name}: to reach AdamW's loss {t['target_loss']:.3f} over the same {t['steps']} batches: "
+                   f"{ours} vs AdamW {theirs}" + (f" ({t['token_ratio']:.2f}× fewer)" if t["token_ratio"] else "")
+                   + f"; tokens/s {r.tokens_per_s.median:,.0f}.")
+    return out
+
+
+def _learns_note(lc: dict | None) -> list[str]:
+    if not lc:
+        return []
+    if lc.get("skipped"):
+        return [f"learns-check skipped ({lc['detail']})."]
+    if "drop" in lc:
+        return [(f"learns-check ({lc['rung']}, {lc['steps']} steps): loss {lc['first_loss']:.3f} → "
+                f"{lc['final_loss']:.3f} ({-100 * lc['drop']:.0f}%): {'passed' if lc['passed'] else 'FAILED'}.")]
+    return [f"learns-check ({lc['rung']}): FAILED — {lc['detail']}"]
+
+
+def notes(results: Results) -> list[str]:
+    """Plain sentences under the table: what was skipped and why, gates, controls, learns-check, winner."""
+    out = []
+    if results.config.get("preset_note"):
+        out.append(results.config["preset_note"] + ".")
+    by_name = {r.name: r for r in results.rungs}
+    for r in results.rungs:
+        if not r.ok:
+            out.append(f"{r.name}: {STATUS_LABEL.get(r.status, r.status)} — {r.detail}")
+        elif r.gate is not None and not r.gate.passed:
+            out.append(f"{r.name}: gate failed — {r.gate.detail}")
+        out.extend(f"{r.name}: warning — {w}" for w in r.warnings)
+        out.extend(_rung_notes(r, by_name))
+        if r.role == "control":
+            out.append(f"{r.rung}: " + _control_note(by_name[r.rung], r))
+    ok = [r for r in results.rungs if r.ok]
+    if any(r.compile_s is not None and (r.timing or {}).get("cache_hits") for r in ok):
+        out.append("compile s marked (cache): graphs came from the compile caches of an earlier run; "
+                   "a cold compile takes longer.")
+    if ok and all(r.mfu is None for r in ok):
+        out.append("MFU n/a: no peak FLOP/s is known for this device; --peak-tflops sets one.")
+    out.extend(_learns_note(results.learns_check))
+    out.extend(profile_notes(results))
+    fastest = by_name.get(results.fastest or "")
+    base = results.baseline
+    if fastest is not None and fastest.tokens_per_s is not None and base is not None:
+        out.append(f"fastest rung that passed every gate: {fastest.name}, {fastest.speedup_cum:.2f}× {base.name} "
+                   f"({fastest.tokens_per_s.median:,.0f} tokens/s).")
+    elif results.status == "complete":
+        out.append("no rung passed every gate.")
+    if results.status == "interrupted":
+        out.append("run interrupted: the rungs above were measured before the stop.")
+    return out
+
+
+def print_report(results: Results, out: Console | None = None) -> None:
+    out = out or console()
+    out.print(table(results))
+    for line in notes(results):
+        out.print(escape(line), soft_wrap=True)

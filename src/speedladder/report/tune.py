@@ -1,0 +1,73 @@
+"""tune's outcome: the winning configuration, what was kept and dropped, and the commands that reproduce it."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from speedladder.records import Results
+from speedladder.report.common import console, times
+
+
+def tune_lines(results: Results) -> list[str]:
+    """tune's outcome in sentences: survivors, dropped rungs, candidates, the winner and its commands."""
+    t = results.tune
+    if not t:
+        return []
+    out = []
+    if "survivors" in t:
+        out.append(f"tune: survivors (won their rung, passed every gate): {', '.join(t['survivors']) or 'none'}.")
+        for name, why in t.get("dropped", {}).items():
+            out.append(f"tune: dropped {name} — {why}")
+        for c in t.get("candidates", []):
+            if c.get("same_as"):
+                out.append(f"tune: {c['name']} ({'+'.join(c['rungs'])}) is the configuration of {c['same_as']}, "
+                           "already measured.")
+    else:
+        out.append("tune: stopped before the survivors were combined.")
+    if t.get("winner"):
+        out.append(f"tune: winner {t['winner']}: eager + {' + '.join(t['winner_rungs']) or 'nothing'}.")
+        out.append(f"measure it: {t['commands']['run']}")
+        out.append(f"train it:   {t['commands']['train']}")
+        out.append(f"       or:  {t['commands']['train_rungs']}")
+    else:
+        out.append("tune: no configuration passed every gate.")
+    if "seconds" in t:
+        out.append(f"tune: {t['seconds']:.0f} s of a {t.get('budget_minutes', '?')}-minute "
+                   "budget.")
+    return out
+
+
+def winner_table(results: Results) -> Table | None:
+    """The winning configuration, field by field."""
+    t = results.tune or {}
+    spec = t.get("winner_spec")
+    if not spec:
+        return None
+    w = results.rung(t["winner"])
+    if w is None or w.tokens_per_s is None:
+        return None
+    table = Table(title="tune: the winning configuration", title_justify="left")
+    table.add_column("field", no_wrap=True)
+    table.add_column("value")
+    tps = w.tokens_per_s
+    compiled = "no" if not spec["compile"] else (spec.get("compile_mode") or "default")
+    rows_ = [("rungs", ",".join(["eager", *t["winner_rungs"]])),
+             ("batch × length", f"{spec['batch_size']} × {spec['seq_len']}"),
+             ("compile", compiled), ("precision", w.precision), ("optimizer", spec.get("optimizer", "adamw")),
+             ("model transforms", ", ".join(spec["transforms"]) or "none"),
+             ("tokens/s", f"{tps.median:,.0f} ({tps.min:,.0f}–{tps.max:,.0f})"),
+             ("× eager", times(w.speedup_cum))]
+    for k, v in rows_:
+        table.add_row(escape(k), escape(v))
+    return table
+
+
+def print_tune(results: Results, out: Console | None = None) -> None:
+    out = out or console()
+    table = winner_table(results)
+    if table is not None:
+        out.print(table)
+    for line in tune_lines(results):
+        out.print(escape(line), soft_wrap=True)

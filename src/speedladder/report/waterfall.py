@@ -1,0 +1,101 @@
+"""The waterfall: one bar per rung from the level it built on to its own cumulative ×, coloured by verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from speedladder.records import Results, RungResult
+from speedladder.report.common import STATUS_LABEL, gib
+
+WATERFALL = "waterfall.png"
+COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4"}
+PREDICTED = "#ff7f0e"
+
+
+def waterfall(results: Results, path: Path) -> Path:
+    """Draw the waterfall of saved results into a PNG file."""
+    import matplotlib.pyplot as plt
+
+    fig = waterfall_figure(results)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _baseline_median(results: Results) -> float:
+    base = results.baseline
+    return base.tokens_per_s.median if base is not None and base.tokens_per_s is not None else 1.0
+
+
+def _predicted_level(r: RungResult, by_name: dict[str, RungResult]) -> float | None:
+    """Where the bar would end if the prediction were right: the level it built on times the predicted ×."""
+    pred = r.predicted.speedup if r.predicted else None
+    base = by_name.get(r.built_on or "")
+    if pred is None or base is None or base.speedup_cum is None:
+        return None
+    return base.speedup_cum * pred
+
+
+def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungResult], top: float) -> None:
+    """One measured rung: its bar, the spread of its windows, its label, its predicted mark, its fp32 control."""
+    assert r.tokens_per_s is not None and r.speedup_cum is not None and r.gate is not None
+    level = r.speedup_cum
+    base = by_name.get(r.built_on or "")
+    start = base.speedup_cum if base is not None and base.speedup_cum is not None else 0.0
+    failed = not r.gate.passed
+    lo, hi = sorted((start, level))
+    ax.bar(i, hi - lo, bottom=lo, width=0.6, color=COLOURS.get(r.verdict or "", "#cccccc"),
+           hatch="///" if failed else None, edgecolor="black" if failed else "none", linewidth=0.8, gid=r.name)
+    base_med = _baseline_median(results)
+    ax.errorbar(i, level, yerr=[[level - r.tokens_per_s.min / base_med], [r.tokens_per_s.max / base_med - level]],
+                color="black", capsize=3, linewidth=1)
+    text = f"{level:.2f}×"
+    if r.peak_memory_bytes is not None:
+        text += f"\n{gib(r.peak_memory_bytes)}"
+    ax.text(i, hi + 0.03 * top, text, ha="center", va="bottom", fontsize=9)
+    pred_level = _predicted_level(r, by_name)
+    if pred_level is not None:
+        ax.plot([i - 0.3, i + 0.3], [pred_level] * 2, color=PREDICTED, linewidth=2.5, solid_capstyle="butt",
+                gid=f"predicted-{r.name}")
+    control = next((c for c in results.rungs if c.role == "control" and c.rung == r.name), None)
+    if control is not None and control.ok and control.speedup_cum is not None:
+        ax.hlines(control.speedup_cum, i - 0.4, i + 0.4, colors="black", linestyles="dashed", linewidth=1)
+        ax.text(i + 0.42, control.speedup_cum, "fp32\ncontrol", fontsize=7, va="center")
+
+
+def waterfall_figure(results: Results):
+    """The figure itself (for tests and for reports that embed it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    rungs = [r for r in results.rungs if r.role in ("rung", "beside")]
+    by_name = {r.name: r for r in results.rungs}
+    base_med = _baseline_median(results)
+    top = max([r.tokens_per_s.max / base_med for r in results.rungs if r.ok and r.tokens_per_s is not None]
+              + [_predicted_level(r, by_name) or 0.0 for r in rungs if r.ok] + [1.0])
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rungs) + 2), 4.8))
+    for i, r in enumerate(rungs):
+        if r.ok and r.tokens_per_s is not None:
+            _bar(ax, i, r, results, by_name, top)
+        else:
+            ax.text(i, 0.05 * top, STATUS_LABEL.get(r.status, r.status), rotation=90, ha="center", va="bottom",
+                    color="#555555", fontsize=9)
+    ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
+    ax.set_xticks(range(len(rungs)), [r.name + ("\n(beside)" if r.role == "beside" else "") for r in rungs])
+    ax.set_xlim(-0.6, len(rungs) - 0.2)
+    ax.set_ylim(0, top * 1.3)
+    ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
+    c, e = results.config, results.environment
+    ax.set_title(f"{c['preset']} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
+    handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
+    if any(r.predicted and r.predicted.speedup for r in rungs):
+        handles.append(Line2D([], [], color=PREDICTED, linewidth=2.5, label="predicted"))
+    ax.legend(handles=handles, loc="upper left", fontsize=8, frameon=False)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,159 @@
+"""One workload: the model, the corpus and its batches, the initial weights, and one way to measure a spec.
+
+Every command that trains (run, profile, tune, train, predict, ddp and each
+torchrun rank) builds its steps and batch streams here, and every timed
+measurement of a spec goes through `measure_spec`, so the rules of
+docs/measurement.md are applied in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from speedladder import measure, results
+from speedladder.config import Resolved, RunConfig, pick_device, resolve
+from speedladder.data import BatchStream, Corpus, check_fits, load_corpus
+from speedladder.model import GPT
+from speedladder.records import Results
+from speedladder.rungs import RUNGS, Env, StepSpec
+from speedladder.step import TrainStep, initial_state
+
+# The gate batches are drawn from a stream of their own, apart from the timing stream's.
+GATE_SEED_OFFSET = 1
+
+
+@dataclass
+class Workload:
+    """Everything a measurement needs that does not change between rungs."""
+
+    cfg: Resolved
+    device: torch.device
+    corpus: Corpus
+    init: dict[str, torch.Tensor]  # the weights every rung starts from, on the host
+    env: Env
+    params: int
+    matmul_params: int
+
+    @property
+    def base_spec(self) -> StepSpec:
+        return StepSpec(self.cfg.batch_size, self.cfg.seq_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.model.vocab_size
+
+    def flops_per_token(self, spec: StepSpec) -> int:
+        m = self.cfg.model
+        return measure.flops_per_token(self.matmul_params, m.n_layer, m.n_head, m.head_dim, spec.seq_len)
+
+    def step(self, spec: StepSpec, wrap: Callable[[nn.Module], nn.Module] | None = None,
+             device: torch.device | None = None) -> TrainStep:
+        """The training step of a spec, from the workload's initial weights."""
+        return TrainStep(spec, self.cfg.model, self.init, device or self.device, self.cfg.run.lr, wrap=wrap,
+                         muon=self.cfg.run.muon)
+
+    def stream(self, spec: StepSpec, seed: int | None = None, device: torch.device | None = None) -> BatchStream:
+        """The timing stream of a spec's shape (seeded by the run's seed unless told otherwise)."""
+        return BatchStream(self.corpus, spec.batch_size, spec.seq_len, device or self.device,
+                           self.cfg.run.seed if seed is None else seed)
+
+    def gate_batches(self, spec: StepSpec, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The first k gate batches of a shape: the same for every rung of that shape, on the host."""
+        stream = BatchStream(self.corpus, spec.batch_size, spec.seq_len, torch.device("cpu"),
+                             self.cfg.run.seed + GATE_SEED_OFFSET)
+        return [stream.next_host() for _ in range(k)]
+
+    def unfit(self, spec: StepSpec) -> str | None:
+        """Why a spec's batch cannot be drawn from this corpus, or None."""
+        n = self.corpus.n_tokens - 1
+        if spec.tokens_per_step > n:
+            return f"batch {spec.batch_size} x {spec.seq_len} = {spec.tokens_per_step:,} tokens exceeds the corpus ({n:,})"
+        return None
+
+
+def prepare(run: RunConfig) -> Workload:
+    """Resolve the config, load and tokenize the corpus, draw the initial weights."""
+    device = pick_device(run.device)
+    cfg = resolve(run, device, known_rungs=tuple(RUNGS))
+    corpus = load_corpus(cfg.run.data, cfg.run.tokenizer)  # type: ignore[arg-type]
+    check_fits(corpus, cfg.batch_size, cfg.seq_len)
+    cfg = cfg.with_vocab(corpus.vocab_size)
+    init = initial_state(cfg.model, cfg.run.seed)
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    env = Env(device.type, cap, cfg.run.batch_multiplier)  # type: ignore[arg-type]
+    return Workload(cfg, device, corpus, init, env, model.num_params(), model.matmul_params())
+
+
+def new_results(work: Workload, kind: str | None = None) -> Results:
+    """The header every results file starts with: what its numbers need to be trusted."""
+    c = work.corpus
+    return Results(schema=results.SCHEMA, status="running", created=results.now(), command=results.command_line(),
+                   config=work.cfg.to_dict(), environment=results.environment(work.device), kind=kind,
+                   corpus={"source": c.source, "tokenizer": c.tokenizer, "tokens": c.n_tokens,
+                           "vocab_size": c.vocab_size},
+                   model={"preset": work.cfg.run.preset, "params": work.params,
+                          "matmul_params": work.matmul_params})
+
+
+def free_device_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    torch.compiler.reset()  # forget compiled code: the next rung compiles its own, cold in dynamo
+
+
+@dataclass
+class Measurement:
+    """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4)."""
+
+    timing: measure.Timing
+    tokens_per_s: measure.Spread
+    step_ms: float
+    compile_s: float | None  # None for an uncompiled step
+    peak_memory_bytes: int | None  # None where the device does not report it
+    warnings: list[str] = field(default_factory=list)
+
+
+def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, step: TrainStep | None = None,
+                 stream: BatchStream | None = None, counter: Callable[[], int] = measure.compile_count,
+                 edge: Callable[[], None] | None = None, world: int = 1) -> tuple[Measurement, TrainStep]:
+    """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
+
+    `world` processes each do spec.tokens_per_step a step (a data-parallel job
+    counts every rank's tokens); `counter` and `edge` let such a job agree on
+    its warm-up and line its windows up across ranks.
+    """
+    t = work.cfg.run.timing
+    device = step.device if step is not None else work.device
+    measure.reset_peak_memory(device)
+    say("building" + (" and compiling (first step)" if spec.compile else ""))
+    step = step or work.step(spec)
+    stream = stream or work.stream(spec)
+    timing = measure.run_windows(measure.stepper(step, stream), device, world * spec.tokens_per_step,
+                                 t.steps, t.windows, t.warmup, t.max_warmup,  # type: ignore[arg-type]
+                                 counter=counter, on_progress=say, edge=edge)
+    spread = measure.tokens_per_s(timing)
+    if spread is None:
+        raise RuntimeError("every timed window recompiled: no valid window")
+    step_ms = measure.step_ms(timing)
+    warnings = []
+    if not timing.settled:
+        warnings.append(f"still compiling after {t.max_warmup} warm-up steps")
+    if len(timing.clean_windows) < len(timing.windows):
+        warnings.append(f"{len(timing.windows) - len(timing.clean_windows)} window(s) recompiled and were left out")
+    m = Measurement(timing, spread, step_ms, measure.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
+                    measure.peak_memory(device), warnings)
+    return m, step
+
+
+def replace_run(work: Workload, **changes) -> RunConfig:
+    """The workload's resolved RunConfig with some values changed: what a child process resolves again."""
+    return dataclasses.replace(work.cfg.run, **changes)

@@ -1,0 +1,65 @@
+"""The architecture is a contract: layers import downward only (import-linter), and modules stay readable."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "speedladder"
+LINT = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+
+
+def lint(src_parent: Path, config: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([LINT, "--config", str(config)], cwd=src_parent, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(src_parent), "PATH": str(Path(sys.executable).parent)},
+                          timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def lint_ok() -> None:
+    if not Path(LINT).exists():
+        pytest.fail("lint-imports is missing: pip install -e '.[test]' installs import-linter")
+
+
+def test_no_module_imports_upward(lint_ok):
+    proc = lint(ROOT / "src", ROOT / "pyproject.toml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "1 kept, 0 broken" in proc.stdout
+
+
+def test_the_contract_can_fail(lint_ok, tmp_path):
+    """An upward import planted in a copy of the package (the model importing the ladder) breaks the contract."""
+    shutil.copytree(SRC, tmp_path / "speedladder", ignore=shutil.ignore_patterns("__pycache__", "data"))
+    model = tmp_path / "speedladder" / "model.py"
+    model.write_text(model.read_text() + "\nfrom speedladder import ladder  # noqa: E402,F401\n")
+    proc = lint(tmp_path, ROOT / "pyproject.toml")
+    assert proc.returncode != 0 and "BROKEN" in proc.stdout.upper(), proc.stdout[-2000:]
+    assert "speedladder.model -> speedladder.ladder" in proc.stdout
+
+
+def _long_functions(path: Path, limit: int) -> list[str]:
+    tree = ast.parse(path.read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+            doc = ast.get_docstring(node) or ""
+            # A longer function must say why in its docstring ("Long because ...").
+            if length > limit and "long because" not in doc.lower():
+                out.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)")
+    return out
+
+
+def test_modules_and_functions_stay_short():
+    files = sorted(SRC.rglob("*.py"))
+    assert len(files) > 20
+    long_modules = [f"{f.relative_to(ROOT)} ({n} lines)" for f in files if (n := len(f.read_text().splitlines())) > 400]
+    assert not long_modules
+    long_functions = [line for f in files for line in _long_functions(f, 60)]
+    assert not long_functions
