@@ -12,6 +12,11 @@
 #                                   as `speedladder profile` prints it (only if the run was profiled)
 # `speedladder report` redraws waterfall.png beside the file it reads, so every file is copied to a
 # temporary folder first: the PNGs in docs/ are never touched. Any failure exits non-zero.
+#
+# A fenced block in README.md or docs/*.md that follows the line
+#   <!-- excerpt: docs/examples/NAME.txt -->
+# must be an excerpt of that file: each of its lines (but a lone "…", which marks a cut) must be a line
+# of the file, in the file's order. Both modes check this and exit 1 if an excerpt has drifted.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -83,6 +88,41 @@ PYEOF
   fi
 done
 [[ $found == 1 ]] || { echo "make.sh: no docs/*-results.json found" >&2; exit 1; }
+
+# The excerpts quoted in the pages, against the files just written.
+"$PY" - "$out" README.md docs/*.md <<'PYEOF'
+import pathlib, re, sys
+
+out, pages = pathlib.Path(sys.argv[1]), sys.argv[2:]
+marker = re.compile(r"<!-- excerpt: docs/examples/(\S+) -->")
+bad = 0
+for page in pages:
+    lines = pathlib.Path(page).read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = marker.fullmatch(line.strip())
+        if not m:
+            continue
+        if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):
+            print(f"make.sh: {page}:{i + 1}: no fenced block after the excerpt marker", file=sys.stderr)
+            bad += 1
+            continue
+        source = (out / m.group(1)).read_text().splitlines()
+        at = 0
+        for j in range(i + 2, len(lines)):
+            quoted = lines[j]
+            if quoted.startswith("```"):
+                break
+            if quoted == "…":
+                continue
+            try:
+                at = source.index(quoted, at) + 1
+            except ValueError:
+                print(f"make.sh: {page}:{j + 1}: not in docs/examples/{m.group(1)} (or out of order): {quoted[:80]}",
+                      file=sys.stderr)
+                bad += 1
+sys.exit(1 if bad else 0)
+PYEOF
+echo "the excerpts in README.md and docs/ match docs/examples"
 
 if [[ $check == 1 ]]; then
   if ! diff -r "$out" docs/examples --exclude=make.sh; then
