@@ -226,12 +226,12 @@ def run_config(args: argparse.Namespace) -> RunConfig:
 
 def finish(run_dir: Path) -> None:
     """Print the table and draw the waterfall from the saved file, so all three agree."""
-    from speedladder import report, results
+    from speedladder import html_report, report, results
 
     saved = results.load(run_dir)
     report.print_report(saved)
     png = report.waterfall(saved, run_dir / report.WATERFALL)
-    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}")
+    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {html_report.write(saved, run_dir)}")
 
 
 def start(args: argparse.Namespace, cfg: RunConfig):
@@ -294,7 +294,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from speedladder import report, results, tune
+    from speedladder import html_report, report, results, tune
     from speedladder.ladder import Ladder
 
     if args.budget_minutes <= 0:
@@ -330,6 +330,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     report.print_report(saved)
     report.print_tune(saved)
     print(f"results: {run_dir / results.FILENAME}\nwaterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
+    print(f"report: {html_report.write(saved, run_dir)}")
     if interrupted:
         print("interrupted: what was measured before the stop is kept", file=sys.stderr)
         return 130
@@ -343,7 +344,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from speedladder import profile, report, results
+    from speedladder import html_report, profile, report, results
 
     given = Path(args.run_dir)
     if given.is_dir() and not (given / results.FILENAME).exists() and (given / profile.FILENAME).exists():
@@ -358,10 +359,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
         parallel_report.print_parallel(saved)
         print(f"plot: {parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)}")
+        print(f"report: {html_report.write(saved, run_dir)}")
         return 0
     report.print_report(saved)
     report.print_tune(saved)  # nothing unless the folder is a tune's
     print(f"waterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
+    print(f"report: {html_report.write(saved, run_dir)}")
     return 0
 
 

@@ -101,12 +101,12 @@ def _configs(args: argparse.Namespace, nproc: int) -> tuple[RunConfig, ParallelC
 
 
 def _finish(run_dir: Path) -> None:
-    from speedladder import parallel_report, results
+    from speedladder import html_report, parallel_report, results
 
     saved = results.load(run_dir)
     parallel_report.print_parallel(saved)
     png = parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)
-    print(f"results: {run_dir / results.FILENAME}\nplot: {png}")
+    print(f"results: {run_dir / results.FILENAME}\nplot: {png}\nreport: {html_report.write(saved, run_dir)}")
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
