@@ -53,31 +53,31 @@ _NOT_RUN_STATUSES = ("skipped", "oom", "error", "interrupted", "pending")
 
 # -- small pieces ---------------------------------------------------------------------------------
 
-def _e(value: object) -> str:
+def esc(value: object) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _section(sid: str, title: str, body: str) -> str:
-    return f'<section id="{sid}">\n<h2>{_e(title)}</h2>\n{body}\n</section>'
+def section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{sid}">\n<h2>{esc(title)}</h2>\n{body}\n</section>'
 
 
-def _missing(why: str) -> str:
+def missing(why: str) -> str:
     """What a section says when the run holds nothing for it."""
-    return f'<p class="missing">{_e(why)}</p>'
+    return f'<p class="missing">{esc(why)}</p>'
 
 
-def _notes(lines: Iterable[str]) -> str:
-    items = "".join(f"<li>{_e(line)}</li>" for line in lines)
+def notes(lines: Iterable[str]) -> str:
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
     return f'<ul class="notes">{items}</ul>' if items else ""
 
 
-def _kv(pairs: Iterable[tuple[str, object]]) -> str:
+def kv(pairs: Iterable[tuple[str, object]]) -> str:
     """Name: value pairs; a null value is shown as 'none' rather than left blank."""
-    return '<dl class="kv">' + "".join(f"<dt>{_e(k)}</dt><dd>{_e('none' if v is None else v)}</dd>"
+    return '<dl class="kv">' + "".join(f"<dt>{esc(k)}</dt><dd>{esc('none' if v is None else v)}</dd>"
                                        for k, v in pairs) + "</dl>"
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[str] = (),
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[str] = (),
            row_classes: Sequence[str] | None = None,
            cell_attrs: Sequence[dict[int, tuple[str, str]]] | None = None) -> str:
     """A plain table; `left` names the left-aligned (text) columns, the rest are numbers.
@@ -85,7 +85,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence
     cell_attrs[i][j] = (class, style) of row i's cell j, for the verdict colours.
     """
     out = ["<table><thead><tr>"]
-    out.extend(("<th class=\"l\">" if h in left else "<th>") + f"{_e(h)}</th>" for h in headers)
+    out.extend(("<th class=\"l\">" if h in left else "<th>") + f"{esc(h)}</th>" for h in headers)
     out.append("</tr></thead><tbody>")
     for i, row in enumerate(rows):
         rc = row_classes[i] if row_classes else ""
@@ -94,7 +94,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence
             cls, style = cell_attrs[i].get(j, ("", "")) if cell_attrs else ("", "")
             classes = " ".join(c for c in ("l" if h in left else "", cls) if c)
             attrs = (f' class="{classes}"' if classes else "") + (f' style="{style}"' if style else "")
-            out.append(f"<td{attrs}>{_e(v)}</td>")
+            out.append(f"<td{attrs}>{esc(v)}</td>")
         out.append("</tr>")
     out.append("</tbody></table>")
     return "".join(out)
@@ -188,7 +188,7 @@ def header(results: dict) -> str:
         ("git commit", e.get("git_commit") or "unknown (not run from a speedladder checkout)"),
     ]
     title = f"speedladder {kind(results)} · {c.get('preset')} on {e.get('device_name')}"
-    return f'<header id="header">\n<h1>{_e(title)}</h1>\n{_kv(pairs)}\n</header>'
+    return f'<header id="header">\n<h1>{esc(title)}</h1>\n{kv(pairs)}\n</header>'
 
 
 def rungs_section(results: dict) -> str:
@@ -198,7 +198,7 @@ def rungs_section(results: dict) -> str:
         why = (f"no ladder in this {p['command']} run: it measures one configuration "
                f"({'+'.join(p['rungs'])}); see the data-parallel section." if p else
                "no rung was recorded: the run stopped before its first rung.")
-        return _missing(why)
+        return missing(why)
     rows = report.rows(results)
     headers = list(rows[0])
     classes, attrs = [], []
@@ -217,11 +217,11 @@ def rungs_section(results: dict) -> str:
         if colour:
             a[headers.index("verdict")] = ("verdict", f"background:{colour}")
         attrs.append(a)
-    table = _table(headers, [list(r.values()) for r in rows], left=("rung", "gate", "verdict"),
-                   row_classes=classes, cell_attrs=attrs)
+    rung_table = table(headers, [list(r.values()) for r in rows], left=("rung", "gate", "verdict"),
+                       row_classes=classes, cell_attrs=attrs)
     legend = ("verdict colours as in the waterfall: " + ", ".join(
-        f'<span style="color:{c}">■</span> {_e(k)}' for k, c in report.COLOURS.items()))
-    return f"{table}\n<p>{legend}</p>\n{_notes(report.notes(results))}\n{_notes(report.tune_lines(results))}"
+        f'<span style="color:{c}">■</span> {esc(k)}' for k, c in report.COLOURS.items()))
+    return f"{rung_table}\n<p>{legend}</p>\n{notes(report.notes(results))}\n{notes(report.tune_lines(results))}"
 
 
 def waterfall_section(results: dict) -> str:
@@ -229,7 +229,7 @@ def waterfall_section(results: dict) -> str:
     if not any(_ok(r) for r in recs if r["role"] in ("rung", "beside")):
         why = ("no waterfall for a data-parallel run: see tokens/s against k below." if results.get("parallel")
                else "no rung was measured, so there is no bar to draw.")
-        return _missing(why)
+        return missing(why)
     return svg(report.waterfall_figure(results), "waterfall")
 
 
@@ -286,11 +286,11 @@ def loss_section(results: dict) -> str:
         dx.legend(fontsize=8, frameon=False)
         fig.tight_layout()
         parts.append(svg(fig, "loss-band"))
-        parts.append(_table(["rung", "steps", "max rel diff", "band", "passed"],
+        parts.append(table(["rung", "steps", "max rel diff", "band", "passed"],
                             [[r["name"], str(b["steps"]), f"{b['max_rel_diff']:.2e}", f"{b['band']:g}",
                               "yes" if b["passed"] else "NO"] for r, b in gated], left=("rung", "passed")))
     else:
-        parts.append(_missing("no loss-band curves: only eager fp32 itself ran, or no rung reached its gates "
+        parts.append(missing("no loss-band curves: only eager fp32 itself ran, or no rung reached its gates "
                               "(see the rung table)" if recs else "no loss-band curves: no ladder in this run."))
     lc = results.get("learns_check")
     curves = learns_curves(lc)
@@ -306,7 +306,7 @@ def loss_section(results: dict) -> str:
         why = (f"learns-check skipped ({lc['detail']})." if lc and lc.get("skipped") else
                f"learns-check failed before any loss was recorded: {lc.get('detail')}" if lc else
                "no learns-check in this run.")
-        parts.append(_missing(why))
+        parts.append(missing(why))
     return "\n".join(parts)
 
 
@@ -335,7 +335,7 @@ def _field(r: dict, key: str) -> object:
 def memory_section(results: dict) -> str:
     recs = results.get("rungs") or []
     if not recs:
-        return _missing("no per-rung memory: no ladder in this run.")
+        return missing("no per-rung memory: no ladder in this run.")
     main = [r for r in recs if r["role"] != "control"]
     control = {r["rung"]: r for r in recs if r["role"] == "control"}
     extra = memory_fields(recs)
@@ -346,7 +346,7 @@ def memory_section(results: dict) -> str:
         rows.append([r["name"], r["status"], human_bytes(r.get("peak_memory_bytes")),
                      "—" if c is None else human_bytes(c.get("peak_memory_bytes")) if _ok(c) else c["status"],
                      *(human_bytes(_field(r, k)) if isinstance(_field(r, k), (int, float)) else "n/a" for k in extra)])
-    parts = [_table(headers, rows, left=("rung", "status"))]
+    parts = [table(headers, rows, left=("rung", "status"))]
     measured = [r for r in main if _ok(r) and r.get("peak_memory_bytes")]
     if measured:
         fig, (ax,) = _figure(max(5.0, 1.1 * len(measured) + 2), 3.6)
@@ -364,7 +364,7 @@ def memory_section(results: dict) -> str:
         parts.append(svg(fig, "memory"))
     else:
         device = (results.get("environment") or {}).get("device_type")
-        parts.append(_missing(f"peak memory n/a: this run's device ({device}) does not report peak allocated "
+        parts.append(missing(f"peak memory n/a: this run's device ({device}) does not report peak allocated "
                               "memory (only CUDA does), so results.json holds null rather than an invented number."))
     return "\n".join(parts)
 
@@ -373,11 +373,11 @@ def profile_section(results: dict) -> str:
     b = results.get("profile")
     if not b:
         enabled = ((results.get("config") or {}).get("profile") or {}).get("enabled")
-        return _missing("no profile: " + ("this command does not profile." if results.get("parallel") else
+        return missing("no profile: " + ("this command does not profile." if results.get("parallel") else
                                           "the run was made with --no-profile." if enabled is False else
                                           "the run stopped before its profile was saved."))
     if "error" in b:
-        return _missing(f"the profile failed ({b['error']}), so nothing was predicted.")
+        return missing(f"the profile failed ({b['error']}), so nothing was predicted.")
     cats = b["categories"]
     fig, (ax, px) = _figure(12, 3.8, ncols=2)
     names = list(cats)
@@ -401,23 +401,23 @@ def profile_section(results: dict) -> str:
         px.set_axis_off()
         px.text(0.5, 0.5, "no rung with a prediction", ha="center", va="center")
     fig.tight_layout()
-    cat_table = _table(["category", "ms/step", "share"],
+    cat_table = table(["category", "ms/step", "share"],
                        [[n, f"{v['ms']:.3f}", f"{100 * v['share']:.1f}%"] for n, v in cats.items()], left=("category",))
     pred_rows = [[report.label(r).lstrip("┊◆ "), f"{r['predicted']['speedup']:.2f}×",
                   f"{r['speedup_prev']:.2f}×" if _ok(r) else r["status"],
                   f"{100 * r['prediction_error']:+.0f}%" if r.get("prediction_error") is not None else "—",
                   r["predicted"]["reason"]] for r in preds]
-    pred_table = (_table(["rung", "predicted ×", "measured ×", "error", "why"], pred_rows, left=("rung", "why"))
-                  if preds else _missing("no rung above the baseline carries a prediction."))
+    pred_table = (table(["rung", "predicted ×", "measured ×", "error", "why"], pred_rows, left=("rung", "why"))
+                  if preds else missing("no rung above the baseline carries a prediction."))
     regime = f"regime: {b['regime']} — {b['evidence']}."
-    return "\n".join([f"<p>{_e(regime)}</p>", svg(fig, "profile"),
-                      cat_table, pred_table, _notes([ln for ln in [report.roofline_line(results)] if ln])])
+    return "\n".join([f"<p>{esc(regime)}</p>", svg(fig, "profile"),
+                      cat_table, pred_table, notes([ln for ln in [report.roofline_line(results)] if ln])])
 
 
 def parallel_section(results: dict) -> str:
     p = results.get("parallel")
     if not p:
-        return _missing("not a data-parallel run: tokens/s against the number of processes k comes from "
+        return missing("not a data-parallel run: tokens/s against the number of processes k comes from "
                         "`speedladder predict` and `speedladder ddp`.")
     from speedladder import parallel_report
 
@@ -435,8 +435,8 @@ def parallel_section(results: dict) -> str:
             meas = f"{p['single']['tokens_per_s']['median']:,.0f}"
         rows.append([str(r["k"]), f"{r['floor_tokens_per_s']:,.0f}", f"{r['overlap_tokens_per_s']:,.0f}",
                      f"{100 * r['overlap_efficiency']:.0f}%", meas or "—"])
-    table = _table(["k", "predicted floor tok/s", "predicted overlap tok/s", "predicted eff", "measured tok/s"], rows)
-    return "\n".join([chart, table, _notes(parallel_report.notes(results))])
+    k_table = table(["k", "predicted floor tok/s", "predicted overlap tok/s", "predicted eff", "measured tok/s"], rows)
+    return "\n".join([chart, k_table, notes(parallel_report.notes(results))])
 
 
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -452,12 +452,12 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
 def environment_section(results: dict) -> str:
     env = results.get("environment")
     if not env:
-        return _missing("no environment recorded in this results.json.")
-    parts = [_kv(env.items())]
+        return missing("no environment recorded in this results.json.")
+    parts = [kv(env.items())]
     if results.get("corpus"):
-        parts.append("<h3>corpus</h3>" + _kv(results["corpus"].items()))
+        parts.append("<h3>corpus</h3>" + kv(results["corpus"].items()))
     if results.get("config"):
-        parts.append("<h3>resolved configuration</h3>" + _kv(_flatten(results["config"])))
+        parts.append("<h3>resolved configuration</h3>" + kv(_flatten(results["config"])))
     return "\n".join(parts)
 
 
@@ -466,16 +466,20 @@ BUILDERS = {"rungs": rungs_section, "waterfall": waterfall_section, "loss-curves
             "environment": environment_section}
 
 
+def page(title: str, body: Iterable[str]) -> str:
+    """The document around the sections: inline style only, nothing fetched."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            + "\n".join(body) + "\n</body>\n</html>\n")
+
+
 def build(results: dict) -> str:
     """The whole page for a saved results dict: a pure function of it."""
     body = [header(results)]
     for sid, title in SECTIONS[1:]:
-        body.append(_section(sid, title, BUILDERS[sid](results)))
+        body.append(section(sid, title, BUILDERS[sid](results)))
     c, e = results.get("config") or {}, results.get("environment") or {}
-    title = f"speedladder {kind(results)} · {c.get('preset')} · {e.get('device_name')}"
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_e(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + "\n</body>\n</html>\n")
+    return page(f"speedladder {kind(results)} · {c.get('preset')} · {e.get('device_name')}", body)
 
 
 def write(results: dict, run_dir: Path) -> Path:
