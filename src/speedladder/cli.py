@@ -10,7 +10,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from speedladder import __version__, parallel_cli
+from speedladder import __version__, check, compare, parallel_cli
 from speedladder.config import (
     FULL_LADDER,
     LADDERS,
@@ -201,6 +201,8 @@ def build_parser() -> Parser:
     report.add_argument("run_dir", metavar="RUN_DIR",
                         help="a run, tune, predict, ddp or profile folder (or its results.json / profile.json)")
     parallel_cli.add_commands(sub)  # predict, ddp
+    compare.add_commands(sub)
+    check.add_commands(sub)
     return parser
 
 
@@ -372,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"run": cmd_run, "profile": cmd_profile, "tune": cmd_tune, "train": cmd_train, "report": cmd_report,
-                "predict": parallel_cli.cmd_predict, "ddp": parallel_cli.cmd_ddp}[args.command](args)
+                "predict": parallel_cli.cmd_predict, "ddp": parallel_cli.cmd_ddp, "compare": compare.cmd_compare,
+                "check": check.cmd_check}[args.command](args)
     except UsageError as e:
         print(f"speedladder: error: {e}", file=sys.stderr)
         return 2
