@@ -249,7 +249,9 @@ def learns_curves(lc: dict | None) -> list[tuple[str, list[float]]]:
             curve = _numbers(value)
             name = f"{path}{key}" if path else key
             if curve is not None:
-                label = f"{d.get('rung', 'checked rung')}" if key == "losses" else name.removesuffix("_losses")
+                # The checked rung's own curve is named by its rung; another by where it sits ("eager").
+                label = (d.get("rung") or path.rstrip(".") or "learns-check") if key == "losses" \
+                    else name.removesuffix("_losses")
                 out.append((label, curve))
             elif isinstance(value, dict):
                 walk(value, f"{name}.")
