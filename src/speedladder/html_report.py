@@ -44,9 +44,10 @@ dl.kv { display: grid; grid-template-columns: max-content auto; gap: 0.15em 1em;
 dl.kv dt { font-weight: 600; } dl.kv dd { margin: 0; font-family: ui-monospace, monospace; word-break: break-all; }
 .missing { color: #8a6d3b; background: #fcf8e3; padding: 0.5em 0.8em; border-left: 3px solid #e0c060; }
 .chart svg { max-width: 100%; height: auto; }
-ul.notes { font-size: 0.9em; } .why { white-space: normal; text-align: left; max-width: 40em; }
+ul.notes { font-size: 0.9em; } td.why { white-space: normal; min-width: 30em; }
 """
 
+REF_STYLES = ("--", ":", "-.")  # the eager fp32 reference curves, black, told apart by dash
 CONTROL_COLOUR = "#999999"  # a control is not a step of the ladder: no verdict colour of its own
 _NOT_RUN_STATUSES = ("skipped", "oom", "error", "interrupted", "pending")
 
@@ -79,8 +80,9 @@ def kv(pairs: Iterable[tuple[str, object]]) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[str] = (),
            row_classes: Sequence[str] | None = None,
-           cell_attrs: Sequence[dict[int, tuple[str, str]]] | None = None) -> str:
-    """A plain table; `left` names the left-aligned (text) columns, the rest are numbers.
+           cell_attrs: Sequence[dict[int, tuple[str, str]]] | None = None, wrap: Sequence[str] = ()) -> str:
+    """A plain table; `left` names the left-aligned (text) columns, the rest are numbers; `wrap` the
+    columns of sentences, which may wrap (every other cell stays on one line).
 
     cell_attrs[i][j] = (class, style) of row i's cell j, for the verdict colours.
     """
@@ -92,7 +94,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[
         out.append(f'<tr class="{rc}">' if rc else "<tr>")
         for j, (h, v) in enumerate(zip(headers, row)):
             cls, style = cell_attrs[i].get(j, ("", "")) if cell_attrs else ("", "")
-            classes = " ".join(c for c in ("l" if h in left else "", cls) if c)
+            classes = " ".join(c for c in ("l" if h in left else "", "why" if h in wrap else "", cls) if c)
             attrs = (f' class="{classes}"' if classes else "") + (f' style="{style}"' if style else "")
             out.append(f"<td{attrs}>{esc(v)}</td>")
         out.append("</tr>")
@@ -268,12 +270,13 @@ def loss_section(results: dict) -> str:
     parts = []
     if gated:
         fig, (ax, dx) = _figure(12, 4.2, ncols=2)
-        refs_drawn: set[tuple[float, ...]] = set()
+        refs_drawn: list[tuple[float, ...]] = []  # one eager fp32 reference per batch shape
         for r, band in gated:
             ref = _numbers(band["ref_losses"]) or []
             if tuple(ref) not in refs_drawn:
-                refs_drawn.add(tuple(ref))
-                ax.plot(range(1, len(ref) + 1), ref, color="black", linestyle="--", linewidth=1.2,
+                refs_drawn.append(tuple(ref))
+                ax.plot(range(1, len(ref) + 1), ref, color="black", linewidth=1.2,
+                        linestyle=REF_STYLES[(len(refs_drawn) - 1) % len(REF_STYLES)],
                         label=f"eager fp32, B={r['spec']['batch_size']}")
             losses = _numbers(band["losses"]) or []
             line, = ax.plot(range(1, len(losses) + 1), losses, linewidth=1, label=r["name"])
@@ -409,7 +412,8 @@ def profile_section(results: dict) -> str:
                   f"{r['speedup_prev']:.2f}×" if _ok(r) else r["status"],
                   f"{100 * r['prediction_error']:+.0f}%" if r.get("prediction_error") is not None else "—",
                   r["predicted"]["reason"]] for r in preds]
-    pred_table = (table(["rung", "predicted ×", "measured ×", "error", "why"], pred_rows, left=("rung", "why"))
+    pred_table = (table(["rung", "predicted ×", "measured ×", "error", "why"], pred_rows, left=("rung", "why"),
+                        wrap=("why",))
                   if preds else missing("no rung above the baseline carries a prediction."))
     regime = f"regime: {b['regime']} — {b['evidence']}."
     return "\n".join([f"<p>{esc(regime)}</p>", svg(fig, "profile"),
@@ -459,7 +463,9 @@ def environment_section(results: dict) -> str:
     if results.get("corpus"):
         parts.append("<h3>corpus</h3>" + kv(results["corpus"].items()))
     if results.get("config"):
-        parts.append("<h3>resolved configuration</h3>" + kv(_flatten(results["config"])))
+        fields = _flatten(results["config"])
+        # Folded (a <details> element opens without any script): long, and the header already names the key values.
+        parts.append(f"<details><summary>resolved configuration ({len(fields)} fields)</summary>{kv(fields)}</details>")
     return "\n".join(parts)
 
 
