@@ -297,7 +297,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("compare", help="compare runs side by side, rung by rung",
                        description="Align the runs' rungs by name and show, for each later run against the first: "
                                    "tokens/s, the ratio of the medians, whether the change is outside both runs' "
-                                   "window spreads, gate changes, and configuration or environment differences.")
+                                   "window spreads (their min–max ranges do not overlap), gate changes, and configuration or "
+                                   "environment differences.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="two or more run folders (or results.json files); "
                                                                "the first is the reference")
     p.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page. "
