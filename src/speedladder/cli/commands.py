@@ -20,11 +20,12 @@ from speedladder.cli.flags import (
 from speedladder.config import FULL_LADDER, GateConfig, RunConfig, TrainConfig, TuneConfig, default
 from speedladder.errors import UsageError
 from speedladder.ladder import Ladder
-from speedladder.parallel import report as parallel_report
 from speedladder.profile import child
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress, show_on_stderr
 from speedladder.records import ProfileSummary, from_dict
+from speedladder.report import html as html_report
+from speedladder.report import parallel as parallel_report
 from speedladder.rungs import RUNGS
 from speedladder.workload import Workload, new_results, prepare
 
@@ -143,7 +144,7 @@ def finish(run_dir: Path) -> None:
     saved = results.load(run_dir)
     report.print_report(saved)
     png = report.waterfall(saved, run_dir / report.WATERFALL)
-    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}")
+    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {html_report.write(saved, run_dir)}")
 
 
 def start(args: argparse.Namespace, cfg: RunConfig) -> tuple[Progress, Workload, Path]:
@@ -227,6 +228,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     report.print_report(saved)
     report.print_tune(saved)
     print(f"results: {run_dir / results.FILENAME}\nwaterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
+    print(f"report: {html_report.write(saved, run_dir)}")
     if interrupted:
         print("interrupted: what was measured before the stop is kept", file=sys.stderr)
         return 130
@@ -249,8 +251,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if saved.parallel is not None:  # written by predict or ddp
         parallel_report.print_parallel(saved)
         print(f"plot: {parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)}")
+        print(f"report: {html_report.write(saved, run_dir)}")
         return 0
     report.print_report(saved)
     report.print_tune(saved)  # nothing unless the folder is a tune's
     print(f"waterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
+    print(f"report: {html_report.write(saved, run_dir)}")
     return 0

@@ -9,8 +9,9 @@ from speedladder import results
 from speedladder.cli.flags import add_output_flags, add_rung_flags, add_workload_flags, run_config
 from speedladder.config import STRATEGIES, ParallelConfig, RunConfig, default
 from speedladder.parallel import launch
-from speedladder.parallel import report as parallel_report
 from speedladder.progress import show_on_stderr
+from speedladder.report import html as html_report
+from speedladder.report import parallel as parallel_report
 
 
 def _nproc(text: str) -> int:
@@ -104,7 +105,7 @@ def _finish(run_dir: Path) -> None:
     saved = results.load(run_dir)
     parallel_report.print_parallel(saved)
     png = parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)
-    print(f"results: {run_dir / results.FILENAME}\nplot: {png}")
+    print(f"results: {run_dir / results.FILENAME}\nplot: {png}\nreport: {html_report.write(saved, run_dir)}")
 
 
 def cmd_predict(args: argparse.Namespace) -> int:

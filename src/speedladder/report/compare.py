@@ -1,0 +1,291 @@
+"""`speedladder compare RUN_A RUN_B [RUN_C ...]`: the same rungs across runs, side by side.
+
+The first run is the reference. Rungs are aligned by name (a rung one run lacks is shown as
+missing); for each run after the first: tokens/s, the ratio of its median to the first run's, and
+whether the change is outside the spread, by the ladder's own rule (measure.verdict): faster or
+slower only when the two runs' window ranges (min–max) do not overlap, else within spread. Gate
+changes (passed -> failed or back) and configuration or environment differences are marked too.
+
+`compare()` returns typed rows; printing and HTML are drawn from them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from speedladder import results
+from speedladder.errors import UsageError
+from speedladder.measure import Spread, verdict
+from speedladder.records import to_dict
+from speedladder.report import htmlkit
+
+FASTER, SLOWER, WITHIN = "faster", "slower", "within spread"
+PASSED, FAILED = "passed", "failed"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One rung in one run."""
+
+    status: str  # "ok", the rung's status when it did not run (skipped, oom, error, ...), or "missing"
+    median: float | None = None  # tokens/s over the timed windows
+    min: float | None = None
+    max: float | None = None
+    gate: str | None = None  # PASSED / FAILED for a measured rung; None when it did not run
+    ratio: float | None = None  # median / the first run's median; None when either did not run
+    change: str | None = None  # FASTER, SLOWER or WITHIN against the first run; None: nothing to compare
+    gate_change: str | None = None  # "passed -> failed" or "failed -> passed" against the first run
+
+
+@dataclass(frozen=True)
+class Row:
+    rung: str
+    cells: tuple[Cell, ...]  # one per run, in the order given
+
+    @property
+    def changed(self) -> bool:
+        return any(c.change in (FASTER, SLOWER) or c.gate_change for c in self.cells)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A configuration or environment field whose value is not the same in every run."""
+
+    field: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    labels: tuple[str, ...]
+    rows: tuple[Row, ...]
+    differences: tuple[Difference, ...]
+
+    def row(self, rung: str) -> Row:
+        return next(r for r in self.rows if r.rung == rung)
+
+    def difference(self, field: str) -> Difference | None:
+        return next((d for d in self.differences if d.field == field), None)
+
+
+def _get(path: str) -> Callable[[dict], object]:
+    def get(results: dict) -> object:
+        v: object = results
+        for part in path.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        return v
+    return get
+
+
+# What makes two runs' tokens/s comparable, or explains why they differ.
+FIELDS: tuple[tuple[str, Callable[[dict], object]], ...] = (
+    ("device", _get("environment.device_name")), ("device type", _get("environment.device_type")),
+    ("torch", _get("environment.torch")), ("CUDA", _get("environment.cuda")),
+    ("CPU threads", _get("environment.cpu_threads")),
+    ("preset", _get("config.preset")), ("batch size", _get("config.batch_size")),
+    ("seq len", _get("config.seq_len")), ("batch multiplier", _get("config.batch_multiplier")),
+    ("rungs", _get("config.rungs")), ("data", _get("config.data")), ("tokenizer", _get("config.tokenizer")),
+    ("steps per window", _get("config.steps")), ("windows", _get("config.windows")),
+    ("seed", _get("config.seed")), ("lr", _get("config.lr")), ("git commit", _get("environment.git_commit")),
+)
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def differences(runs: Sequence[dict]) -> list[Difference]:
+    out = []
+    for name, get in FIELDS:
+        values = tuple(_text(get(r)) for r in runs)
+        if len(set(values)) > 1:
+            out.append(Difference(name, values))
+    return out
+
+
+def records(results: dict) -> dict[str, dict]:
+    """Name -> {status, tokens_per_s, gate_passed} for every comparable measurement of a run.
+
+    A ladder's rungs and controls; for predict/ddp, the one-process measurement and the measured job.
+    """
+    out = {}
+    for r in results.get("rungs") or []:
+        ok = r.get("status") == "ok"
+        out[r["name"]] = {"status": r.get("status"), "tokens_per_s": r.get("tokens_per_s") if ok else None,
+                          "gate_passed": (r.get("gate") or {}).get("passed") if ok else None}
+    p = results.get("parallel")
+    if p:
+        if p.get("single"):
+            out["one process"] = {"status": "ok", "tokens_per_s": p["single"]["tokens_per_s"], "gate_passed": None}
+        m = p.get("measured")
+        if m:
+            identical = (m.get("param_check") or {}).get("identical")
+            out[f"{p['strategy']} k={m['k']}"] = {"status": "ok", "tokens_per_s": m["tokens_per_s"],
+                                                 "gate_passed": identical}
+    return out
+
+
+def _change(new: dict, ref: dict) -> str:
+    """The ladder's own verdict rule: a change counts only when the window ranges do not overlap."""
+
+    v = verdict(Spread(new["median"], new["min"], new["max"]), Spread(ref["median"], ref["min"], ref["max"]))
+    return {"win": FASTER, "loss": SLOWER}.get(v, WITHIN)
+
+
+def _gate(passed: bool | None) -> str | None:
+    return None if passed is None else PASSED if passed else FAILED
+
+
+def _cell(rec: dict | None, ref: dict | None) -> Cell:
+    if rec is None:
+        return Cell("missing")
+    if rec["status"] != "ok" or rec["tokens_per_s"] is None:
+        return Cell(rec["status"] or "unknown")
+    t = rec["tokens_per_s"]
+    gate = _gate(rec["gate_passed"])
+    if ref is None or ref["tokens_per_s"] is None:
+        return Cell("ok", t["median"], t["min"], t["max"], gate)
+    ref_gate = _gate(ref["gate_passed"])
+    return Cell("ok", t["median"], t["min"], t["max"], gate, ratio=t["median"] / ref["tokens_per_s"]["median"],
+                change=_change(t, ref["tokens_per_s"]),
+                gate_change=f"{ref_gate} -> {gate}" if ref_gate and gate and ref_gate != gate else None)
+
+
+def compare(runs: Sequence[dict], labels: Sequence[str]) -> Comparison:
+    """Rows aligned by rung name, in the order rungs first appear across the runs."""
+    if len(runs) < 2:
+        raise UsageError("compare needs at least two runs")
+    recs = [records(r) for r in runs]
+    names: list[str] = []
+    for rec in recs:  # a rung only a later run has goes right after the rung it follows there
+        after = -1
+        for n in rec:
+            if n not in names:
+                names.insert(after + 1, n)
+            after = names.index(n)
+    rows = []
+    for name in names:
+        ref = recs[0].get(name)
+        ref_ok = ref if ref is not None and ref["status"] == "ok" else None
+        first = _cell(ref, None)
+        rows.append(Row(name, (first, *(_cell(rec.get(name), ref_ok) for rec in recs[1:]))))
+    return Comparison(tuple(labels), tuple(rows), tuple(differences(runs)))
+
+
+def labels_for(paths: Sequence[str]) -> list[str]:
+    """Each run's folder name (its timestamp); the path as given where two names clash."""
+    names = [Path(p).resolve().name if Path(p).is_dir() else Path(p).resolve().parent.name for p in paths]
+    if len(set(names)) == len(names):
+        return names
+    given = [str(p) for p in paths]
+    return given if len(set(given)) == len(given) else [f"{p} (#{i + 1})" for i, p in enumerate(given)]
+
+
+def load(paths: Sequence[str]) -> Comparison:
+    """Compare saved runs as their files hold them (docs/results.md): any schema this project has written."""
+    return compare([to_dict(results.load(p)) for p in paths], labels_for(paths))
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+def _tps(c: Cell) -> str:
+    if c.status != "ok":
+        return c.status
+    return f"{c.median:,.0f} ({c.min:,.0f}–{c.max:,.0f})"
+
+
+def _mark(c: Cell) -> str:
+    parts = []
+    if c.change in (FASTER, SLOWER):
+        parts.append(("▲ " if c.change == FASTER else "▼ ") + c.change)
+    elif c.change:
+        parts.append(c.change)
+    if c.gate_change:
+        parts.append(f"gate {c.gate_change}")
+    return "; ".join(parts) or "—"
+
+
+def letters(comp: Comparison) -> list[str]:
+    """Short column names for the runs: A (the reference), B, C, ..."""
+    return [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(len(comp.labels))]
+
+
+def columns(comp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The comparison as display strings: the same for the terminal and the HTML."""
+    names = letters(comp)
+    headers = ["rung"]
+    for i, n in enumerate(names):
+        headers.extend([f"{n} tok/s", f"{n} gate"] + ([f"{n} × {names[0]}", f"{n} change"] if i else []))
+    rows = []
+    for row in comp.rows:
+        cells = [row.rung]
+        for i, c in enumerate(row.cells):
+            cells.extend([_tps(c), c.gate or "—"])
+            if i:
+                cells.extend(["—" if c.ratio is None else f"{c.ratio:.2f}×", _mark(c)])
+        rows.append(cells)
+    return headers, rows
+
+
+def legend(comp: Comparison) -> str:
+    return ", ".join(f"{n} = {label}" + (" (reference)" if i == 0 else "")
+                     for i, (n, label) in enumerate(zip(letters(comp), comp.labels)))
+
+
+def difference_lines(comp: Comparison) -> list[str]:
+    if not comp.differences:
+        return ["configuration and environment: the same in every run."]
+    return [f"differs: {d.field}: " + " | ".join(f"{n} {v}" for n, v in zip(letters(comp), d.values))
+            for d in comp.differences]
+
+
+def print_comparison(comp: Comparison) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    headers, rows = columns(comp)
+    t = Table(title=escape(f"speedladder compare · {legend(comp)}"), title_justify="left")
+    for h in headers:
+        t.add_column(escape(h), justify="left" if h == "rung" or h.endswith(("gate", "change")) else "right",
+                     no_wrap=True)
+    for row, cells in zip(comp.rows, rows):
+        t.add_row(*(escape(v) for v in cells), style="bold" if row.changed else None)
+    console.print(t)
+    for line in difference_lines(comp):
+        console.print(escape(line), soft_wrap=True)
+
+
+def html(comp: Comparison, paths: Sequence[str] = ()) -> str:
+    """The comparison as one self-contained HTML page (the same style as report.html)."""
+
+    headers, rows = columns(comp)
+    change_col = [headers.index(f"{n} change") for n in letters(comp)[1:]]
+    attrs = []
+    for row in comp.rows:
+        a: dict[int, tuple[str, str]] = {}
+        for col, c in zip(change_col, row.cells[1:]):
+            worse = c.change == SLOWER or (c.gate_change or "").endswith(FAILED)
+            if worse or c.change == FASTER or c.gate_change:
+                a[col] = ("changed", f"color:{'#d62728' if worse else '#1f6fb4'};font-weight:bold")
+        attrs.append(a)
+    names = letters(comp)
+    runs = htmlkit.kv((f"{n} = {label}", path) for n, label, path in zip(names, comp.labels, [*paths] or comp.labels))
+    diffs = htmlkit.table(["field", *names], [[d.field, *d.values] for d in comp.differences],
+                    left=("field", *names)) if comp.differences else htmlkit.missing(difference_lines(comp)[0])
+    body = [f'<header id="header"><h1>{htmlkit.esc("speedladder compare")}</h1>{runs}</header>',
+            htmlkit.section("comparison", f"Tokens/s by rung, against A ({comp.labels[0]})",
+                      htmlkit.table(headers, rows, left=[x for x in headers if x == "rung" or x.endswith(("gate", "change"))],
+                              cell_attrs=attrs)
+                      + "<p>faster / slower: the two runs' window ranges (min–max) do not overlap; within spread: "
+                        "they do.</p>"),
+            htmlkit.section("differences", "Configuration and environment", diffs)]
+    return htmlkit.page("speedladder compare · " + " vs ".join(comp.labels), body)

@@ -1,0 +1,138 @@
+"""The pieces report.html and compare's page are made of: escaping, tables, inline SVG charts, the page itself.
+
+Nothing is fetched: the styling is inline, charts are matplotlib figures
+inlined as SVG, and there is no script.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from collections.abc import Iterable, Sequence
+
+# The page's only styling, inline. A system font stack: nothing to fetch.
+CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; margin: 1.5em auto;
+       max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.4; }
+h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; border-bottom: 1px solid #ddd; margin-top: 2em; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
+th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
+th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+tr.fastest td { font-weight: bold; }
+td.verdict { color: #fff; border-radius: 3px; text-align: center; }
+tr.gate-fail td.gate { color: #d62728; font-weight: bold; }
+tr.not-run td { color: #777; font-style: italic; }
+dl.kv { display: grid; grid-template-columns: max-content auto; gap: 0.15em 1em; font-size: 0.92em; }
+dl.kv dt { font-weight: 600; } dl.kv dd { margin: 0; font-family: ui-monospace, monospace; word-break: break-all; }
+.missing { color: #8a6d3b; background: #fcf8e3; padding: 0.5em 0.8em; border-left: 3px solid #e0c060; }
+.chart svg { max-width: 100%; height: auto; }
+ul.notes { font-size: 0.9em; } td.why { white-space: normal; min-width: 30em; }
+"""
+
+def esc(value: object) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def section(sid: str, title: str, body: str) -> str:
+    return f'<section id="{sid}">\n<h2>{esc(title)}</h2>\n{body}\n</section>'
+
+
+def missing(why: str) -> str:
+    """What a section says when the run holds nothing for it."""
+    return f'<p class="missing">{esc(why)}</p>'
+
+
+def notes(lines: Iterable[str]) -> str:
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines)
+    return f'<ul class="notes">{items}</ul>' if items else ""
+
+
+def kv(pairs: Iterable[tuple[str, object]]) -> str:
+    """Name: value pairs; a null value is shown as 'none' rather than left blank."""
+    return '<dl class="kv">' + "".join(f"<dt>{esc(k)}</dt><dd>{esc('none' if v is None else v)}</dd>"
+                                       for k, v in pairs) + "</dl>"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[str] = (),
+           row_classes: Sequence[str] | None = None,
+           cell_attrs: Sequence[dict[int, tuple[str, str]]] | None = None, wrap: Sequence[str] = ()) -> str:
+    """A plain table; `left` names the left-aligned (text) columns, the rest are numbers; `wrap` the
+    columns of sentences, which may wrap (every other cell stays on one line).
+
+    cell_attrs[i][j] = (class, style) of row i's cell j, for the verdict colours.
+    """
+    out = ["<table><thead><tr>"]
+    out.extend(("<th class=\"l\">" if h in left else "<th>") + f"{esc(h)}</th>" for h in headers)
+    out.append("</tr></thead><tbody>")
+    for i, row in enumerate(rows):
+        rc = row_classes[i] if row_classes else ""
+        out.append(f'<tr class="{rc}">' if rc else "<tr>")
+        for j, (h, v) in enumerate(zip(headers, row)):
+            cls, style = cell_attrs[i].get(j, ("", "")) if cell_attrs else ("", "")
+            classes = " ".join(c for c in ("l" if h in left else "", "why" if h in wrap else "", cls) if c)
+            attrs = (f' class="{classes}"' if classes else "") + (f' style="{style}"' if style else "")
+            out.append(f"<td{attrs}>{esc(v)}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def human_bytes(n: float | None) -> str:
+    """Bytes in the unit that keeps 3 significant figures readable; 'n/a' for a value not measured."""
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+# -- charts ---------------------------------------------------------------------------------------
+
+def svg(fig, prefix: str) -> str:
+    """A matplotlib figure as an inline <svg> element (closes the figure)."""
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    with svg_settings():
+        fig.savefig(buf, format="svg")
+    plt.close(fig)
+    return inline_svg(buf.getvalue(), prefix)
+
+
+def svg_settings():
+    """A fixed hash salt: the same results give byte-identical SVG, so build() stays a pure function."""
+    import matplotlib
+
+    return matplotlib.rc_context({"svg.hashsalt": "speedladder", "svg.fonttype": "path"})
+
+
+def inline_svg(text: str, prefix: str) -> str:
+    """An SVG document's text made fit to sit inline in HTML, its ids prefixed so figures never clash."""
+    text = text[text.index("<svg"):]  # the XML prolog and DOCTYPE are not allowed inside HTML
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.DOTALL)  # creation date and tool: not needed here
+    # Every figure defines the same glyph and clip ids; inline in one document they must be unique.
+    text = re.sub(r'\bid="([^"]+)"', rf'id="{prefix}-\1"', text)
+    text = re.sub(r'(xlink:href|href)="#([^"]+)"', rf'\1="#{prefix}-\2"', text)
+    text = re.sub(r"url\(#([^)]+)\)", rf"url(#{prefix}-\1)", text)
+    return f'<div class="chart" id="chart-{prefix}">{text}</div>'
+
+
+def _figure(width: float, height: float, ncols: int = 1):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width, height), squeeze=False)
+    for ax in axes[0]:
+        ax.spines[["top", "right"]].set_visible(False)
+    return fig, list(axes[0])
+
+
+def page(title: str, body: Iterable[str]) -> str:
+    """The document around the sections: inline style only, nothing fetched."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+            + "\n".join(body) + "\n</body>\n</html>\n")
