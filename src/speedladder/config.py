@@ -148,6 +148,17 @@ class ProfileConfig:
     enabled: bool = True  # `run` profiles the baseline first; --no-profile skips it
     steps: int = 5  # profiled steps, each synchronized at its end
     timeout_s: float = 900.0  # the profiling process is given up on after this long
+    explain_miss: float = 0.25  # a rung missing its prediction by more gets profiled beside its base; 0: none
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The memory meters beside each rung's timing (memory.py; docs/memory-sweep.md)."""
+
+    process_peak: bool = True  # off a GPU: the step's resident peak, in a child process per rung
+    steps: int = 2  # steps measured in that child, after warm-up
+    warmup: int = 2  # steps before them: optimizer state allocated, compilation done
+    timeout_s: float = 600.0  # the child is given up on after this long
 
 
 @dataclass(frozen=True)
@@ -172,6 +183,8 @@ class RunConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     gates: GateConfig = field(default_factory=GateConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    model_changes: dict[str, int] | None = None  # fields of the preset's GPTConfig changed (a sweep's width, ...)
 
 
 @dataclass(frozen=True)
@@ -201,7 +214,8 @@ class Resolved:
                 "beside": list(r.beside or ()), "device": r.device, "lr": r.lr, "seed": r.seed, "out": r.out,
                 "peak_tflops": r.peak_tflops, "steps": t.steps, "windows": t.windows, "warmup": t.warmup,
                 "max_warmup": t.max_warmup, "gates": dataclasses.asdict(r.gates),
-                "profile": dataclasses.asdict(r.profile), "muon": dataclasses.asdict(r.muon)}
+                "profile": dataclasses.asdict(r.profile), "muon": dataclasses.asdict(r.muon),
+                "memory": dataclasses.asdict(r.memory), "model_changes": r.model_changes}
 
     def with_vocab(self, vocab_size: int) -> Resolved:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
@@ -219,6 +233,7 @@ def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
     out["profile"] = ProfileConfig(**{k: v for k, v in d.get("profile", {}).items()
                                       if k in ProfileConfig.__dataclass_fields__})
     out["muon"] = MuonConfig(**d.get("muon", {}))
+    out["memory"] = MemoryConfig(**d.get("memory", {}))
     for name in ("rungs", "beside"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
         if out.get(name) is not None:
             out[name] = tuple(out[name])
@@ -325,6 +340,10 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     setup = PRESETS[preset]
+    try:  # a sweep's changes to the preset's model; an unknown field or a shape GPTConfig refuses is a usage error
+        model = dataclasses.replace(setup.model, **(cfg.model_changes or {}))
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"model changes {cfg.model_changes}: {e}") from None
     t = cfg.timing
     batch_size = cfg.batch_size if cfg.batch_size is not None else setup.batch_size
     seq_len = cfg.seq_len if cfg.seq_len is not None else setup.seq_len
@@ -332,15 +351,15 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     steps = t.steps if t.steps is not None else setup.steps_per_window
     warmup = t.warmup if t.warmup is not None else setup.warmup_steps
     _check_values(cfg, batch_size, seq_len, mult, steps, warmup)
-    if seq_len > setup.model.block_size:
-        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {setup.model.block_size}")
+    if seq_len > model.block_size:
+        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
     ladder, rungs, beside = _rungs(cfg, known_rungs)
     run = dataclasses.replace(
         cfg, preset=preset, data=cfg.data if cfg.data is not None else setup.corpus,
         tokenizer=cfg.tokenizer if cfg.tokenizer is not None else setup.tokenizer,
         batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, ladder=ladder, rungs=rungs, beside=beside,
         device=str(device), timing=dataclasses.replace(t, steps=steps, warmup=warmup))
-    return Resolved(run=run, model=setup.model, preset_note=note)
+    return Resolved(run=run, model=model, preset_note=note)
 
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from speedladder import measure, results
+from speedladder import measure, memory, results
 from speedladder.errors import is_oom, one_line
 from speedladder.gates import Gates
-from speedladder.profile import child
+from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import Prediction, ProfileSummary, Results, RungResult, from_dict
@@ -87,6 +87,7 @@ class Ladder:
             r.timing = dataclasses.asdict(m.timing)
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
             r.peak_memory_bytes, r.warnings = m.peak_memory_bytes, m.warnings
+            memory.record(r, w, spec, step, say)  # saved activations, predicted from shapes, the step's peak
             fpt = w.flops_per_token(spec)
             peak = cfg.run.peak_tflops or (measure.peak_tflops(results.device_name(w.device), spec.precision)
                                            if w.device.type == "cuda" else None)
@@ -171,6 +172,8 @@ class Ladder:
             self._climb_all()
             if after_climb is not None:
                 after_climb()
+            # Each prediction missed beyond the limit: the rung's step and its base's profiled side by side.
+            explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget)
             self._learns_check()
             self.results.status = "complete"
         except KeyboardInterrupt:
