@@ -156,7 +156,7 @@ MMAP_THRESHOLD = 64 << 10  # bytes: every allocation at least this large gets it
 
 
 def _status_bytes(key: str) -> int:
-    m = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    m = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
     if m is None:
         raise RuntimeError(f"/proc/self/status has no {key}")
     return int(m.group(1)) * 1024

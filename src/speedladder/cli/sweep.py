@@ -23,8 +23,7 @@ from speedladder.report import sweep as sweep_report
 from speedladder.sweep import SweepConfig, run_sweep
 
 # The axis flags: (flag, the axis it sets, what it varies).
-AXIS_FLAGS = (("--widths", "width", "model widths (n_embd); heads are scaled to keep the preset's head size, the MLP "
-                                    "keeps its ratio"),
+AXIS_FLAGS = (("--widths", "width", "model widths (n_embd); heads scaled to keep the preset's head size, MLP ratio kept"),
               ("--layers", "layers", "numbers of blocks"),
               ("--seq-lens", "seq_len", "sequence lengths T (the position table grows to the longest)"),
               ("--batch-sizes", "batch_size", "batch sizes B"))

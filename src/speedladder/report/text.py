@@ -11,10 +11,10 @@ from speedladder.report.common import STATUS_LABEL, console, gib, label, times
 from speedladder.report.memory import (
     explanation_notes,
     explanation_tables,
-    short_bytes,
     memory_notes,
     peak_cell,
     saved_cell,
+    short_bytes,
 )
 from speedladder.report.profile import profile_notes
 
