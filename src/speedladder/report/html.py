@@ -34,6 +34,7 @@ from speedladder.report.htmlkit import (
     svg_settings,
     table,
 )
+from speedladder.report.memory import explanation_html, memory_chart
 from speedladder.report.profile import roofline_line
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
@@ -249,7 +250,10 @@ def memory_section(results: dict) -> str:
                      *(human_bytes(_field(r, k)) if isinstance(_field(r, k), (int, float)) else "n/a" for k in extra)])
     parts = [table(headers, rows, left=("rung", "status"))]
     measured = [r for r in main if _ok(r) and r.get("peak_memory_bytes")]
-    if measured:
+    meters = memory_chart(_typed(results)) if not measured else None  # off CUDA: saved activations, resident rise
+    if meters:
+        parts.append(meters)
+    elif measured:
         fig, (ax,) = _figure(max(5.0, 1.1 * len(measured) + 2), 3.6)
         xs = range(len(measured))
         ax.bar(xs, [r["peak_memory_bytes"] / 2**30 for r in measured], width=0.6, color="#1f6fb4", label="peak")
@@ -313,7 +317,8 @@ def profile_section(results: dict) -> str:
                   if preds else missing("no rung above the baseline carries a prediction."))
     regime = f"regime: {b['regime']} — {b['evidence']}."
     return "\n".join([f"<p>{esc(regime)}</p>", svg(fig, "profile"),
-                      cat_table, pred_table, notes([ln for ln in [roofline_line(_typed(results))] if ln])])
+                      cat_table, pred_table, notes([ln for ln in [roofline_line(_typed(results))] if ln]),
+                      *explanation_html(_typed(results))])  # each miss beyond the limit, profiled beside its base
 
 
 def parallel_section(results: dict) -> str:

@@ -121,10 +121,8 @@ def explanation_tables(results: Results) -> list[Table]:
             continue
         cats, parts = explanation_rows(r)
         base = "+".join((r.explanation or {}).get("base_rungs", [])) or "eager"
-        for title, headers, rows in ((f"{r.name} against {base}: one profiled step, by category", CATEGORY_HEADERS,
-                                      cats),
-                                     (f"{r.name}: the prediction model's parts (◀ moved most against it)",
-                                      PART_HEADERS, parts)):
+        for title, headers, rows in ((f"{r.name} vs {base}, profiled ms/step", CATEGORY_HEADERS, cats),
+                                     (f"{r.name}: model parts (◀ most against)", PART_HEADERS, parts)):
             t = Table(title=escape(title), title_justify="left")
             for col in headers:
                 t.add_column(col, justify="left" if col in ("category", "model part") else "right")
@@ -132,3 +130,46 @@ def explanation_tables(results: Results) -> list[Table]:
                 t.add_row(*(escape(v) for v in row))
             out.append(t)
     return out
+
+
+# -- report.html --------------------------------------------------------------------------------
+
+
+def explanation_html(results: Results) -> list[str]:
+    """The side-by-side tables of each explained miss, for report.html's profile section."""
+    from speedladder.report.htmlkit import esc, table
+
+    out = []
+    for r in explained(results):
+        e = r.explanation or {}
+        if e.get("error"):
+            text = f"{r.name}: miss unexplained ({e['error']})"
+            out.append(f"<p>{esc(text)}</p>")
+            continue
+        cats, parts = explanation_rows(r)
+        head = f"{r.name} against {'+'.join(e.get('base_rungs', [])) or 'eager'}: {e['note']}"
+        out.append(f"<h3>{esc(head)}</h3>")
+        out.append(table(list(CATEGORY_HEADERS), cats, left=("category",)))
+        out.append(table(list(PART_HEADERS), parts, left=("model part",)))
+    return out
+
+
+def memory_chart(results: Results) -> str | None:
+    """Saved activations (measured and predicted) and the step's resident rise per rung, as inline SVG."""
+    from speedladder.report.htmlkit import _figure, svg
+
+    recs = [r for r in results.rungs if r.ok and r.role != "control" and r.saved_activation_bytes is not None]
+    if not recs:
+        return None
+    fig, (ax,) = _figure(max(5.0, 1.3 * len(recs) + 2), 3.6)
+    series = (("saved activations", "saved_activation_bytes", "#1f6fb4"),
+              ("predicted from shapes", "predicted_activation_bytes", "#ff7f0e"),
+              ("resident rise during the step", "resident_rise", "#8c8c8c"))
+    for k, (name, attr, colour) in enumerate(series):
+        ax.bar([i + (k - 1) * 0.27 for i in range(len(recs))],
+               [(getattr(r, attr) or 0) / 2**20 for r in recs], width=0.27, color=colour, label=name)
+    ax.set_xticks(range(len(recs)), [r.name for r in recs])
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return svg(fig, "memory-meters")
