@@ -49,8 +49,8 @@ def add_commands(sub) -> None:
     axes = p.add_mutually_exclusive_group(required=True)
     for flag, _, what in AXIS_FLAGS:
         axes.add_argument(flag, type=int_list, metavar="N,N,...", help=f"{what}. Default: none (one axis is required)")
-    add_model_flags(p)
-    add_timing_flags(p)
+    for add in (add_model_flags, add_timing_flags, add_memory_flags, add_output_flags):
+        add(p)
     p.add_argument("--rungs", type=rung_list, default=default(SweepConfig, "rungs"), metavar="A,B,C",
                    help="rungs measured beside eager at every point (each on eager alone). Default: "
                         + ",".join(default(SweepConfig, "rungs")))
@@ -59,8 +59,6 @@ def add_commands(sub) -> None:
     p.add_argument("--budget-minutes", type=float, default=default(SweepConfig, "budget_minutes"), metavar="M",
                    help="a point whose estimated time does not fit in what is left is not started. "
                         "Default: %(default)s")
-    add_memory_flags(p)
-    add_output_flags(p)
 
 
 def _axis(args: argparse.Namespace) -> tuple[str, list[int]]:
@@ -93,11 +91,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_dir = results.new_run_dir(run.out)
     progress(f"sweep of {axis} over {','.join(map(str, values))}: {','.join(cfg.rungs)}, within "
              f"{cfg.budget_minutes:g} min; writing {run_dir}")
+    interrupted = False
     try:
         run_sweep(run, axis, values, cfg, run_dir, progress)
     except KeyboardInterrupt:
-        finish(run_dir)
+        interrupted = True
+    finish(run_dir)  # what was measured is printed and plotted either way
+    if interrupted:
         print("interrupted: the points measured before the stop are kept", file=sys.stderr)
         return 130
-    finish(run_dir)
     return 0

@@ -250,10 +250,7 @@ def memory_section(results: dict) -> str:
                      *(human_bytes(_field(r, k)) if isinstance(_field(r, k), (int, float)) else "n/a" for k in extra)])
     parts = [table(headers, rows, left=("rung", "status"))]
     measured = [r for r in main if _ok(r) and r.get("peak_memory_bytes")]
-    meters = memory_chart(_typed(results)) if not measured else None  # off CUDA: saved activations, resident rise
-    if meters:
-        parts.append(meters)
-    elif measured:
+    if measured:
         fig, (ax,) = _figure(max(5.0, 1.1 * len(measured) + 2), 3.6)
         xs = range(len(measured))
         ax.bar(xs, [r["peak_memory_bytes"] / 2**30 for r in measured], width=0.6, color="#1f6fb4", label="peak")
@@ -269,8 +266,12 @@ def memory_section(results: dict) -> str:
         parts.append(svg(fig, "memory"))
     else:
         device = (results.get("environment") or {}).get("device_type")
+        meters = memory_chart(_typed(results))  # off CUDA: saved activations and the step's resident rise
         parts.append(missing(f"peak memory n/a: this run's device ({device}) does not report peak allocated "
-                              "memory (only CUDA does), so results.json holds null rather than an invented number."))
+                             "memory (only CUDA does), so results.json holds null rather than an invented number"
+                             + ("; measured instead: saved activations, and the step's resident rise in a child "
+                                "process." if meters else ".")))
+        parts.extend([meters] if meters else [])
     return "\n".join(parts)
 
 

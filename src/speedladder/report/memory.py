@@ -42,7 +42,7 @@ def bar_label(r: RungResult) -> str:
     if r.saved_activation_bytes is not None:
         lines.append(f"act {short_bytes(r.saved_activation_bytes)}")
     if r.peak_memory_bytes is not None or r.resident_rise is not None:
-        lines.append(f"peak {peak_cell(r)}")
+        lines.append(peak_cell(r))  # the CUDA allocator's peak, or a CPU's resident rise (marked rss)
     return "\n".join(lines)
 
 

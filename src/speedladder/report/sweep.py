@@ -118,11 +118,14 @@ def figure(saved: Results):
 
 
 def plot(saved: Results, path: Path) -> Path:
+    """sweep.png from the saved file."""
     import matplotlib.pyplot as plt
 
     fig = figure(saved)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
     return path
 
 
