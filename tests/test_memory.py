@@ -134,3 +134,19 @@ def test_default_run_shows_saved_activations_and_a_measured_peak_for_eager_and_c
     out = capsys.readouterr().out
     assert short_bytes(res["ckpt"]["saved_activation_bytes"]) in out and "rss" in out
     assert (folder / "waterfall.png").stat().st_size > 0
+
+
+def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the memory process exited with 1")
+
+    monkeypatch.setattr(memory, "peak_in_child", broken)
+    monkeypatch.setattr(memory, "process_peak_unsupported", lambda: None)
+    r = RungResult(name="eager", rung="eager", role="rung", reason="", kind="speed", built_on=None, spec={},
+                   precision="fp32", requirement={}, status="ok")
+    memory.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
+    assert r.process_peak_bytes is None and r.resident_rise is None and peak_cell(r) == "n/a"
+    assert r.saved_activation_bytes == r.predicted_activation_bytes > 0  # the other meters stand
+    res = Results(schema="", status="complete", created="", command=[], config={}, environment={}, model={},
+                  rungs=[r])
+    assert any("exited with 1" in n for n in memory_notes(res))

@@ -226,7 +226,7 @@ def record(r: RungResult, work: Workload, spec: StepSpec, step: TrainStep, say: 
         x, y = next(work.stream(spec))
         r.saved_activation_bytes = step_saved(step, x, y).activation_bytes
     except Exception as e:  # noqa: BLE001 -- a meter that cannot run is reported, never guessed
-        notes.append(f"saved activations not counted: {e}")
+        notes.append(f"saved activations not measured: {e}")
     cfg = work.cfg.run.memory
     unsupported = process_peak_unsupported()
     if work.device.type == "cuda" or not cfg.process_peak or unsupported:

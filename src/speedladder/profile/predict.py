@@ -121,8 +121,8 @@ def _bytes_bound(c: Context) -> tuple[float, str]:
     if not mem or not copy:
         return 1.0, ""
     f = min(1.0, mem / copy)
-    return f, (f"; they move {mem:.1f} of the {copy:.1f} GB/s a large copy gets here, so bytes are {f:.0%} of "
-               "their time")
+    return f, (f"; they move {mem:.1f} GB/s against a large copy's {copy:.1f} GB/s here, so bytes are {f:.0%} "
+               "of their time")
 
 
 def _compile(c: Context) -> tuple[dict[str, float], str]:

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from speedladder.records import Results, RungResult
 
+MISSING = "not measured"  # how memory.record says a meter could not run
 RSS = "rss"  # marks a resident-set figure (a CPU's process peak) apart from the CUDA allocator's
 
 
@@ -76,7 +77,8 @@ def memory_notes(results: Results) -> list[str]:
             text += (f"; peak {short_bytes(r.peak_memory_bytes)} vs {short_bytes(base.peak_memory_bytes)} "
                      f"({_ratio(r.peak_memory_bytes, base.peak_memory_bytes)})")
         out.append(text + ".")
-    out.extend(f"{r.name}: {r.memory_note}." for r in measured if "not " in r.memory_note)
+    out.extend(f"{r.name}: {part}." for r in results.rungs if r.ok for part in r.memory_note.split("; ")
+               if part.endswith(MISSING) or MISSING + ":" in part)
     return out
 
 
