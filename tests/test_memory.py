@@ -150,3 +150,19 @@ def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
     res = Results(schema="", status="complete", created="", command=[], config={}, environment={}, model={},
                   rungs=[r])
     assert any("exited with 1" in n for n in memory_notes(res))
+
+
+def test_the_fp32_control_note_compares_the_resident_rise_on_a_cpu():
+    from speedladder.measure import Spread
+    from speedladder.report.text import notes
+
+    def rec(name: str, role: str, rise_mib: int, tokens: float) -> RungResult:
+        return RungResult(name=name, rung="batch", role=role, reason="", kind="speed", built_on=None,
+                          spec={"batch_size": 64}, precision="bf16" if role == "rung" else "fp32", requirement={},
+                          status="ok", tokens_per_s=Spread(tokens, tokens, tokens), process_base_bytes=100 * 2**20,
+                          process_peak_bytes=(100 + rise_mib) * 2**20)
+
+    res = Results(schema="", status="running", created="", command=[], config={}, environment={}, model={},
+                  rungs=[rec("batch", "rung", 40, 30000.0), rec("batch-fp32", "control", 70, 15000.0)])
+    line = next(n for n in notes(res) if "fp32 control" in n)
+    assert "40.0 MiB vs 70.0 MiB" in line and "1.75×" in line

@@ -165,7 +165,7 @@ def _status_bytes(key: str) -> int:
 def process_peak_unsupported() -> str | None:
     """Why the resident peak cannot be measured here, or None (Linux: VmHWM that clear_refs can reset)."""
     if not Path("/proc/self/clear_refs").exists() or not Path("/proc/self/status").exists():
-        return "no /proc/self/clear_refs (Linux only): the resident peak cannot be reset per rung"
+        return "resident peak not measured: no /proc/self/clear_refs (Linux only) to reset it per rung"
     return None
 
 
@@ -174,7 +174,9 @@ def resident_peak(step: Callable[[], object], warmup: int, steps: int) -> dict[s
     for _ in range(warmup):
         step()
     gc.collect()
-    ctypes.CDLL(None).malloc_trim(0)  # glibc: hand freed heap pages back, so "before" is what is live
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc: hand freed heap pages back, so "before"
+    if trim is not None:  # is what is live (the child's fixed mmap threshold returns large blocks on free anyway)
+        trim(0)
     base = _status_bytes("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
     for _ in range(steps):
@@ -230,8 +232,8 @@ def record(r: RungResult, work: Workload, spec: StepSpec, step: TrainStep, say: 
     cfg = work.cfg.run.memory
     unsupported = process_peak_unsupported()
     if work.device.type == "cuda" or not cfg.process_peak or unsupported:
-        notes.append("step peak: " + ("the CUDA allocator's" if work.device.type == "cuda" else
-                                      "off (--no-process-peak)" if not cfg.process_peak else unsupported or ""))
+        notes.append("step peak: the CUDA allocator's" if work.device.type == "cuda" else
+                     "step peak: off (--no-process-peak)" if not cfg.process_peak else unsupported or "")
     else:
         say(f"memory: the step's resident peak in a child process ({cfg.warmup} + {cfg.steps} steps)")
         try:

@@ -91,6 +91,9 @@ def _control_note(rung: RungResult, control: RungResult) -> str:
     if rung.peak_memory_bytes and control.peak_memory_bytes:
         text += (f", peak memory {gib(rung.peak_memory_bytes)} vs {gib(control.peak_memory_bytes)} "
                  f"({control.peak_memory_bytes / rung.peak_memory_bytes:.2f}× more in fp32)")
+    elif rung.resident_rise and control.resident_rise:  # a CPU: the step's resident rise, in a child process
+        text += (f", the step's resident rise {short_bytes(rung.resident_rise)} vs "
+                 f"{short_bytes(control.resident_rise)} ({control.resident_rise / rung.resident_rise:.2f}× more in fp32)")
     return text + "."
 
 

@@ -53,8 +53,10 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
     text = f"{level:.2f}×"
     if bar_label(r):  # saved activations and the measured peak (the CUDA allocator's, or a CPU's resident rise)
         text += f"\n{bar_label(r)}"
-    ax.text(i, hi + 0.03 * top, text, ha="center", va="bottom", fontsize=9)
     pred_level = _predicted_level(r, by_name)
+    # Above the bar, its fastest window and its predicted mark, so the label hides none of them.
+    ax.text(i, max(hi, r.tokens_per_s.max / base_med, pred_level or 0.0) + 0.03 * top, text, ha="center",
+            va="bottom", fontsize=9)
     if pred_level is not None:
         ax.plot([i - 0.3, i + 0.3], [pred_level] * 2, color=PREDICTED, linewidth=2.5, solid_capstyle="butt",
                 gid=f"predicted-{r.name}")
