@@ -32,7 +32,7 @@ ladder() {  # ladder NAME SECONDS ARGS...: one speedladder run, its log kept bes
 if [[ "${1:-}" == "--smoke" ]]; then
   ladder small 120 --preset tiny --steps 3 --loss-steps 5 --learns-steps 60
   ladder gpt2 120 --preset tiny --data tinyshakespeare --tokenizer gpt2 --rungs eager,bf16,batch,ckpt \
-    --steps 2 --loss-steps 5 --learns-steps 20 --learns-min-drop 0.05
+    --steps 2 --loss-steps 5 --learns-steps 60
 else
   { nvidia-smi || true; "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } \
     > "$OUT/environment.txt" 2>&1

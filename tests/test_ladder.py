@@ -16,7 +16,7 @@ from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
 from speedladder.step import TrainStep
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
-        "--learns-min-drop", "0.05", "--no-profile"]
+        "--no-profile"]
 
 
 def run_dir(out: Path) -> Path:

@@ -138,6 +138,17 @@ def load_corpus(source: str, tokenizer_name: str) -> Corpus:
     return Corpus(source, tok.name, tok.vocab_size, torch.tensor(ids, dtype=torch.long))
 
 
+def unigram_entropy(corpus: Corpus, chunk: int = 1 << 24) -> float:
+    """Entropy in nats of the corpus's token frequencies: the loss of a model that learns nothing but them.
+    Counted in chunks, so a memory-mapped corpus is never read whole into memory."""
+    counts = torch.zeros(corpus.vocab_size, dtype=torch.float64)
+    for start in range(0, corpus.n_tokens, chunk):
+        part = torch.as_tensor(corpus.tokens[start:start + chunk]).long()
+        counts += torch.bincount(part, minlength=corpus.vocab_size)[: corpus.vocab_size].double()
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())
+
+
 def check_fits(corpus: Corpus, batch_size: int, seq_len: int) -> None:
     """A batch must not cover more tokens than the corpus has: it would repeat the corpus within a step."""
     if batch_size * seq_len > corpus.n_tokens - 1:

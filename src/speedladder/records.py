@@ -81,6 +81,8 @@ class Gate:
     equivalence: dict[str, Any] | None = None  # logits, loss and gradients against eager fp32
     loss_band: dict[str, Any] | None = None  # the loss curve against eager fp32's over the same batches
     tokens_to_target: dict[str, Any] | None = None  # an optimizer rung: tokens to AdamW's loss
+    causality: dict[str, Any] | None = None  # the future tokens changed: the past logits must not move
+    differential: dict[str, Any] | None = None  # against the rung it built on, at the same precision
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,7 +125,10 @@ class RungResult:
     gate: Gate | None = None
     speedup_prev: float | None = None
     speedup_cum: float | None = None
-    verdict: str | None = None  # "baseline", "win", "loss", "noise" or "control"
+    verdict: str | None = None  # "baseline", "win", "loss", "noise", "inconclusive" or "control"
+    verdict_detail: str = ""  # why a verdict is inconclusive
+    base_timing: dict[str, Any] | None = None  # the base re-timed beside this rung: its interleaved windows
+    base_tokens_per_s: Spread | None = None  # ... and their tokens/s; x prev and the verdict use these
     prediction_error: float | None = None  # measured x prev over predicted, less 1
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
     extra: dict[str, Any] = field(default_factory=dict)

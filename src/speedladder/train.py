@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -84,7 +85,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
     return model, ckpt
 
 
-def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int,
+               log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train `steps` steps from the initial weights, a log line every `log_every`; the reference weights and losses."""
     losses: list[torch.Tensor] = []
     tps = spec.tokens_per_step
@@ -99,8 +101,8 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int) -> tu
                 seconds = time.perf_counter() - t0
                 n = i + 1 - last
                 note = " (includes compiling)" if spec.compile and last == 0 else ""
-                print(f"step {i + 1}, loss {loss:.3f}, time {1e3 * seconds / n:.1f}ms, "
-                      f"tokens/s {n * tps / seconds:,.0f}{note}", flush=True)
+                log(f"step {i + 1}, loss {loss:.3f}, time {1e3 * seconds / n:.1f}ms, "
+                    f"tokens/s {n * tps / seconds:,.0f}{note}")
                 t0, last = time.perf_counter(), i + 1
         state = step.reference_state()
     return state, torch.stack(losses).float().cpu().tolist()
@@ -109,12 +111,13 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int) -> tu
 def main(args: argparse.Namespace) -> int:
     work, spec, source = plan(args)
     cfg = work.cfg
-    print(f"training {cfg.run.preset} ({work.params:,} parameters) on {work.corpus.source} with {source}: "
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    log(f"training {cfg.run.preset} ({work.params:,} parameters) on {work.corpus.source} with {source}: "
           f"B={spec.batch_size} T={spec.seq_len}, {spec.precision}, "
           f"{'compiled' + (f' ({spec.compile_mode})' if spec.compile_mode else '') if spec.compile else 'eager'}, "
           f"{spec.optimizer}" + (f", {', '.join(spec.transforms)}" if spec.transforms else "")
-          + f", on {work.device}", flush=True)
-    state, values = train_loop(work, spec, args.steps, args.log_every)
+          + f", on {work.device}")
+    state, values = train_loop(work, spec, args.steps, args.log_every, log)
     tail = values[-max(1, len(values) // 10):]
     print(f"loss {values[0]:.3f} -> {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} steps)")
     run_dir = results.new_run_dir(args.out)

@@ -151,6 +151,34 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
     return out
 
 
+def finalists(results: Results, n: int) -> list[RungResult]:
+    """The n fastest configurations that passed every gate, by x eager: what is measured again before a winner is
+    named (picking the largest of several noisy medians favours the luckiest: the winner's curse)."""
+    passed = [r for r in results.rungs if r.role in ("rung", "beside", "candidate") and r.passed
+              and r.name != "eager" and r.speedup_cum is not None]
+    return sorted(passed, key=lambda r: r.speedup_cum or 0.0, reverse=True)[:n]
+
+
+def measure_finalists(ladder: Ladder, budget: Budget, n: int, say: Callable[[str], None]) -> list[str]:
+    """Each finalist measured again with eager fp32 timed beside it, windows alternating; the names of the
+    re-measurements, fastest first by that ratio (what the learns-check then tries, in that order)."""
+    res = ladder.results
+    base = res.baseline
+    out = []
+    for r in finalists(res, n):
+        names = rungs_of(r, res)
+        names = tuple(x for x in names if x != "eager")
+        say(f"final: {r.name} again, eager fp32 re-timed beside it")
+        final = ladder.climb(combination_rung(f"final-{r.name}", names), StepSpec.from_dict(r.spec), base,
+                             role="final", predicted=ladder.predicted_together(names))
+        final.rungs_combined = list(names)
+        ladder.save()
+        if final.passed:
+            out.append(final)
+    out.sort(key=lambda x: x.speedup_prev or 0.0, reverse=True)
+    return [x.name for x in out]
+
+
 def summarize(results: Results, run_dir: str, cfg: Resolved) -> dict:
     """The tune section of results.json once the search is over: what was kept, dropped, and who won."""
     best = winner(results)

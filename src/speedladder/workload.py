@@ -22,7 +22,7 @@ from speedladder.data import BatchStream, Corpus, check_fits, load_corpus
 from speedladder.model import GPT
 from speedladder.records import Results
 from speedladder.rungs import RUNGS, Env, StepSpec
-from speedladder.step import TrainStep, initial_state
+from speedladder.step import TrainStep, initial_state, matmul_precision
 
 # The gate batches are drawn from a stream of their own, apart from the timing stream's.
 GATE_SEED_OFFSET = 1
@@ -112,7 +112,7 @@ def free_device_memory(device: torch.device) -> None:
 
 @dataclass
 class Measurement:
-    """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4)."""
+    """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4 and 8)."""
 
     timing: measure.Timing
     tokens_per_s: measure.Spread
@@ -120,26 +120,53 @@ class Measurement:
     compile_s: float | None  # None for an uncompiled step
     peak_memory_bytes: int | None  # None where the device does not report it
     warnings: list[str] = field(default_factory=list)
+    base_timing: measure.Timing | None = None  # the base re-timed beside it, windows interleaved
+    base_tokens_per_s: measure.Spread | None = None
 
 
-def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, step: TrainStep | None = None,
-                 stream: BatchStream | None = None, counter: Callable[[], int] = measure.compile_count,
-                 edge: Callable[[], None] | None = None, world: int = 1) -> tuple[Measurement, TrainStep]:
+def _in_precision(spec: StepSpec, fn: Callable[[], object]) -> Callable[[], object]:
+    """A step run under its own matmul precision, so a rung and its base can take turns (TF32 is global state)."""
+    def run() -> object:
+        with matmul_precision(spec):
+            return fn()
+    return run
+
+
+def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, base: StepSpec | None = None,
+                 step: TrainStep | None = None, stream: BatchStream | None = None,
+                 counter: Callable[[], int] = measure.compile_count, edge: Callable[[], None] | None = None,
+                 world: int = 1) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
-    `world` processes each do spec.tokens_per_step a step (a data-parallel job
-    counts every rank's tokens); `counter` and `edge` let such a job agree on
-    its warm-up and line its windows up across ranks.
+    With `base`, the base spec is built too and its windows interleaved with
+    the spec's (measure.run_pair), so the comparison carries no drift. `world`
+    processes each do spec.tokens_per_step a step (a data-parallel job counts
+    every rank's tokens); `counter` and `edge` let such a job agree on its
+    warm-up and line its windows up across ranks.
     """
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
     measure.reset_peak_memory(device)
-    say("building" + (" and compiling (first step)" if spec.compile else ""))
+    say("building" + (" and compiling (first step)" if spec.compile else "")
+        + (", with its base re-timed beside it" if base is not None else ""))
     step = step or work.step(spec)
-    stream = stream or work.stream(spec)
-    timing = measure.run_windows(measure.stepper(step, stream), device, world * spec.tokens_per_step,
-                                 t.steps, t.windows, t.warmup, t.max_warmup,  # type: ignore[arg-type]
-                                 counter=counter, on_progress=say, edge=edge)
+    run = _in_precision(spec, measure.stepper(step, stream or work.stream(spec)))
+    timing = measure.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge)  # type: ignore[arg-type]
+    peak = measure.peak_memory(device)  # the rung's own: read before its base is built beside it
+    base_timing = None
+    if base is None:
+        for i in range(t.windows):
+            timing.windows.append(measure.time_window(run, device, world * spec.tokens_per_step, t.steps,  # type: ignore[arg-type]
+                                                      counter, edge))
+            say(measure.window_line(timing.windows[-1], i, t.windows))
+    else:
+        base_step = work.step(base)
+        base_run = _in_precision(base, measure.stepper(base_step, work.stream(base)))
+        base_timing = measure.warm_up(base_run, device, t.warmup, t.max_warmup, counter,  # type: ignore[arg-type]
+                                      lambda m: say("base: " + m))
+        measure.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step, base.tokens_per_step,
+                           t.steps, t.windows, counter, say)  # type: ignore[arg-type]
+        del base_step, base_run
     spread = measure.tokens_per_s(timing)
     if spread is None:
         raise RuntimeError("every timed window recompiled: no valid window")
@@ -150,7 +177,8 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     if len(timing.clean_windows) < len(timing.windows):
         warnings.append(f"{len(timing.windows) - len(timing.clean_windows)} window(s) recompiled and were left out")
     m = Measurement(timing, spread, step_ms, measure.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
-                    measure.peak_memory(device), warnings)
+                    peak, warnings, base_timing,
+                    measure.tokens_per_s(base_timing) if base_timing is not None else None)
     return m, step
 
 

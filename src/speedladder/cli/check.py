@@ -67,7 +67,7 @@ def rerun_argv(saved: dict) -> list[str]:
                 "--steps", str(c["steps"]), "--windows", str(c["windows"]), "--warmup", str(c["warmup"]),
                 "--max-warmup", str(c["max_warmup"]),
                 "--loss-steps", str(g["loss_steps"]), "--loss-band", repr(g["loss_band"]),
-                "--learns-steps", str(g["learns_steps"]), "--learns-min-drop", repr(g["learns_min_drop"]),
+                "--learns-steps", str(g["learns_steps"]), "--learns-band", repr(g.get("learns_band", 0.03)),
                 "--target-steps", str(g["target_steps"]), "--profile-steps", str(prof["steps"])]
         rungs, beside = tuple(c["rungs"]), tuple(c.get("beside") or ())
     except (KeyError, TypeError) as e:
@@ -77,8 +77,11 @@ def rerun_argv(saved: dict) -> list[str]:
         argv += ["--ladder", c["ladder"]]  # a named ladder keeps its beside rungs, which --rungs would drop
     else:
         argv += ["--rungs", ",".join(rungs)]
-    if c.get("peak_tflops") is not None:
-        argv += ["--peak-tflops", repr(c["peak_tflops"])]
+    peak = c.get("peak_tflops")
+    if isinstance(peak, (int, float)):  # schema 1: one number for every precision
+        peak = {"fp32": peak, "tf32": peak, "bf16": peak, "fp8": peak}
+    if peak:
+        argv += ["--peak-tflops", ",".join(f"{k}={v!r}" for k, v in peak.items())]
     if not prof.get("enabled", True):
         argv.append("--no-profile")
     return argv

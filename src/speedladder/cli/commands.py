@@ -14,6 +14,7 @@ from speedladder.cli.flags import (
     add_profile_flags,
     add_rung_flags,
     add_workload_flags,
+    peak_list,
     run_config,
     rung_list,
 )
@@ -62,9 +63,9 @@ def _command(sub, name: str, *groups) -> argparse.ArgumentParser:
 def add_run(sub) -> None:
     """speedladder run: climb the ladder."""
     run = _command(sub, "run", add_workload_flags, add_rung_flags)
-    run.add_argument("--peak-tflops", type=float, metavar="X",
-                     help="peak TFLOP/s for MFU, e.g. a measured bf16 ceiling. Default: the vendor table "
-                          "for known GPUs, none (MFU n/a) elsewhere")
+    run.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
+                     help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67 (a measured ceiling). Default: "
+                          "the vendor table for known GPUs, none (MFU n/a) elsewhere")
     gates = GateConfig()
     run.add_argument("--loss-steps", type=int, default=gates.loss_steps, metavar="K",
                      help="steps over the same first K batches compared with eager fp32. Default: %(default)s")
@@ -72,8 +73,9 @@ def add_run(sub) -> None:
                      help="largest allowed relative loss difference from eager fp32. Default: %(default)s")
     run.add_argument("--learns-steps", type=int, default=gates.learns_steps, metavar="N",
                      help="steps of the final learns-check; 0 skips it. Default: %(default)s")
-    run.add_argument("--learns-min-drop", type=float, default=gates.learns_min_drop, metavar="F",
-                     help="the learns-check's loss must fall by this fraction. Default: %(default)s")
+    run.add_argument("--learns-band", type=float, default=gates.learns_band, metavar="F",
+                     help="the learns-check passes if the final loss is at most this fraction above eager fp32's over "
+                          "the same batches (and below the corpus's unigram entropy). Default: %(default)s")
     run.add_argument("--target-steps", type=int, default=gates.target_steps, metavar="N",
                      help="a rung that changes the optimizer (muon) is compared with AdamW by the tokens each needs "
                           "to reach AdamW's loss over N batches. Default: %(default)s")
@@ -102,8 +104,9 @@ def add_tune(sub) -> None:
                            "learns-check always runs). Default: %(default)s")
     tune.add_argument("--max-candidates", type=int, default=default(TuneConfig, "max_candidates"), metavar="N",
                       help="combinations to measure at most. Default: %(default)s")
-    tune.add_argument("--peak-tflops", type=float, metavar="X",
-                      help="peak TFLOP/s for MFU. Default: the vendor table for known GPUs, none elsewhere")
+    tune.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
+                      help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67. Default: the vendor table "
+                           "for known GPUs, none elsewhere")
     add_output_flags(tune)
 
 
@@ -128,6 +131,8 @@ def add_train(sub) -> None:
                        help="tokens generated after the corpus's first tokens; 0: no sample. Default: %(default)s")
     train.add_argument("--out", default=default(TrainConfig, "out"), metavar="DIR",
                        help="the checkpoint goes to DIR/<timestamp>/checkpoint.pt. Default: %(default)s")
+    train.add_argument("--quiet", action="store_true",
+                       help="no log line per --log-every steps; the final loss, sample and checkpoint are printed")
 
 
 def add_report(sub) -> None:
@@ -214,6 +219,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         say(f"survivors: {', '.join(res.tune['survivors']) or 'none'}; dropped: "
             + ("; ".join(f"{k} ({v})" for k, v in res.tune["dropped"].items()) or "none"))
         res.tune["candidates"] = tune.measure_candidates(ladder, budget, args.max_candidates, say)
+        res.tune["finalists"] = tune.measure_finalists(ladder, budget, default(TuneConfig, "finalists"), say)
+        ladder.finalists = res.tune["finalists"] or None  # none passed again: the learns-check tries them all
         ladder.save()
 
     interrupted = False

@@ -23,6 +23,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def peak_list(text: str) -> dict[str, float]:
+    """'bf16=989,fp32=67' -> {"bf16": 989.0, "fp32": 67.0}: one peak per precision, never one for all."""
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(
+                f"give the peak per precision, e.g. bf16=989,fp32=67, not {part!r} (one number for every "
+                "precision would overstate the MFU of the others)")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of TFLOP/s: {value!r}") from None
+    return out
+
+
 def rung_list(text: str) -> tuple[str, ...]:
     return tuple(r.strip() for r in text.split(",") if r.strip())
 
@@ -106,7 +122,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         gates=GateConfig(loss_steps=getattr(args, "loss_steps", gates.loss_steps),
                          loss_band=getattr(args, "loss_band", gates.loss_band),
                          learns_steps=getattr(args, "learns_steps", gates.learns_steps),
-                         learns_min_drop=getattr(args, "learns_min_drop", gates.learns_min_drop),
+                         learns_band=getattr(args, "learns_band", gates.learns_band),
                          target_steps=getattr(args, "target_steps", gates.target_steps)),
         profile=ProfileConfig(enabled=not getattr(args, "no_profile", False),
                               steps=getattr(args, "profile_steps", default(ProfileConfig, "steps"))),

@@ -120,6 +120,10 @@ def record_measured(saved: Results, measured: dict, world: int) -> None:
         "floor_error": costmodel.relative_error(spread.median, pred["floor_tokens_per_s"]) if pred else None,
         "overlap_error": costmodel.relative_error(spread.median, pred["overlap_tokens_per_s"]) if pred else None,
     }
+    eff = section.measured["efficiency"]
+    section.measured["flags"] = [] if eff <= 1 else [
+        (f"efficiency {eff:.0%} is above 100%: k processes cannot beat k times one; a measurement mismatch (the "
+        "one-process run and the job differ in something other than k), not a result")]
     saved.status = "complete"
 
 

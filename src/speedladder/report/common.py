@@ -32,6 +32,8 @@ def label(r: RungResult) -> str:
         return f"┊ {r.name} beside {r.built_on or 'the top'}"
     if r.role == "candidate":
         return f"◆ {r.name}"
+    if r.role == "final":  # tune's finalist, measured again beside eager
+        return f"★ {r.name}"
     return r.name
 
 

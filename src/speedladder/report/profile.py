@@ -56,7 +56,7 @@ def profile_notes(results: Results) -> list[str]:
             continue
         measured = "not measured" if not r.ok or r.speedup_prev is None else (
             f"measured {r.speedup_prev:.2f}× ({100 * (r.prediction_error or 0.0):+.0f}%)")
-        out.append(f"predicted {label(r).lstrip('┊◆ ')}: {p.reason}; {measured}.")
+        out.append(f"predicted {label(r).lstrip('┊◆★ ')}: {p.reason}; {measured}.")
     return out
 
 

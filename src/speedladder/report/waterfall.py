@@ -22,11 +22,6 @@ def waterfall(results: Results, path: Path) -> Path:
     return path
 
 
-def _baseline_median(results: Results) -> float:
-    base = results.baseline
-    return base.tokens_per_s.median if base is not None and base.tokens_per_s is not None else 1.0
-
-
 def _predicted_level(r: RungResult, by_name: dict[str, RungResult]) -> float | None:
     """Where the bar would end if the prediction were right: the level it built on times the predicted ×."""
     pred = r.predicted.speedup if r.predicted else None
@@ -46,8 +41,8 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
     lo, hi = sorted((start, level))
     ax.bar(i, hi - lo, bottom=lo, width=0.6, color=COLOURS.get(r.verdict or "", "#cccccc"),
            hatch="///" if failed else None, edgecolor="black" if failed else "none", linewidth=0.8, gid=r.name)
-    base_med = _baseline_median(results)
-    ax.errorbar(i, level, yerr=[[level - r.tokens_per_s.min / base_med], [r.tokens_per_s.max / base_med - level]],
+    t = r.tokens_per_s  # the whisker: the rung's own windows, as fractions of its median, at its level
+    ax.errorbar(i, level, yerr=[[level * (1 - t.min / t.median)], [level * (t.max / t.median - 1)]],
                 color="black", capsize=3, linewidth=1)
     text = f"{level:.2f}×"
     if r.peak_memory_bytes is not None:
@@ -74,8 +69,8 @@ def waterfall_figure(results: Results):
 
     rungs = [r for r in results.rungs if r.role in ("rung", "beside")]
     by_name = {r.name: r for r in results.rungs}
-    base_med = _baseline_median(results)
-    top = max([r.tokens_per_s.max / base_med for r in results.rungs if r.ok and r.tokens_per_s is not None]
+    top = max([(r.speedup_cum or 0.0) * r.tokens_per_s.max / r.tokens_per_s.median
+               for r in results.rungs if r.ok and r.tokens_per_s is not None]
               + [_predicted_level(r, by_name) or 0.0 for r in rungs if r.ok] + [1.0])
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rungs) + 2), 4.8))
     for i, r in enumerate(rungs):
