@@ -97,7 +97,11 @@ def test_report_reads_the_parallel_section_back(ddp_run, tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps(ddp_run))
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "identical on every rank" in out and "measured k=2" in out
+    m = ddp_run["parallel"]["measured"]
+    # The printed table holds the saved numbers: the measured job's median and its efficiency.
+    assert f"{m['tokens_per_s']['median']:,.0f}" in out and f"{100 * m['efficiency']:.0f}%" in out
+    for p in ddp_run["parallel"]["predictions"]:
+        assert f"{p['floor_tokens_per_s']:,.0f}" in out
     assert (tmp_path / "scaling.png").is_file()
 
 

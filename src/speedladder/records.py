@@ -210,12 +210,14 @@ class Results:
     """A whole results.json: the header (what the numbers need to be trusted), then what was measured."""
 
     schema: str
-    status: str  # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere)
     created: str
     command: list[str]
     config: dict[str, Any]  # the resolved configuration (config.Resolved.to_dict)
     environment: dict[str, Any]
     model: dict[str, Any]
+    # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere); a profile.json
+    # of schema 1 has none: it was written once, complete.
+    status: str = "complete"
     corpus: dict[str, Any] | None = None
     kind: str | None = None  # "profile" for a `speedladder profile` folder's profile.json
     updated: str | None = None

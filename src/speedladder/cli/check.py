@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedladder import results
+from speedladder.cli.flags import command
 from speedladder.config import LADDERS
 from speedladder.errors import UsageError
 from speedladder.records import to_dict
@@ -179,11 +180,7 @@ _SRC = str(Path(__file__).resolve().parents[2])
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("check", help="fail (exit 1) when a run is slower than a baseline or a gate newly fails",
-                       description="Run the baseline's configuration again here (or read --against) and exit 1 when "
-                                   "a rung's median tokens/s falls below the baseline's slowest window by more than "
-                                   "the tolerance, or a gate that passed now fails; one line per regression. Exit 0 "
-                                   "with a one-line summary otherwise, 2 for a missing or invalid baseline.")
+    p = command(sub, "check")
     p.add_argument("--baseline", required=True, metavar="RUN_DIR",
                    help="the run folder (or results.json) to hold this machine to. Default: none, it is required")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="F",

@@ -14,6 +14,7 @@ from speedladder.cli.flags import (
     add_profile_flags,
     add_rung_flags,
     add_workload_flags,
+    command,
     peak_list,
     run_config,
     rung_list,
@@ -30,39 +31,10 @@ from speedladder.report import parallel as parallel_report
 from speedladder.rungs import RUNGS
 from speedladder.workload import Workload, new_results, prepare
 
-# What each command does: its one-line help and the paragraph of its --help.
-HELP = {
-    "run": ("climb the ladder and write runs/<timestamp>/",
-             ("Climb the ladder: time every rung in windows, check it still computes the same function and "
-             "still learns, print the table, write results.json and waterfall.png.")),
-    "profile": ("profile the baseline, name its regime, predict every rung",
-             ("Profile a few steps of the baseline in a child process: the top operators, one step broken "
-             "into categories that add to 100%, the regime (compute-, memory- or overhead-bound) with its "
-             "evidence, and a predicted speed-up with its reason for every rung of the ladder. Writes "
-             "profile.json and a Chrome/Perfetto trace.json to DIR/<timestamp>/.")),
-    "tune": ("find the fastest configuration that passes every gate, within a budget",
-             ("Climb the full ladder, drop each rung whose verdict is loss or noise (or that failed a gate or "
-             "could not run), measure the survivors together (and, budget permitting, each left out in turn) "
-             "with the same windows and gates, and name the fastest that passes every gate and the "
-             "learns-check, with the commands that reproduce it. Writes DIR/<timestamp>/results.json.")),
-    "train": ("train one configuration, log its loss, sample text, save a checkpoint",
-             ("Train a configuration for --steps steps, logging loss, step time and tokens/s every "
-             "--log-every steps, then print a sample of generated text and save RUN/<timestamp>/"
-             "checkpoint.pt (load it with torch.load(path, weights_only=True))."))
-}
-
-
-def _command(sub, name: str, *groups) -> argparse.ArgumentParser:
-    """A sub-command with its shared flag groups (cli/flags.py) added in order."""
-    p = sub.add_parser(name, help=HELP[name][0], description=HELP[name][1])
-    for add in groups:
-        add(p)
-    return p
-
 
 def add_run(sub) -> None:
     """speedladder run: climb the ladder."""
-    run = _command(sub, "run", add_workload_flags, add_rung_flags)
+    run = command(sub, "run", add_workload_flags, add_rung_flags)
     run.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
                      help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67 (a measured ceiling). Default: "
                           "the vendor table for known GPUs, none (MFU n/a) elsewhere")
@@ -87,7 +59,7 @@ def add_run(sub) -> None:
 
 def add_profile(sub) -> None:
     """speedladder profile: the baseline (or a spec) profiled, classified, predicted."""
-    prof = _command(sub, "profile", add_workload_flags, add_rung_flags, add_profile_flags)
+    prof = command(sub, "profile", add_workload_flags, add_rung_flags, add_profile_flags)
     prof.add_argument("--profile-rungs", type=rung_list, default=(), metavar="A,B,C",
                       help="profile the spec these rungs make instead of the baseline (predictions then start "
                            "from it). Default: the baseline")
@@ -96,7 +68,7 @@ def add_profile(sub) -> None:
 
 def add_tune(sub) -> None:
     """speedladder tune: the fastest configuration that passes every gate."""
-    tune = _command(sub, "tune", add_workload_flags)
+    tune = command(sub, "tune", add_workload_flags)
     tune.add_argument("--batch-multiplier", type=int, metavar="K",
                       help="the batch rung multiplies the batch by K. Default: the preset's")
     tune.add_argument("--budget-minutes", type=float, default=default(TuneConfig, "budget_minutes"), metavar="M",
@@ -112,7 +84,7 @@ def add_tune(sub) -> None:
 
 def add_train(sub) -> None:
     """speedladder train: train one configuration, sample, save a checkpoint."""
-    train = _command(sub, "train", add_model_flags)
+    train = command(sub, "train", add_model_flags)
     train.add_argument("--run", metavar="RUN_DIR",
                        help="train the winner of that folder's results.json (tune's winner, else the run's "
                             "fastest rung), on its workload. Default: none")
@@ -192,7 +164,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # A rung measured beside the top (the full ladder's ckpt) is predicted on the whole ladder under it.
     preds += [chain(summary, [*rungs, name], base, work.env)[-1] for name in run.beside or ()]
     saved = new_results(work, kind="profile")
-    saved.profile, saved.predictions = summary, [p.to_dict() for p in preds]
+    saved.profile, saved.predictions, saved.status = summary, [p.to_dict() for p in preds], "complete"
     results.save(saved, run_dir, child.FILENAME)
     report.print_profile(saved)
     print(f"profile: {run_dir / child.FILENAME}\ntrace: {run_dir / child.TRACE}")

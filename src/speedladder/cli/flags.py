@@ -129,3 +129,41 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     )
 
 
+# What each command does: its one-line help and the paragraph of its --help.
+HELP = {
+    "run": ("climb the ladder and write runs/<timestamp>/",
+             ("Climb the ladder: time every rung in windows beside the rung it built on, check it still computes "
+              "the same function and still learns, print the table, write results.json, waterfall.png and "
+              "report.html.")),
+    "profile": ("profile the baseline, name its regime, predict every rung",
+             ("Profile a few steps of the baseline in a child process: the top operators, one step broken "
+             "into categories that add to 100%, the regime (compute-, memory- or overhead-bound) with its "
+             "evidence, and a predicted speed-up with its reason for every rung of the ladder. Writes "
+             "profile.json and a Chrome/Perfetto trace.json to DIR/<timestamp>/.")),
+    "tune": ("find the fastest configuration that passes every gate, within a budget",
+             ("Climb the full ladder, drop each rung whose verdict is loss or noise (or that failed a gate or "
+             "could not run), measure the survivors together (and, budget permitting, each left out in turn) "
+             "with the same windows and gates, and name the fastest that passes every gate and the "
+             "learns-check, with the commands that reproduce it. Writes DIR/<timestamp>/results.json.")),
+    "train": ("train one configuration, log its loss, sample text, save a checkpoint",
+             ("Train a configuration for --steps steps, logging loss, step time and tokens/s every "
+             "--log-every steps, then print a sample of generated text and save RUN/<timestamp>/"
+             "checkpoint.pt (load it with torch.load(path, weights_only=True)).")),
+    "compare": ("compare runs side by side, rung by rung",
+                ("Align the runs' rungs by name and show, for each later run against the first: tokens/s, the ratio "
+                "of the medians, whether the change is outside both runs' window spreads (their min–max ranges do "
+                "not overlap), gate changes, and configuration or environment differences.")),
+    "check": ("fail (exit 1) when a run is slower than a baseline or a gate newly fails",
+              ("Run the baseline's configuration again here (or read --against) and exit 1 when a rung's median "
+              "tokens/s falls below the baseline's slowest window by more than the tolerance, or a gate that passed "
+              "now fails; one line per regression. Exit 0 with a one-line summary otherwise, 2 for a missing or "
+              "invalid baseline.")),
+}
+
+
+def command(sub, name: str, *groups) -> argparse.ArgumentParser:
+    """A sub-command with its shared flag groups (cli/flags.py) added in order."""
+    p = sub.add_parser(name, help=HELP[name][0], description=HELP[name][1])
+    for add in groups:
+        add(p)
+    return p
