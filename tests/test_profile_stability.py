@@ -92,6 +92,20 @@ def test_a_margin_under_the_floor_is_borderline_even_when_every_step_agrees():
     assert b["regime_label"] == "borderline (compute / memory)"
 
 
+def test_an_unsteady_run_is_borderline_when_its_steps_disagree():
+    """Two OpenMP threads against other processes on two cores: every step disturbed, none an outlier."""
+    shares = [(0.55, 0.35)] * 10 + [(0.40, 0.50)] * 2  # two steps lean the other way; the quartiles do not show it
+    busy = [(c * w, m * w, 0.0, w) for (c, m), w in zip(shares, [1000.0 + 100 * i for i in range(12)], strict=True)]
+    b = profiled(busy)
+    assert b["unsteady"] and b["outlier_steps"] == []
+    assert b["bucket_iqr"]["compute"][0] > b["bucket_iqr"]["memory"][1]
+    assert b["regime"] == "compute-bound" and b["regime_label"] == "borderline (compute / memory)"
+    # The same shares in steady steps: the quartiles are the spread, and the margin is clear of it.
+    calm = profiled([(c * 1000.0, m * 1000.0, 0.0, 1000.0) for c, m in shares])
+    assert not calm["unsteady"] and calm["regime_label"] == "compute-bound"
+    assert "unsteady" in " ".join(profile_notes(results_with(from_dict(ProfileSummary, b))))
+
+
 def test_outlier_rule():
     assert spread.outliers([50.0, 51.0, 49.0, 50.5, 120.0, 50.2]) == [4]
     assert spread.outliers([50.0, 51.0, 49.0, 50.5, 30.0, 50.2]) == [4]  # far faster is far outside too

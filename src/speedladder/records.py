@@ -176,6 +176,7 @@ class ProfileSummary:
     outlier_steps: list[int] = field(default_factory=list)  # indices into per_step of steps far outside the others
     outlier_rule: str = ""
     bucket_iqr: dict[str, list[float]] = field(default_factory=dict)  # compute, memory, overhead across the steps
+    unsteady: bool = False  # the steps' wall times spread too much for their shares to describe the workload
     borderline: list[str] = field(default_factory=list)  # the two regimes the margin cannot tell apart; [] if clear
     regime_label: str | None = None  # the regime, or "borderline (compute / memory)"; None in older files
     extra: dict[str, Any] = field(default_factory=dict)

@@ -304,15 +304,17 @@ def classify(b: dict) -> dict:
     """The regime of the median step, and whether its margin over the runner-up is inside the spread.
 
     Returns the fields the profile keeps: regime (one of REGIMES, as ever),
-    evidence, buckets, bucket_iqr, borderline (the two regimes the margin
+    evidence, buckets, bucket_iqr, unsteady (the steps' wall times spread too
+    much to describe the workload), borderline (the two regimes the margin
     cannot tell apart, or empty) and regime_label ("borderline (compute /
-    memory)" or the regime).
+    memory)" or the regime). The rules are in profile/spread.py.
     """
     name, evidence, bk = regime(b)
     per = step_buckets(b)
-    pair = spread.borderline(bk, per)
-    out = {"regime": name, "evidence": evidence, "buckets": bk,
-           "bucket_iqr": {k: spread.iqr([p[k] for p in per]) for k in bk} if per else {},
-           "borderline": [f"{k}-bound" for k in pair],
-           "regime_label": f"borderline ({pair[0]} / {pair[1]})" if pair else name}
-    return out
+    walls = [p["wall_ms"] for p in b.get("per_step") or []]
+    pair = spread.borderline(bk, per, walls)
+    return {"regime": name, "evidence": evidence, "buckets": bk,
+            "bucket_iqr": {k: spread.iqr([p[k] for p in per]) for k in bk} if per else {},
+            "unsteady": spread.unsteady(walls),
+            "borderline": [f"{k}-bound" for k in pair],
+            "regime_label": f"borderline ({pair[0]} / {pair[1]})" if pair else name}

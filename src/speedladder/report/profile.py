@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from speedladder.profile.spread import iqr
 from speedladder.records import ProfileSummary, Results
 from speedladder.report.common import console, label, pct, times
 
@@ -16,6 +17,11 @@ def share_range(v: dict) -> str:
     """A category's share of the median step, and its interquartile range across the steps where kept."""
     rng = v.get("share_iqr")
     return pct(v["share"]) + (f" ({pct(rng[0])}–{pct(rng[1])})" if rng else "")
+
+
+def iqr_text(xs: list[float]) -> str:
+    lo, hi = iqr(xs)
+    return f"{lo:.1f}–{hi:.1f}"
 
 
 def category_line(b: ProfileSummary) -> str:
@@ -33,8 +39,13 @@ def spread_lines(b: ProfileSummary) -> list[str]:
         out.append(f"regime {b.label}: the margin between {first} and {second} is inside their spread across the "
                    f"steps ({ranges or 'no per-step spread kept'}), so the predictions that rest on their shares are "
                    "uncertain by as much; each prediction gives its range.")
-    if b.outlier_steps and b.per_step:
-        median = statistics.median(s["wall_ms"] for s in b.per_step)
+    walls = [s["wall_ms"] for s in b.per_step]
+    if b.unsteady and walls:
+        out.append(f"unsteady steps: wall times {min(walls):.1f}–{max(walls):.1f} ms, interquartile range "
+                   f"{iqr_text(walls)} ms around a median of {statistics.median(walls):.1f} ms: the machine was busy "
+                   "while profiling, and the shares show that as much as the workload.")
+    if b.outlier_steps and walls:
+        median = statistics.median(walls)
         steps = ", ".join(f"#{i} {b.per_step[i]['wall_ms']:.1f} ms" for i in b.outlier_steps if i < len(b.per_step))
         out.append(f"outlier steps (median {median:.1f} ms; {b.outlier_rule}): {steps}; the median step ignores them.")
     return out
