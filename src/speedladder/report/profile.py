@@ -78,7 +78,8 @@ def profile_notes(results: Results) -> list[str]:
         return []
     if b.error:
         return [f"profile: failed ({b.error}); no predictions."]
-    out = [f"profile of the baseline (median of {b.steps} steps, {b.time_basis}): {category_line(b)}.",
+    steps = f"the median of {b.steps} steps" if b.per_step else f"{b.steps} steps"
+    out = [f"profile of the baseline ({steps}, {b.time_basis}): {category_line(b)}.",
            f"regime: {b.label} — {b.evidence}.", *spread_lines(b)]
     if b.memory_gbps:
         out.append(f"memory-bound operators moved {b.memory_gbps:.1f} GB/s (counted from shapes for "
@@ -118,14 +119,16 @@ def category_table(b: ProfileSummary) -> Table:
     steps = f"the median of {b.steps} steps" if b.per_step else "one step"
     t = Table(title=escape(f"{steps}, {b.wall_step_ms or 0.0:.2f} ms under the profiler: {b.time_basis}"),
               title_justify="left")
-    for col in ("category", "ms/step", "share", "share IQR", "of which per-op floor"):
+    spread = any(v.get("share_iqr") for v in b.categories.values())  # a profile saved before issue 16 has none
+    for col in ("category", "ms/step", "share", *(["share IQR"] if spread else []), "of which per-op floor"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for c, v in b.categories.items():
         rng = v.get("share_iqr")
-        t.add_row(escape(c), f"{v['ms']:.3f}", pct(v["share"]), f"{pct(rng[0])}–{pct(rng[1])}" if rng else "—",
+        t.add_row(escape(c), f"{v['ms']:.3f}", pct(v["share"]),
+                  *([f"{pct(rng[0])}–{pct(rng[1])}" if rng else "—"] if spread else []),
                   f"{v['floor_ms']:.3f}" if v["floor_ms"] else "—")
     t.add_row("total", f"{sum(v['ms'] for v in b.categories.values()):.3f}",
-              pct(sum(v["share"] for v in b.categories.values())), "", "")
+              pct(sum(v["share"] for v in b.categories.values())), *([""] if spread else []), "")
     return t
 
 
@@ -148,12 +151,13 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
         out.print(escape(line), soft_wrap=True)
     out.print(escape(_facts_line(b)), soft_wrap=True)
     t = Table(title="predictions (each on the rung before it)", title_justify="left")
-    for col in ("rung", "pred ×", "steps' IQR", "why"):
+    spread = any(p.get("speedup_iqr") for p in saved.predictions or [])
+    for col in ("rung", "pred ×", *(["steps' IQR"] if spread else []), "why"):
         t.add_column(col, justify="left" if col in ("rung", "why") else "right")
     for p in saved.predictions or []:
         rng = p.get("speedup_iqr")
-        t.add_row(escape(p["rung"]), times(p["speedup"]), f"{rng[0]:.2f}–{rng[1]:.2f}" if rng else "—",
-                  escape(p["reason"]))
+        t.add_row(escape(p["rung"]), times(p["speedup"]),
+                  *([f"{rng[0]:.2f}–{rng[1]:.2f}" if rng else "—"] if spread else []), escape(p["reason"]))
     out.print(t)
 
 
