@@ -305,16 +305,19 @@ def classify(b: dict) -> dict:
 
     Returns the fields the profile keeps: regime (one of REGIMES, as ever),
     evidence, buckets, bucket_iqr, unsteady (the steps' wall times spread too
-    much to describe the workload), borderline (the two regimes the margin
+    much to describe the workload), starved (a multi-threaded step got too
+    little of the CPU it asked for), borderline (the two regimes the margin
     cannot tell apart, or empty) and regime_label ("borderline (compute /
     memory)" or the regime). The rules are in profile/spread.py.
     """
     name, evidence, bk = regime(b)
     per = step_buckets(b)
-    walls = [p["wall_ms"] for p in b.get("per_step") or []]
-    pair = spread.borderline(bk, per, walls)
+    steps = b.get("per_step") or []
+    walls = [p["wall_ms"] for p in steps]
+    starved = spread.starved([p["cpu_share"] for p in steps if "cpu_share" in p], b.get("threads"))
+    pair = spread.borderline(bk, per, walls, starved)
     return {"regime": name, "evidence": evidence, "buckets": bk,
             "bucket_iqr": {k: spread.iqr([p[k] for p in per]) for k in bk} if per else {},
-            "unsteady": spread.unsteady(walls),
+            "unsteady": spread.unsteady(walls), "starved": starved,
             "borderline": [f"{k}-bound" for k in pair],
             "regime_label": f"borderline ({pair[0]} / {pair[1]})" if pair else name}

@@ -17,6 +17,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,14 +45,15 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
     device_time = device.type == "cuda"
     if device_time:
         activities.append(ProfilerActivity.CUDA)
-    faults = []
+    faults, cpu_s = [], []
     with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
         for _ in range(steps):
-            before = _minor_faults()
+            before, cpu = _minor_faults(), time.process_time()
             with record_function(STEP_MARK):
                 step()
                 sync(device)
             faults.append(_minor_faults() - before)
+            cpu_s.append(time.process_time() - cpu)
     events = list(prof.events())
     spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP_MARK)
     per_step: list[list] = [[] for _ in spans]
@@ -63,8 +65,13 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
             per_step[i].append(e)
     floor = 0.0 if device_time else op_floor_us(device)
     b = breakdown(per_step, [t - s for s, t in spans], device_time, floor)
-    for p, n in zip(b["per_step"], faults, strict=False):
+    # The intra-op threads a CPU step asks for; None elsewhere (a GPU step's host time is not its device time).
+    b["threads"] = torch.get_num_threads() if device.type == "cpu" else None
+    for p, n, c in zip(b["per_step"], faults, cpu_s, strict=False):
         p["minor_faults"] = n  # pages the kernel mapped for the step: a cost that can make one step an outlier
+        # The CPU time this process got over what it asked for (wall x threads): under 1 when other processes
+        # held the cores.
+        p["cpu_share"] = c / max(p["wall_ms"] / 1e3 * (b["threads"] or 1), 1e-9)
     b["op_floor_us"] = floor
     b["steps"] = len(spans)
     b["time_basis"] = ("CUDA kernel time per operator; idle is the GPU waiting on the host" if device_time else

@@ -36,8 +36,14 @@ OUTLIER_RULE = (f"|wall - median| > max({OUTLIER_K:g} x {MAD_TO_SIGMA} x MAD, {O
 #     step but the flagged outliers overlap. In such a run the quartiles describe the contention, not the workload:
 #     those runs on the test machine named memory-bound with quartiles that did not overlap, where the quiet runs of
 #     the same workload said compute-bound by 10 to 20 points.
+#  4. the process was starved with more than one intra-op thread: in the median step it got under STARVED_SHARE of
+#     the CPU time it asked for (wall x threads). A multi-threaded operator waits at its barrier for a thread another
+#     process holds, and that wait lands in whichever operators are parallel: on the test machine, two threads
+#     against the other engineers' work gave steps 70x longer than quiet ones, all alike, and "memory-bound" with
+#     the optimizer at 30%. One thread is time-sliced evenly instead: those runs kept their regime, only slower.
 MIN_MARGIN = 0.05
 UNSTEADY_REL = 0.25
+STARVED_SHARE = 0.5
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
@@ -80,13 +86,20 @@ def unsteady(walls: Sequence[float]) -> bool:
     return hi - lo > UNSTEADY_REL * statistics.median(walls)
 
 
-def borderline(buckets: dict[str, float], per_step: Sequence[dict[str, float]], walls: Sequence[float]) -> list[str]:
+def starved(cpu_shares: Sequence[float], threads: int | None) -> bool:
+    """Whether a multi-threaded CPU step got too little of the CPU it asked for to trust its shares (rule 4)."""
+    return bool(cpu_shares) and (threads or 1) > 1 and statistics.median(cpu_shares) < STARVED_SHARE
+
+
+def borderline(buckets: dict[str, float], per_step: Sequence[dict[str, float]], walls: Sequence[float],
+               starved: bool = False) -> list[str]:
     """The top two buckets when the margin between them is inside the spread (the rules above); empty when not.
 
-    buckets: the median step's; per_step: the same buckets of each step alone; walls: each step's wall time.
+    buckets: the median step's; per_step: the same buckets of each step alone; walls: each step's wall time;
+    starved: rule 4 holds.
     """
     first, second = sorted(buckets, key=buckets.get, reverse=True)[:2]  # type: ignore[arg-type]
-    if buckets[first] - buckets[second] < MIN_MARGIN:
+    if starved or buckets[first] - buckets[second] < MIN_MARGIN:
         return [first, second]
     if len(per_step) < 2:
         return []
