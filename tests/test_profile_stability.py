@@ -106,14 +106,14 @@ def test_an_unsteady_run_is_borderline_when_its_steps_disagree():
     assert "unsteady" in " ".join(profile_notes(results_with(from_dict(ProfileSummary, b))))
 
 
-@pytest.mark.parametrize("threads, share, starved", [(2, 0.3, True), (1, 0.3, False), (2, 0.9, False)])
+@pytest.mark.parametrize("threads, share, starved", [(2, 0.6, True), (1, 0.6, False), (2, 0.05, False)])
 def test_a_starved_multithreaded_profile_is_borderline(threads, share, starved):
-    """Every step alike and the margin wide, but two threads got 30% of the CPU they asked for: not to be trusted."""
+    """Every step alike and the margin wide, but two threads waited for cores most of the time: not to be trusted."""
     b = categories.breakdown([step_events(550.0, 300.0) for _ in range(10)], [1000.0] * 10, device_time=False,
                              op_floor_us=0.0)
     b["threads"] = threads
     for p in b["per_step"]:
-        p["cpu_share"] = share
+        p["wait_share"] = share
     b.update(categories.classify(b))
     assert b["starved"] is starved and not b["unsteady"] and b["regime"] == "compute-bound"
     assert b["regime_label"] == ("borderline (compute / memory)" if starved else "compute-bound")
@@ -160,7 +160,7 @@ def test_operators_per_step_are_the_same_in_every_profiled_step(tiny):
                            CPU, steps=4, warmup=2)
     ops = [s["ops"] for s in b["per_step"]]
     assert len(ops) == 4 and len(set(ops)) == 1 and b["ops_per_step"] == ops[0] > 50
-    assert all(s["minor_faults"] >= 0 and 0 < s["cpu_share"] for s in b["per_step"])
+    assert all(s["minor_faults"] >= 0 and s["wait_share"] >= 0 for s in b["per_step"])
     assert b["threads"] == torch.get_num_threads()
     assert b["regime_label"] and b["regime"] in categories.REGIMES and len(b["bucket_iqr"]) == 3
 

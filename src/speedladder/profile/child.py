@@ -17,7 +17,6 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,15 +44,16 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
     device_time = device.type == "cuda"
     if device_time:
         activities.append(ProfilerActivity.CUDA)
-    faults, cpu_s = [], []
+    faults, waits = [], []
     with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
         for _ in range(steps):
-            before, cpu = _minor_faults(), time.process_time()
+            before, wait = _minor_faults(), _run_queue_wait_s()
             with record_function(STEP_MARK):
                 step()
                 sync(device)
             faults.append(_minor_faults() - before)
-            cpu_s.append(time.process_time() - cpu)
+            after = _run_queue_wait_s()
+            waits.append(None if wait is None or after is None else after - wait)
     events = list(prof.events())
     spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP_MARK)
     per_step: list[list] = [[] for _ in spans]
@@ -67,11 +67,12 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
     b = breakdown(per_step, [t - s for s, t in spans], device_time, floor)
     # The intra-op threads a CPU step asks for; None elsewhere (a GPU step's host time is not its device time).
     b["threads"] = torch.get_num_threads() if device.type == "cpu" else None
-    for p, n, c in zip(b["per_step"], faults, cpu_s, strict=False):
+    for p, n, w in zip(b["per_step"], faults, waits, strict=False):
         p["minor_faults"] = n  # pages the kernel mapped for the step: a cost that can make one step an outlier
-        # The CPU time this process got over what it asked for (wall x threads): under 1 when other processes
-        # held the cores.
-        p["cpu_share"] = c / max(p["wall_ms"] / 1e3 * (b["threads"] or 1), 1e-9)
+        if w is not None:
+            # The time this process's threads were ready to run but waited for a core another process held, over
+            # the core time the step asked for (wall x threads).
+            p["wait_share"] = w / max(p["wall_ms"] / 1e3 * (b["threads"] or 1), 1e-9)
     b["op_floor_us"] = floor
     b["steps"] = len(spans)
     b["time_basis"] = ("CUDA kernel time per operator; idle is the GPU waiting on the host" if device_time else
@@ -84,6 +85,17 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
         prof.export_chrome_trace(str(trace_path))
         b["trace"] = trace_path.name
     return b
+
+
+def _run_queue_wait_s() -> float | None:
+    """Seconds this process's threads have waited, runnable, for a core (Linux schedstat); None elsewhere."""
+    total = 0
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1])  # on-cpu ns, run-queue wait ns, slices
+    except (OSError, IndexError, ValueError):  # not Linux, or a thread ended while read: no figure this step
+        return None
+    return total / 1e9
 
 
 def _minor_faults() -> int:

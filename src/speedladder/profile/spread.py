@@ -36,14 +36,16 @@ OUTLIER_RULE = (f"|wall - median| > max({OUTLIER_K:g} x {MAD_TO_SIGMA} x MAD, {O
 #     step but the flagged outliers overlap. In such a run the quartiles describe the contention, not the workload:
 #     those runs on the test machine named memory-bound with quartiles that did not overlap, where the quiet runs of
 #     the same workload said compute-bound by 10 to 20 points.
-#  4. the process was starved with more than one intra-op thread: in the median step it got under STARVED_SHARE of
-#     the CPU time it asked for (wall x threads). A multi-threaded operator waits at its barrier for a thread another
-#     process holds, and that wait lands in whichever operators are parallel: on the test machine, two threads
-#     against the other engineers' work gave steps 70x longer than quiet ones, all alike, and "memory-bound" with
-#     the optimizer at 30%. One thread is time-sliced evenly instead: those runs kept their regime, only slower.
+#  4. the step was starved with more than one intra-op thread: in the median step its threads waited, ready to run,
+#     for a core another process held for over STARVED_WAIT of the core time the step asked for (wall x threads).
+#     A multi-threaded operator waits at its barrier for a thread that is not running, spinning meanwhile, and that
+#     wait lands in whichever operators are parallel: on the test machine (2026-11-29, two threads against the other
+#     engineers' work) the threads waited for half to two thirds of it, steps took up to 70 times a quiet step, and
+#     runs said "memory-bound" with the optimizer near 30%. One thread is time-sliced evenly instead: it waited for
+#     a third of its time in the same hour and every run still put compute first, only slower.
 MIN_MARGIN = 0.05
 UNSTEADY_REL = 0.25
-STARVED_SHARE = 0.5
+STARVED_WAIT = 0.25
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
@@ -86,9 +88,9 @@ def unsteady(walls: Sequence[float]) -> bool:
     return hi - lo > UNSTEADY_REL * statistics.median(walls)
 
 
-def starved(cpu_shares: Sequence[float], threads: int | None) -> bool:
-    """Whether a multi-threaded CPU step got too little of the CPU it asked for to trust its shares (rule 4)."""
-    return bool(cpu_shares) and (threads or 1) > 1 and statistics.median(cpu_shares) < STARVED_SHARE
+def starved(wait_shares: Sequence[float], threads: int | None) -> bool:
+    """Whether a multi-threaded CPU step waited too long for cores to trust its shares (rule 4)."""
+    return bool(wait_shares) and (threads or 1) > 1 and statistics.median(wait_shares) > STARVED_WAIT
 
 
 def borderline(buckets: dict[str, float], per_step: Sequence[dict[str, float]], walls: Sequence[float],

@@ -44,10 +44,10 @@ def spread_lines(b: ProfileSummary) -> list[str]:
         out.append(f"unsteady steps: wall times {min(walls):.1f}–{max(walls):.1f} ms, interquartile range "
                    f"{iqr_text(walls)} ms around a median of {statistics.median(walls):.1f} ms: the machine was busy "
                    "while profiling, and the shares show that as much as the workload.")
-    shares = [s["cpu_share"] for s in b.per_step if "cpu_share" in s]
-    if b.starved and shares:
-        out.append(f"starved: with {b.threads} threads the profile got {pct(statistics.median(shares))} of the CPU "
-                   "time it asked for in the median step (other processes held the cores); a parallel operator "
+    waits = [s["wait_share"] for s in b.per_step if "wait_share" in s]
+    if b.starved and waits:
+        out.append(f"starved: the {b.threads} threads waited for a core another process held for "
+                   f"{pct(statistics.median(waits))} of the core time the median step asked for; a parallel operator "
                    "waits for its missing thread, so the shares show the contention more than the workload.")
     if b.outlier_steps and walls:
         median = statistics.median(walls)
