@@ -290,8 +290,8 @@ def regime(b: dict) -> tuple[str, str, dict[str, float]]:
     name = f"{max(bk, key=bk.get)}-bound"  # type: ignore[arg-type]
     rng = {k: spread.iqr([p[k] for p in step_buckets(b)]) for k in bk} if b.get("per_step") else {}
 
-    def show(k: str) -> str:  # a bucket's share, and its interquartile range across the steps where kept
-        return f"{bk[k]:.0%}" + (f" ({rng[k][0]:.0%}–{rng[k][1]:.0%})" if k in rng else "")
+    def show(k: str) -> str:  # a bucket's share, and the quartiles of each step's own share where kept
+        return f"{bk[k]:.0%}" + (f" (steps {rng[k][0]:.0%}–{rng[k][1]:.0%})" if k in rng else "")
 
     evidence = (f"matmul+attention {show('compute')}, memory-bound ops {show('memory')} (elementwise & norm "
                 f"{s['elementwise & norm']:.0%}, reductions {s['reductions & softmax']:.0%}, optimizer "

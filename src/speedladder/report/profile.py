@@ -14,9 +14,9 @@ from speedladder.report.common import console, label, pct, times
 
 
 def share_range(v: dict) -> str:
-    """A category's share of the median step, and its interquartile range across the steps where kept."""
+    """A category's share of the median step, and the quartiles of each step's own share where kept."""
     rng = v.get("share_iqr")
-    return pct(v["share"]) + (f" ({pct(rng[0])}–{pct(rng[1])})" if rng else "")
+    return pct(v["share"]) + (f" (steps {pct(rng[0])}–{pct(rng[1])})" if rng else "")
 
 
 def iqr_text(xs: list[float]) -> str:
@@ -125,7 +125,7 @@ def category_table(b: ProfileSummary) -> Table:
     t = Table(title=escape(f"{steps}, {b.wall_step_ms or 0.0:.2f} ms under the profiler: {b.time_basis}"),
               title_justify="left")
     spread = any(v.get("share_iqr") for v in b.categories.values())  # a profile saved before issue 16 has none
-    for col in ("category", "ms/step", "share", *(["share IQR"] if spread else []), "of which per-op floor"):
+    for col in ("category", "ms/step", "share", *(["steps' IQR"] if spread else []), "of which per-op floor"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for c, v in b.categories.items():
         rng = v.get("share_iqr")
@@ -150,7 +150,8 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     out.print(escape(b.top_table.rstrip()), soft_wrap=True)
     out.print(category_table(b))
     if b.per_step:
-        out.print(escape(f"share IQR: the {b.spread_basis}; ops/step: {_ops_line(b)}"), soft_wrap=True)
+        out.print(escape(f"steps' IQR: each step's own share, {b.spread_basis}; ops/step: {_ops_line(b)}"),
+                  soft_wrap=True)
     out.print(escape(f"regime: {b.label} — {b.evidence}"), soft_wrap=True)
     for line in spread_lines(b):
         out.print(escape(line), soft_wrap=True)
