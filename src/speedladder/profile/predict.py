@@ -260,9 +260,8 @@ def chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: Ste
             continue
         lo, hi = spread.iqr(xs)
         reason = p.reason
-        if profile.borderline:
-            reason += (f"; the regime is {profile.label}, so this rests on shares that move from step to step: "
-                       f"{lo:.2f}–{hi:.2f}x over the profiled steps' interquartile range")
+        if profile.borderline and hi - lo >= 0.005:  # a rung the shares do not move (eager) has nothing to add
+            reason += f"; {profile.label}: {lo:.2f}–{hi:.2f}x over the profiled steps' quartiles"
         out.append(dataclasses.replace(p, reason=reason, speedup_iqr=[lo, hi]))
     return out
 
