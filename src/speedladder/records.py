@@ -176,7 +176,7 @@ class ProfileSummary:
     outlier_steps: list[int] = field(default_factory=list)  # indices into per_step of steps far outside the others
     outlier_rule: str = ""
     bucket_iqr: dict[str, list[float]] = field(default_factory=dict)  # compute, memory, overhead across the steps
-    unsteady: bool = False  # the steps' wall times spread too much for their shares to describe the workload
+    unsteady: bool = False  # the steps' wall times spread widely (a busy machine); said, not a borderline by itself
     starved: bool = False  # a multi-threaded CPU step's threads waited for cores other processes held
     threads: int | None = None  # intra-op threads of a CPU step (None: not a CPU profile, or an older file)
     borderline: list[str] = field(default_factory=list)  # the two regimes the margin cannot tell apart; [] if clear

@@ -304,8 +304,8 @@ def classify(b: dict) -> dict:
     """The regime of the median step, and whether its margin over the runner-up is inside the spread.
 
     Returns the fields the profile keeps: regime (one of REGIMES, as ever),
-    evidence, buckets, bucket_iqr, unsteady (the steps' wall times spread too
-    much to describe the workload), starved (a multi-threaded step's threads
+    evidence, buckets, bucket_iqr, unsteady (the steps' wall times spread widely:
+    a busy machine, said in the notes), starved (a multi-threaded step's threads
     waited too long for a core), borderline (the two regimes the margin
     cannot tell apart, or empty) and regime_label ("borderline (compute /
     memory)" or the regime). The rules are in profile/spread.py.
@@ -315,7 +315,7 @@ def classify(b: dict) -> dict:
     steps = b.get("per_step") or []
     walls = [p["wall_ms"] for p in steps]
     starved = spread.starved([p["wait_share"] for p in steps if "wait_share" in p], b.get("threads"))
-    pair = spread.borderline(bk, per, walls, starved)
+    pair = spread.borderline(bk, per, starved)
     return {"regime": name, "evidence": evidence, "buckets": bk,
             "bucket_iqr": {k: spread.iqr([p[k] for p in per]) for k in bk} if per else {},
             "unsteady": spread.unsteady(walls), "starved": starved,

@@ -43,7 +43,7 @@ def spread_lines(b: ProfileSummary) -> list[str]:
     if b.unsteady and walls:
         out.append(f"unsteady steps: wall times {min(walls):.1f}–{max(walls):.1f} ms, interquartile range "
                    f"{iqr_text(walls)} ms around a median of {statistics.median(walls):.1f} ms: the machine was busy "
-                   "while profiling, and the shares show that as much as the workload.")
+                   "while profiling; the median of each category leaves out what landed in single steps.")
     waits = [s["wait_share"] for s in b.per_step if "wait_share" in s]
     if b.starved and waits:
         out.append(f"starved: the {b.threads} threads waited for a core another process held for "
