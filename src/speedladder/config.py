@@ -152,7 +152,9 @@ class ProfileConfig:
     """The profile taken before the ladder (measure -> classify -> predict)."""
 
     enabled: bool = True  # `run` profiles the baseline first; --no-profile skips it
-    steps: int = 5  # profiled steps, each synchronized at its end
+    # Profiled steps, each synchronized at its end, after the warm-up. Enough for a median and quartiles per category:
+    # one disturbed step must not move the breakdown (docs/profile.md).
+    steps: int = 15
     timeout_s: float = 900.0  # the profiling process is given up on after this long
 
 

@@ -106,7 +106,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
 
 def add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-steps", type=int, default=default(ProfileConfig, "steps"), metavar="N",
-                   help="steps profiled, each synchronized at its end. Default: %(default)s")
+                   help="steps profiled after the warm-up, each synchronized at its end; the breakdown is their median "
+                        "step, with the spread across them. Default: %(default)s")
 
 
 def run_config(args: argparse.Namespace) -> RunConfig:

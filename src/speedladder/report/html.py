@@ -285,7 +285,7 @@ def profile_section(results: dict) -> str:
     ax.barh(range(len(names)), [100 * cats[n]["share"] for n in names], color="#1f6fb4")
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
-    ax.set(xlabel="share of one step, %", title=f"where the baseline's time goes ({b['regime']})")
+    ax.set(xlabel="share of one step, %", title=f"where the baseline's time goes ({b.get('regime_label') or b['regime']})")
     preds = [r for r in results.get("rungs") or []
              if r["role"] != "control" and (r.get("predicted") or {}).get("speedup") is not None and r.get("built_on")]
     if preds:
@@ -311,7 +311,7 @@ def profile_section(results: dict) -> str:
     pred_table = (table(["rung", "predicted ×", "measured ×", "error", "why"], pred_rows, left=("rung", "why"),
                         wrap=("why",))
                   if preds else missing("no rung above the baseline carries a prediction."))
-    regime = f"regime: {b['regime']} — {b['evidence']}."
+    regime = f"regime: {b.get('regime_label') or b['regime']} — {b['evidence']}."
     return "\n".join([f"<p>{esc(regime)}</p>", svg(fig, "profile"),
                       cat_table, pred_table, notes([ln for ln in [roofline_line(_typed(results))] if ln])])
 
