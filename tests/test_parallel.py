@@ -236,7 +236,7 @@ def test_more_processes_than_cuda_devices_is_a_usage_error(monkeypatch):
 
 
 def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
-    from speedladder.config import ParallelConfig
+    from speedladder.parallel.config import ParallelConfig
 
     cmd = launch.torchrun_command(ParallelConfig(nnodes="2", rdzv_endpoint="node0:29400", rdzv_id="job7"), 8,
                                     tmp_path / "job.json")

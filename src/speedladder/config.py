@@ -156,6 +156,17 @@ class ProfileConfig:
     # one disturbed step must not move the breakdown (docs/profile.md).
     steps: int = 15
     timeout_s: float = 900.0  # the profiling process is given up on after this long
+    explain_miss: float = 0.25  # a rung missing its prediction by more gets profiled beside its base; 0: none
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The memory meters beside each rung's timing (memory.py; docs/memory-sweep.md)."""
+
+    process_peak: bool = True  # off a GPU: the step's resident peak, in a child process per rung
+    steps: int = 2  # steps measured in that child, after warm-up
+    warmup: int = 2  # steps before them: optimizer state allocated, compilation done
+    timeout_s: float = 600.0  # the child is given up on after this long
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,8 @@ class RunConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     gates: GateConfig = field(default_factory=GateConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    model_changes: dict[str, int] | None = None  # fields of the preset's GPTConfig changed (a sweep's width, ...)
 
 
 @dataclass(frozen=True)
@@ -211,7 +224,8 @@ class Resolved:
                 "beside": list(r.beside or ()), "device": r.device, "lr": r.lr, "seed": r.seed, "out": r.out,
                 "peak_tflops": r.peak_tflops, "steps": t.steps, "windows": t.windows, "warmup": t.warmup,
                 "max_warmup": t.max_warmup, "gates": dataclasses.asdict(r.gates),
-                "profile": dataclasses.asdict(r.profile), "muon": dataclasses.asdict(r.muon)}
+                "profile": dataclasses.asdict(r.profile), "muon": dataclasses.asdict(r.muon),
+                "memory": dataclasses.asdict(r.memory), "model_changes": r.model_changes}
 
     def with_vocab(self, vocab_size: int) -> Resolved:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
@@ -231,6 +245,7 @@ def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
     out["muon"] = MuonConfig(**d.get("muon", {}))
     if isinstance(out.get("peak_tflops"), (int, float)):  # schema 1 kept one number for every precision
         out["peak_tflops"] = dict.fromkeys(PRECISIONS, float(out["peak_tflops"]))
+    out["memory"] = MemoryConfig(**d.get("memory", {}))
     for name in ("rungs", "beside"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
         if out.get(name) is not None:
             out[name] = tuple(out[name])
@@ -339,6 +354,10 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     setup = PRESETS[preset]
+    try:  # a sweep's changes to the preset's model; an unknown field or a shape GPTConfig refuses is a usage error
+        model = dataclasses.replace(setup.model, **(cfg.model_changes or {}))
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"model changes {cfg.model_changes}: {e}") from None
     t = cfg.timing
     batch_size = cfg.batch_size if cfg.batch_size is not None else setup.batch_size
     seq_len = cfg.seq_len if cfg.seq_len is not None else setup.seq_len
@@ -346,49 +365,12 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     steps = t.steps if t.steps is not None else setup.steps_per_window
     warmup = t.warmup if t.warmup is not None else setup.warmup_steps
     _check_values(cfg, batch_size, seq_len, mult, steps, warmup)
-    if seq_len > setup.model.block_size:
-        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {setup.model.block_size}")
+    if seq_len > model.block_size:
+        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
     ladder, rungs, beside = _rungs(cfg, known_rungs)
     run = dataclasses.replace(
         cfg, preset=preset, data=cfg.data if cfg.data is not None else setup.corpus,
         tokenizer=cfg.tokenizer if cfg.tokenizer is not None else setup.tokenizer,
         batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, ladder=ladder, rungs=rungs, beside=beside,
         device=str(device), timing=dataclasses.replace(t, steps=steps, warmup=warmup))
-    return Resolved(run=run, model=setup.model, preset_note=note)
-
-
-STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
-
-
-@dataclass(frozen=True)
-class ParallelConfig:
-    """Data parallelism: the cost model's constants, the allreduce probe and the torchrun launch."""
-
-    strategy: str = "ddp"  # "ddp" (DistributedDataParallel) or "fsdp" (FSDP2 fully_shard per block + root)
-    nproc: int = 2  # `ddp`: processes per node
-    predict_nproc: tuple[int, ...] = (2, 4, 8)  # `predict`: the k priced
-    bucket_cap_mb: float = 25.0  # DDP's default bucket cap, MiB (Li et al., VLDB 2020; torch's DDP default)
-    # DDP rebuilds its buckets after the first step in gradient-ready order with a first bucket of 1 MiB
-    # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), so the first reduction starts early.
-    first_bucket_mb: float = 1.0
-    backward_fraction: float = 2 / 3  # backward's share of a step's compute: 4N of the 6N FLOPs per token
-    # Per-message latency when none is measured: an assumption of the order of NCCL's small-message
-    # allreduce on NVLink (tens of microseconds), never presented as measured.
-    assumed_latency_us: float = 20.0
-    # Allreduce probe: message sizes in bytes (the smallest one's time is the latency; the largest one's
-    # bus bandwidth is the beta fed to the cost model, as nccl-tests report busbw at large sizes).
-    probe_sizes: tuple[int, ...] = (4, 4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
-    probe_warmup: int = 2  # untimed allreduces per size (connection set-up, allocator)
-    probe_bytes: int = 256 << 20  # each size runs about this many bytes in total ...
-    probe_min_iters: int = 3  # ... with at least this many ...
-    probe_max_iters: int = 50  # ... and at most this many timed allreduces
-    # torchrun: these are passed through unchanged; multi-node runs set nnodes, node_rank and rdzv_*.
-    nnodes: str = "1"
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500  # torchrun's own default
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    monitor_interval_s: float = 0.5  # how often torchrun checks its workers: a failed rank stops the job this fast
-    collective_timeout_s: float = 600.0  # a collective waiting longer fails (first-step compiles can take minutes)
+    return Resolved(run=run, model=model, preset_note=note)

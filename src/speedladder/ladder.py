@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from speedladder import measure, results
+from speedladder import measure, memory, results
 from speedladder.errors import is_oom, one_line
 from speedladder.gates import Gates
 from speedladder.probes import Probe
-from speedladder.profile import child
+from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import Prediction, ProfileSummary, Results, RungResult, from_dict
@@ -95,6 +95,7 @@ class Ladder:
             if m.base_timing is not None:
                 r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
                 r.verdict, r.verdict_detail = measure.judge(m.timing, m.base_timing)
+            memory.record(r, w, spec, step, say)  # saved activations, predicted from shapes, the step's peak
             fpt = w.flops_per_token(spec)
             peak = measure.peak_for(cfg.run.peak_tflops, results.device_name(w.device), w.device.type, spec.precision)
             r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
@@ -185,6 +186,8 @@ class Ladder:
             self._climb_all()
             if after_climb is not None:
                 after_climb()
+            # Each prediction missed beyond the limit: the rung's step and its base's profiled side by side.
+            explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget)
             self._learns_check()
             self.results.status = "complete"
         except KeyboardInterrupt:

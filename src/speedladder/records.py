@@ -131,11 +131,26 @@ class RungResult:
     base_tokens_per_s: Spread | None = None  # ... and their tokens/s; x prev and the verdict use these
     prediction_error: float | None = None  # measured x prev over predicted, less 1
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
+    # Memory (memory.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the
+    # resident set before the step and its high-water mark during it (a child process); how, or why not.
+    saved_activation_bytes: int | None = None
+    predicted_activation_bytes: int | None = None
+    process_base_bytes: int | None = None
+    process_peak_bytes: int | None = None
+    memory_note: str = ""
+    explanation: dict[str, Any] | None = None  # a prediction missed beyond the limit: base and rung profiled
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+    @property
+    def resident_rise(self) -> int | None:
+        """The resident set's rise during the measured steps over what the process held before them."""
+        if self.process_peak_bytes is None or self.process_base_bytes is None:
+            return None
+        return max(self.process_peak_bytes - self.process_base_bytes, 0)
 
     @property
     def passed(self) -> bool:
@@ -245,6 +260,7 @@ class Results:
     predictions: list[dict[str, Any]] | None = None
     tune: dict[str, Any] | None = None
     parallel: ParallelSection | None = None
+    sweep: dict[str, Any] | None = None  # `speedladder sweep`: the axis, its points and each rung's crossover
     error: str | None = None
     detail: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -8,14 +8,15 @@ from __future__ import annotations
 import sys
 
 from speedladder import __version__
-from speedladder.cli import check, commands, compare, parallel
+from speedladder.cli import check, commands, compare, parallel, sweep
 from speedladder.cli.flags import Parser
 from speedladder.errors import UsageError
 from speedladder.parallel.launch import JobFailed
 
 COMMANDS = {"run": commands.cmd_run, "profile": commands.cmd_profile, "tune": commands.cmd_tune,
             "train": commands.cmd_train, "report": commands.cmd_report, "predict": parallel.cmd_predict,
-            "ddp": parallel.cmd_ddp, "compare": compare.cmd_compare, "check": check.cmd_check}
+            "ddp": parallel.cmd_ddp, "compare": compare.cmd_compare, "check": check.cmd_check,
+            "sweep": sweep.cmd_sweep}
 
 
 def build_parser() -> Parser:
@@ -25,7 +26,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"speedladder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (commands.add_run, commands.add_profile, commands.add_tune, commands.add_train, commands.add_report,
-                parallel.add_commands, compare.add_commands, check.add_commands):
+                parallel.add_commands, compare.add_commands, check.add_commands, sweep.add_commands):
         add(sub)
     return parser
 

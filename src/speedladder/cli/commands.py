@@ -9,6 +9,7 @@ from pathlib import Path
 
 from speedladder import report, results, train, tune
 from speedladder.cli.flags import (
+    add_memory_flags,
     add_model_flags,
     add_output_flags,
     add_profile_flags,
@@ -19,7 +20,7 @@ from speedladder.cli.flags import (
     run_config,
     rung_list,
 )
-from speedladder.config import FULL_LADDER, GateConfig, RunConfig, TrainConfig, TuneConfig, default
+from speedladder.config import FULL_LADDER, GateConfig, ProfileConfig, RunConfig, TrainConfig, TuneConfig, default
 from speedladder.errors import UsageError
 from speedladder.ladder import Ladder
 from speedladder.profile import child
@@ -28,6 +29,7 @@ from speedladder.progress import Progress, show_on_stderr
 from speedladder.records import ProfileSummary, from_dict
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
+from speedladder.report import sweep as sweep_report
 from speedladder.rungs import RUNGS
 from speedladder.workload import Workload, new_results, prepare
 
@@ -53,7 +55,11 @@ def add_run(sub) -> None:
                           "to reach AdamW's loss over N batches. Default: %(default)s")
     run.add_argument("--no-profile", action="store_true",
                      help="skip the baseline profile and the predictions made from it")
+    run.add_argument("--explain-miss", type=float, default=default(ProfileConfig, "explain_miss"), metavar="F",
+                     help="a rung whose measured x misses its prediction by more than this fraction has its step "
+                          "and its base's profiled side by side; 0: none. Default: %(default)s")
     add_profile_flags(run)
+    add_memory_flags(run)
     add_output_flags(run)
 
 
@@ -79,6 +85,7 @@ def add_tune(sub) -> None:
     tune.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
                       help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67. Default: the vendor table "
                            "for known GPUs, none elsewhere")
+    add_memory_flags(tune)
     add_output_flags(tune)
 
 
@@ -134,6 +141,8 @@ def start(args: argparse.Namespace, cfg: RunConfig) -> tuple[Progress, Workload,
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if not args.explain_miss >= 0:
+        raise UsageError(f"--explain-miss must be zero or more, got {args.explain_miss}")
     progress, work, run_dir = start(args, run_config(args))
     progress(f"{work.cfg.run.preset}: {work.params:,} parameters on {work.device}; "
              f"{work.corpus.n_tokens:,} tokens of {work.corpus.source}; writing {run_dir}")
@@ -227,6 +236,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         report.print_profile(saved)
         return 0
     run_dir = given if given.is_dir() else given.parent
+    if saved.sweep is not None:  # written by sweep
+        sweep_report.print_sweep(saved)
+        print(f"plot: {sweep_report.plot(saved, run_dir / sweep_report.SWEEP_PLOT)}")
+        return 0
     if saved.parallel is not None:  # written by predict or ddp
         parallel_report.print_parallel(saved)
         print(f"plot: {parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)}")

@@ -9,6 +9,7 @@ from speedladder.config import (
     PRESETS,
     SOURCE_LADDER,
     GateConfig,
+    MemoryConfig,
     ProfileConfig,
     RunConfig,
     TimingConfig,
@@ -110,6 +111,14 @@ def add_profile_flags(p: argparse.ArgumentParser) -> None:
                         "step, with the spread across them. Default: %(default)s")
 
 
+def add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """The memory meters (memory.py): the step's resident peak off CUDA costs a child process per rung."""
+    p.add_argument("--no-process-peak", action="store_true",
+                   help="off CUDA, skip each rung's resident peak (a child process per rung, "
+                        f"{default(MemoryConfig, 'warmup')} + {default(MemoryConfig, 'steps')} steps). "
+                        "Default: measured")
+
+
 def run_config(args: argparse.Namespace) -> RunConfig:
     """The flags as a RunConfig; a flag a command does not have keeps the dataclass default."""
     gates = GateConfig()
@@ -126,7 +135,9 @@ def run_config(args: argparse.Namespace) -> RunConfig:
                          learns_band=getattr(args, "learns_band", gates.learns_band),
                          target_steps=getattr(args, "target_steps", gates.target_steps)),
         profile=ProfileConfig(enabled=not getattr(args, "no_profile", False),
-                              steps=getattr(args, "profile_steps", default(ProfileConfig, "steps"))),
+                              steps=getattr(args, "profile_steps", default(ProfileConfig, "steps")),
+                              explain_miss=getattr(args, "explain_miss", default(ProfileConfig, "explain_miss"))),
+        memory=MemoryConfig(process_peak=not getattr(args, "no_process_peak", False)),
     )
 
 

@@ -28,9 +28,10 @@ import torch
 
 import speedladder
 from speedladder import results
-from speedladder.config import ParallelConfig, RunConfig
+from speedladder.config import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
+from speedladder.parallel.config import ParallelConfig
 from speedladder.parallel.section import new_section, price, single_prediction
 from speedladder.progress import Progress
 from speedladder.records import ParallelSection, Results

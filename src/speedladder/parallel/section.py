@@ -12,9 +12,9 @@ import statistics
 import torch
 
 from speedladder import measure
-from speedladder.config import ParallelConfig
 from speedladder.model import GPT
 from speedladder.parallel import costmodel
+from speedladder.parallel.config import ParallelConfig
 from speedladder.records import ParallelSection, Results
 from speedladder.rungs import StepSpec
 from speedladder.workload import Workload

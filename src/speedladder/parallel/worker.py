@@ -24,9 +24,10 @@ import torch.distributed as dist
 from torch import nn
 
 from speedladder import measure, results
-from speedladder.config import ParallelConfig, run_config_from_dict
+from speedladder.config import run_config_from_dict
 from speedladder.errors import one_line
 from speedladder.parallel import costmodel, section
+from speedladder.parallel.config import ParallelConfig
 from speedladder.rungs import StepSpec
 from speedladder.step import matmul_precision
 from speedladder.workload import measure_spec, prepare

@@ -39,7 +39,7 @@ PARTS: tuple[str, ...] = ("matmul", "attn_matmul", "attention", "attn_tail", "ta
 ATTENTION_TAIL_OPS = ("aten::masked_fill", "aten::masked_fill_", "aten::_softmax", "aten::_softmax_backward_data")
 
 # Assumptions, each a number a reader can argue with:
-FUSION_KEEPS = 1 / 3  # compile: fusing the tail reads and writes each tensor once instead of ~3 times
+FUSION_KEEPS = 1 / 3  # compile: fusing the tail reads and writes each tensor once instead of ~3 times (bytes)
 COMPILE_OVERHEAD_KEEPS = 1 / 3  # compile: one graph call replaces hundreds of dispatched ops in forward/backward
 BF16_ATTENTION_GAIN = 2.0  # bf16: fused attention kernels move half the bytes
 RECOMPUTE = 4 / 3  # ckpt: forward is ~1/3 of forward+backward work, done twice
@@ -111,11 +111,29 @@ def _prec(spec: StepSpec) -> str:
     return "bf16" if spec.precision == "bf16" else "fp32"
 
 
+def _bytes_bound(c: Context) -> tuple[float, str]:
+    """The share of the memory-bound operators' time that their bytes account for at the copy bandwidth here.
+
+    Learned from the miss explanations (profile/explain.py): on a CPU, compile's fused loops did not save what
+    fusion's cut in bytes promised, because eager's elementwise operators were not moving bytes at the rate a
+    large copy does (in the CPU example, 19.5 of 123 GB/s). Roofline: an operator that moves b bytes in t
+    seconds at a fraction f = (b/t) / copy bandwidth of the ceiling spends only f*t on the bytes; removing bytes
+    removes at most that part. Both rates are measured in the profile; without them f = 1 (the old model).
+    """
+    mem, copy = c.profile.memory_gbps, c.profile.copy_gbps
+    if not mem or not copy:
+        return 1.0, ""
+    f = min(1.0, mem / copy)
+    return f, (f"; they move {mem:.1f} GB/s against a large copy's {copy:.1f} GB/s here, so bytes are {f:.0%} "
+               "of their time")
+
+
 def _compile(c: Context) -> tuple[dict[str, float], str]:
-    k = FUSION_KEEPS
+    f, bound = _bytes_bound(c)
+    k = 1 - (1 - FUSION_KEEPS) * f  # fusion removes ~2/3 of the bytes, which are a share f of the tail's time
     parts = c.scaled(tail=k, attn_tail=k, copies=k, overhead=COMPILE_OVERHEAD_KEEPS)
     return parts, (f"elementwise/norm/softmax tail {c.share('tail', 'attn_tail'):.0%} and copies "
-                   f"{c.share('copies'):.0%} of the step, fusion removes ~2/3 of their traffic; host overhead "
+                   f"{c.share('copies'):.0%} of the step, fusion removes ~2/3 of their traffic{bound}; host overhead "
                    f"{c.share('overhead'):.0%}, ~2/3 of it removed")
 
 

@@ -14,7 +14,7 @@ STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupt
 
 def console() -> Console:
     # Wide enough for every column when the output is piped to a file (rich would assume 80).
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
 
 
 def gib(n: int | None) -> str:

@@ -34,6 +34,7 @@ from speedladder.report.htmlkit import (
     svg_settings,
     table,
 )
+from speedladder.report.memory import explanation_html, memory_chart
 from speedladder.report.profile import roofline_line
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
@@ -265,8 +266,12 @@ def memory_section(results: dict) -> str:
         parts.append(svg(fig, "memory"))
     else:
         device = (results.get("environment") or {}).get("device_type")
+        meters = memory_chart(_typed(results))  # off CUDA: saved activations and the step's resident rise
         parts.append(missing(f"peak memory n/a: this run's device ({device}) does not report peak allocated "
-                              "memory (only CUDA does), so results.json holds null rather than an invented number."))
+                             "memory (only CUDA does), so results.json holds null rather than an invented number"
+                             + ("; measured instead: saved activations, and the step's resident rise in a child "
+                                "process." if meters else ".")))
+        parts.extend([meters] if meters else [])
     return "\n".join(parts)
 
 
@@ -313,7 +318,8 @@ def profile_section(results: dict) -> str:
                   if preds else missing("no rung above the baseline carries a prediction."))
     regime = f"regime: {b.get('regime_label') or b['regime']} — {b['evidence']}."
     return "\n".join([f"<p>{esc(regime)}</p>", svg(fig, "profile"),
-                      cat_table, pred_table, notes([ln for ln in [roofline_line(_typed(results))] if ln])])
+                      cat_table, pred_table, notes([ln for ln in [roofline_line(_typed(results))] if ln]),
+                      *explanation_html(_typed(results))])  # each miss beyond the limit, profiled beside its base
 
 
 def parallel_section(results: dict) -> str:

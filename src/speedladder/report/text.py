@@ -8,6 +8,14 @@ from rich.table import Table
 
 from speedladder.records import Results, RungResult
 from speedladder.report.common import STATUS_LABEL, console, gib, label, times
+from speedladder.report.memory import (
+    explanation_notes,
+    explanation_tables,
+    memory_notes,
+    peak_cell,
+    saved_cell,
+    short_bytes,
+)
 from speedladder.report.profile import profile_notes
 
 
@@ -31,7 +39,8 @@ def rows(results: Results) -> list[dict[str, str]]:
     for r in results.rungs:
         pred = r.predicted.speedup if r.predicted else None
         row = {"rung": label(r), "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": times(pred), "err": "—",
-               "× cum": "—", "step ms": "—", "peak mem": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—",
+               "× cum": "—", "step ms": "—", "peak mem": "—", "saved act": "—", "pred act": "—", "MFU": "—",
+               "TFLOP/s": "—", "compile s": "—",
                "gate": _gate(r), "verdict": STATUS_LABEL.get(r.status, "")}
         if r.ok and r.tokens_per_s is not None and r.gate is not None:
             t = r.tokens_per_s
@@ -39,13 +48,18 @@ def rows(results: Results) -> list[dict[str, str]]:
                 "tokens/s": f"{t.median:,.0f}", "min–max": f"{t.min:,.0f}–{t.max:,.0f}",
                 "× prev": times(r.speedup_prev), "× cum": times(r.speedup_cum),
                 "err": "—" if r.prediction_error is None else f"{100 * r.prediction_error:+.0f}%",
-                "step ms": f"{r.step_ms:.1f}", "peak mem": gib(r.peak_memory_bytes),
+                "step ms": f"{r.step_ms:.1f}", "peak mem": peak_cell(r), "saved act": saved_cell(r),
+                "pred act": short_bytes(r.predicted_activation_bytes),
                 "MFU": "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%",
                 "TFLOP/s": "—" if r.tflops is None else f"{r.tflops:.2f}" if r.tflops >= 0.1 else f"{r.tflops:.3f}",
                 "compile s": _compile(r),
                 "verdict": (r.verdict or "") if r.gate.passed else f"failed ({r.verdict})",
             })
         out.append(row)
+    if not any(r.saved_activation_bytes is not None or r.predicted_activation_bytes is not None
+               for r in results.rungs):  # a file from before the memory meters: no empty columns
+        for row in out:
+            del row["saved act"], row["pred act"]
     return out
 
 
@@ -144,7 +158,9 @@ def notes(results: Results) -> list[str]:
     if ok and all(r.mfu is None for r in ok):
         out.append("MFU n/a: no peak FLOP/s is known for this device; --peak-tflops sets one.")
     out.extend(_learns_note(results.learns_check))
+    out.extend(memory_notes(results))
     out.extend(profile_notes(results))
+    out.extend(explanation_notes(results))
     fastest = by_name.get(results.fastest or "")
     base = results.baseline
     if fastest is not None and fastest.tokens_per_s is not None and base is not None:
@@ -165,3 +181,5 @@ def print_report(results: Results, out: Console | None = None) -> None:
     out.print(table(results))
     for line in notes(results):
         out.print(escape(line), soft_wrap=True)
+    for t in explanation_tables(results):
+        out.print(t)

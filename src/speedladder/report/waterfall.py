@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedladder.records import Results, RungResult
-from speedladder.report.common import STATUS_LABEL, gib
+from speedladder.report.common import STATUS_LABEL
+from speedladder.report.memory import bar_label
 
 WATERFALL = "waterfall.png"
 COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4"}
@@ -45,8 +46,8 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
     ax.errorbar(i, level, yerr=[[level * (1 - t.min / t.median)], [level * (t.max / t.median - 1)]],
                 color="black", capsize=3, linewidth=1)
     text = f"{level:.2f}×"
-    if r.peak_memory_bytes is not None:
-        text += f"\n{gib(r.peak_memory_bytes)}"
+    if bar_label(r):  # saved activations and the measured peak (the CUDA allocator's, or a CPU's resident rise)
+        text += f"\n{bar_label(r)}"
     ax.text(i, hi + 0.03 * top, text, ha="center", va="bottom", fontsize=9)
     pred_level = _predicted_level(r, by_name)
     if pred_level is not None:
@@ -82,7 +83,7 @@ def waterfall_figure(results: Results):
     ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
     ax.set_xticks(range(len(rungs)), [r.name + ("\n(beside)" if r.role == "beside" else "") for r in rungs])
     ax.set_xlim(-0.6, len(rungs) - 0.2)
-    ax.set_ylim(0, top * 1.3)
+    ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
     ax.set_title(f"{c['preset']} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)

@@ -1,0 +1,254 @@
+"""Memory on every device, measured and never invented: saved activations, the step's peak, a prediction.
+
+Three figures per rung (docs/memory-sweep.md):
+
+- saved_activation_bytes: what autograd keeps from the forward for the
+  backward, counted with torch.autograd.graph.saved_tensors_hooks during one
+  forward of the rung's own step (compiled or not, checkpointed or not), on
+  any device. Every saved tensor is counted by its storage, once: a view shares
+  its base's storage, so q, k and v split from one projection count as that
+  projection. The model's own state (parameters and buffers) is not an
+  activation: it is held whether or not a step runs, so a saved tensor whose
+  storage is a parameter's or a buffer's is left out. A bf16 copy of a weight
+  made by autocast is counted: it exists only for this step.
+- the step's peak: on CUDA the allocator's peak (measure.peak_memory). On a
+  CPU, a child process per rung builds the step, runs `warmup` steps, then
+  reads its resident set (VmRSS), resets the kernel's resident high-water mark
+  (/proc/self/clear_refs, "5") and runs `steps` more: the high-water mark
+  (VmHWM) less the resident set before is what this rung's step adds on top of
+  what it holds between steps (weights, optimizer state, compiled code). The
+  child's glibc gets a fixed mmap threshold (MALLOC_MMAP_THRESHOLD_), so a
+  freed tensor goes back to the system and the resident set follows the live
+  tensors instead of the allocator's free lists.
+- predicted_activation_bytes: eager autograd's saves written out from the
+  shapes (`predicted_activation_bytes`), set beside the measurement.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import gc
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from speedladder.config import MemoryConfig, RunConfig
+from speedladder.model import GPTConfig
+from speedladder.records import RungResult
+from speedladder.rungs import StepSpec, padded_vocab
+from speedladder.step import TrainStep, matmul_precision
+from speedladder.workload import Workload, prepare
+
+# -- saved activations ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What one forward saved for backward, each storage counted once."""
+
+    activation_bytes: int  # storages that are not the model's state
+    state_bytes: int  # parameters and buffers saved by reference (not activations: held anyway)
+    tensors: int  # distinct activation storages
+
+
+def _key(t: torch.Tensor) -> tuple[str, int]:
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def count_saved(forward: Callable[[], object], state: Iterable[torch.Tensor]) -> Saved:
+    """Run `forward` under saved-tensor hooks and count what autograd saves, by storage.
+
+    `state`: the tensors that are the model's own (parameters, buffers); a saved
+    tensor sharing one's storage is counted apart, as state. The output of
+    `forward` is dropped, and with it the graph and everything it saved.
+    """
+    own = {_key(t) for t in state}
+    acts: dict[tuple[str, int], int] = {}
+    kept: dict[tuple[str, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _key(t)
+        (kept if key in own else acts)[key] = t.untyped_storage().nbytes()
+        return t  # kept as is: the hook counts, it does not move anything
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return Saved(sum(acts.values()), sum(kept.values()), len(acts))
+
+
+def step_saved(step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> Saved:
+    """The saved activations of one forward of a training step, as it runs in its windows (autocast, compile)."""
+    model = step.model
+
+    def forward() -> object:
+        if step.spec.cudagraphs:  # a new iteration for CUDA graph trees, as the step itself marks
+            torch.compiler.cudagraph_mark_step_begin()
+        with step._autocast:
+            return step.forward(x, y)
+
+    return count_saved(forward, [*model.parameters(), *model.buffers()])
+
+
+# -- predicted from shapes ------------------------------------------------------------------
+
+INDEX_BYTES = 8  # token ids, positions and targets are int64
+FP32_BYTES = 4
+
+
+def predicted_activation_bytes(m: GPTConfig, spec: StepSpec) -> tuple[int | None, str]:
+    """What eager autograd saves in one forward of our GPT, from the shapes; None where the model has no account.
+
+    Per block (B sequences of T tokens, width C, H heads, MLP width M; `a` the
+    bytes of an activation: 4 in fp32, 2 under bf16 autocast):
+      fp32, 4 bytes: the residual stream into each LayerNorm (2·BTC) and each norm's mean and 1/std (4·BT);
+      a bytes: each Linear's input: the two norms' outputs (cast copies under autocast), the attention's
+        merged heads (3·BTC); q, k and v copied contiguous for the batched matmuls (3·BTC) and the softmaxed
+        scores (H·B·T·T), or, with fused attention, the projection it reads (3·BTC, q, k and v being views
+        of it) and a fp32 log-sum-exp (4·H·B·T), its output being the merged heads already counted; ReLU's output (BTM), GELU's input and
+        output (2·BTM);
+      1 byte: the causal mask (T·T), unless attention is fused;
+      2 bytes under autocast: every block weight cast to bf16 (3C² + C² + 2CM).
+    Outside the blocks: token ids and positions (int64), the last norm's input and statistics, the head's
+    input (a·BTC, plus its bf16 weight under autocast), the fp32 log-softmax over the vocabulary (4·BT·V)
+    and the targets. Checkpointing keeps each block's input (4·BTC) and nothing inside.
+    Compiled steps are predicted as eager: inductor's partitioner chooses its own saves (the measurement
+    says what it chose).
+    """
+    if "float8" in spec.transforms:
+        return None, "no account of float8's saved scales and casts"
+    B, T, C, H, M = spec.batch_size, spec.seq_len, m.n_embd, m.n_head, m.mlp_hidden
+    bf16 = spec.autocast == "bf16"
+    a = 2 if bf16 else FP32_BYTES
+    vocab = padded_vocab(m.vocab_size) if "pad-vocab" in spec.transforms else m.vocab_size
+    bt, btc = B * T, B * T * C
+    if "activation-checkpointing" in spec.transforms:
+        block, how = FP32_BYTES * btc, "each block's input only (checkpointed)"
+    else:
+        sdpa = "sdpa" in spec.transforms
+        attention = (a * 3 * btc + FP32_BYTES * H * bt) if sdpa else (a * (3 * btc + H * B * T * T) + T * T)
+        mlp = a * B * T * M * (2 if m.activation == "gelu" else 1)
+        weights = 2 * (4 * C * C + 2 * C * M) if bf16 else 0
+        block = FP32_BYTES * (2 * btc + 4 * bt) + a * 3 * btc + attention + mlp + weights
+        how = "per block: norms' inputs and statistics, Linear inputs, " + (
+            "fused attention's inputs and output" if sdpa else "q/k/v copies and the T×T scores") + ", the MLP"
+    outside = (INDEX_BYTES * (bt + T + bt) + FP32_BYTES * (btc + 2 * bt) + a * btc
+               + FP32_BYTES * bt * vocab + FP32_BYTES
+               + (2 * vocab * C if bf16 else 0))
+    total = m.n_layer * block + outside
+    compiled = "; compiled steps predicted as eager" if spec.compile else ""
+    return total, f"{how}, {m.n_layer} blocks, plus embeddings, head and loss ({'bf16' if bf16 else 'fp32'}{compiled})"
+
+
+# -- the step's resident peak, in a child process ----------------------------------------------
+
+MMAP_THRESHOLD = 64 << 10  # bytes: every allocation at least this large gets its own mapping, returned on free
+
+
+def _status_bytes(key: str) -> int:
+    m = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+    if m is None:
+        raise RuntimeError(f"/proc/self/status has no {key}")
+    return int(m.group(1)) * 1024
+
+
+def process_peak_unsupported() -> str | None:
+    """Why the resident peak cannot be measured here, or None (Linux: VmHWM that clear_refs can reset)."""
+    if not Path("/proc/self/clear_refs").exists() or not Path("/proc/self/status").exists():
+        return "no /proc/self/clear_refs (Linux only): the resident peak cannot be reset per rung"
+    return None
+
+
+def resident_peak(step: Callable[[], object], warmup: int, steps: int) -> dict[str, int]:
+    """Warm up, then the resident set before `steps` steps and its high-water mark while they ran."""
+    for _ in range(warmup):
+        step()
+    gc.collect()
+    ctypes.CDLL(None).malloc_trim(0)  # glibc: hand freed heap pages back, so "before" is what is live
+    base = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
+    for _ in range(steps):
+        step()
+    return {"process_base_bytes": base, "process_peak_bytes": _status_bytes("VmHWM")}
+
+
+def _child(run_cfg: RunConfig, spec_dict: dict, cfg: MemoryConfig) -> dict[str, int]:
+    work = prepare(run_cfg)
+    spec = StepSpec.from_dict(spec_dict)
+    with matmul_precision(spec):
+        train = work.step(spec)
+        batches = work.stream(spec)
+        return resident_peak(lambda: train(*next(batches)), cfg.warmup, cfg.steps)
+
+
+def peak_in_child(run_cfg: RunConfig, spec: StepSpec, cfg: MemoryConfig) -> dict[str, int]:
+    """The resident peak of a spec's step, measured in a fresh Python process (see the module's docstring)."""
+    with tempfile.TemporaryDirectory(prefix="speedladder-memory-") as tmp:
+        request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
+        request.write_bytes(pickle.dumps((run_cfg, spec.to_dict(), cfg)))
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+               "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "speedladder.memory", str(request), str(answer)],
+                                  check=False, capture_output=True, text=True, timeout=cfg.timeout_s, env=env)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the memory process took longer than {cfg.timeout_s:.0f} s") from None
+        if proc.returncode != 0 or not answer.exists():
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+            raise RuntimeError(lines[-1] if lines else f"the memory process exited with {proc.returncode}")
+        return json.loads(answer.read_text())
+
+
+_SRC = str(Path(__file__).resolve().parents[1])  # the child imports the same speedladder as the parent
+
+
+# -- one rung ------------------------------------------------------------------------------
+
+
+def record(r: RungResult, work: Workload, spec: StepSpec, step: TrainStep, say: Callable[[str], None]) -> None:
+    """Fill a rung's memory figures: saved activations (here), predicted, and the step's peak off CUDA (a child).
+
+    A meter that fails leaves its figure None and says why in r.memory_note; the rung itself stands.
+    """
+    r.predicted_activation_bytes, why = predicted_activation_bytes(work.cfg.model, spec)
+    notes = [f"predicted: {why}"]
+    try:
+        x, y = next(work.stream(spec))
+        r.saved_activation_bytes = step_saved(step, x, y).activation_bytes
+    except Exception as e:  # noqa: BLE001 -- a meter that cannot run is reported, never guessed
+        notes.append(f"saved activations not measured: {e}")
+    cfg = work.cfg.run.memory
+    unsupported = process_peak_unsupported()
+    if work.device.type == "cuda" or not cfg.process_peak or unsupported:
+        notes.append("step peak: " + ("the CUDA allocator's" if work.device.type == "cuda" else
+                                      "off (--no-process-peak)" if not cfg.process_peak else unsupported or ""))
+    else:
+        say(f"memory: the step's resident peak in a child process ({cfg.warmup} + {cfg.steps} steps)")
+        try:
+            run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
+            peak = peak_in_child(run, spec, cfg)
+            r.process_base_bytes, r.process_peak_bytes = peak["process_base_bytes"], peak["process_peak_bytes"]
+        except Exception as e:  # noqa: BLE001 -- recorded; the rung's speed and gates stand
+            notes.append(f"resident peak not measured: {e}")
+    r.memory_note = "; ".join(notes)
+
+
+def _main(argv: list[str]) -> int:
+    request, answer = argv
+    run_cfg, spec_dict, cfg = pickle.loads(Path(request).read_bytes())
+    Path(answer).write_text(json.dumps(_child(run_cfg, spec_dict, cfg)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,177 @@
+"""Memory and miss explanations in words and tables: read from saved results alone."""
+
+from __future__ import annotations
+
+import math
+
+from rich.markup import escape
+from rich.table import Table
+
+from speedladder.records import Results, RungResult
+
+MISSING = "not measured"  # how memory.record says a meter could not run
+RSS = "rss"  # marks a resident-set figure (a CPU's process peak) apart from the CUDA allocator's
+
+
+def short_bytes(n: float | None) -> str:
+    """Bytes to 3 significant figures in the largest unit under the number (1.00 GiB, 15.2 MiB, 439 KiB)."""
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)):
+        if abs(n) >= size or unit == "B":
+            v = n / size
+            decimals = max(0, 2 - math.floor(math.log10(abs(v)))) if v and unit != "B" else 0
+            return f"{v:.{decimals}f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def peak_cell(r: RungResult) -> str:
+    """The measured peak: the CUDA allocator's, else the resident set's rise during the step (marked rss)."""
+    if r.peak_memory_bytes is not None:
+        return short_bytes(r.peak_memory_bytes)
+    rise = r.resident_rise
+    return "n/a" if rise is None else f"{short_bytes(rise)} {RSS}"
+
+
+def saved_cell(r: RungResult) -> str:
+    return short_bytes(r.saved_activation_bytes)
+
+
+def bar_label(r: RungResult) -> str:
+    """The memory lines under a waterfall bar's ×: saved activations and the measured peak."""
+    lines = []
+    if r.saved_activation_bytes is not None:
+        lines.append(f"act {short_bytes(r.saved_activation_bytes)}")
+    if r.peak_memory_bytes is not None or r.resident_rise is not None:
+        lines.append(peak_cell(r))  # the CUDA allocator's peak, or a CPU's resident rise (marked rss)
+    return "\n".join(lines)
+
+
+def _ratio(a: int | None, b: int | None) -> str:
+    return "—" if not a or not b else f"{b / a:.1f}× less" if b >= a else f"{a / b:.1f}× more"
+
+
+def memory_notes(results: Results) -> list[str]:
+    """How the memory figures were had, and each memory rung's saving against the rung it built on."""
+    measured = [r for r in results.rungs if r.ok and r.saved_activation_bytes is not None]
+    if not measured:
+        return []
+    steps = (results.config.get("memory") or {}).get("steps")
+    out = ["memory: `saved act` is what one forward kept for backward (saved-tensor hooks, each storage once, "
+           "parameters left out); `pred act` the same from the shapes (eager autograd's saves)"
+           + (f"; `peak mem` marked rss: the resident set's rise during {steps} steps over what the process held "
+              "before them, in a child process per rung" if any(r.resident_rise is not None for r in measured)
+              else "") + "."]
+    by_name = {r.name: r for r in results.rungs}
+    for r in measured:
+        base = by_name.get(r.built_on or "")
+        if r.kind != "memory" or base is None or base.saved_activation_bytes is None:
+            continue
+        text = (f"{r.name}: saved activations {short_bytes(r.saved_activation_bytes)} vs {base.name}'s "
+                f"{short_bytes(base.saved_activation_bytes)} ({_ratio(r.saved_activation_bytes, base.saved_activation_bytes)}"
+                f"; predicted {_ratio(r.predicted_activation_bytes, base.predicted_activation_bytes)})")
+        if r.resident_rise is not None and base.resident_rise is not None:
+            text += (f"; the step's resident rise {short_bytes(r.resident_rise)} vs {short_bytes(base.resident_rise)} "
+                     f"({_ratio(r.resident_rise, base.resident_rise)})")
+        elif r.peak_memory_bytes and base.peak_memory_bytes:
+            text += (f"; peak {short_bytes(r.peak_memory_bytes)} vs {short_bytes(base.peak_memory_bytes)} "
+                     f"({_ratio(r.peak_memory_bytes, base.peak_memory_bytes)})")
+        out.append(text + ".")
+    out.extend(f"{r.name}: {part}." for r in results.rungs if r.ok for part in r.memory_note.split("; ")
+               if part.endswith(MISSING) or MISSING + ":" in part)
+    return out
+
+
+def explained(results: Results) -> list[RungResult]:
+    return [r for r in results.rungs if r.explanation]
+
+
+def explanation_notes(results: Results) -> list[str]:
+    """One line per missed prediction: the part of the step that moved against the model."""
+    out = []
+    for r in explained(results):
+        e = r.explanation or {}
+        miss = f"{100 * (r.prediction_error or 0.0):+.0f}%"
+        if e.get("error"):
+            out.append(f"{r.name} missed its prediction by {miss}, unexplained: {e['error']}.")
+            continue
+        out.append(f"{r.name} missed its prediction by {miss}; profiled beside {'+'.join(e['base_rungs']) or 'eager'}: "
+                   f"{e['note']} (profiled step {e['base_step_ms']:.1f} → {e['rung_step_ms']:.1f} ms).")
+    return out
+
+
+def explanation_rows(r: RungResult) -> tuple[list[list[str]], list[list[str]]]:
+    """The side-by-side category rows (base, rung, change) and the model's part rows (with the expected change)."""
+    e = r.explanation or {}
+    cats = [[c, f"{v['base_ms']:.2f}", f"{v['rung_ms']:.2f}", f"{v['rung_ms'] - v['base_ms']:+.2f}"]
+            for c, v in (e.get("categories") or {}).items()]
+    parts = [[g + (" ◀" if g == e.get("culprit") else ""), f"{v['base_ms']:.2f}", f"{v['rung_ms']:.2f}",
+              f"{v['rung_ms'] - v['base_ms']:+.2f}", f"{v['expected_ms'] - v['base_ms']:+.2f}"]
+             for g, v in (e.get("parts") or {}).items()]
+    return cats, parts
+
+
+CATEGORY_HEADERS = ("category", "base ms", "rung ms", "Δ ms")
+PART_HEADERS = ("model part", "base ms", "rung ms", "Δ ms", "model's Δ ms")
+
+
+def explanation_tables(results: Results) -> list[Table]:
+    """For each explained miss: the profiled categories of base and rung side by side, then the model's parts."""
+    out = []
+    for r in explained(results):
+        if (r.explanation or {}).get("error"):
+            continue
+        cats, parts = explanation_rows(r)
+        base = "+".join((r.explanation or {}).get("base_rungs", [])) or "eager"
+        for title, headers, rows in ((f"{r.name} vs {base}, profiled ms/step", CATEGORY_HEADERS, cats),
+                                     (f"{r.name}: model parts (◀ most against)", PART_HEADERS, parts)):
+            t = Table(title=escape(title), title_justify="left")
+            for col in headers:
+                t.add_column(col, justify="left" if col in ("category", "model part") else "right")
+            for row in rows:
+                t.add_row(*(escape(v) for v in row))
+            out.append(t)
+    return out
+
+
+# -- report.html --------------------------------------------------------------------------------
+
+
+def explanation_html(results: Results) -> list[str]:
+    """The side-by-side tables of each explained miss, for report.html's profile section."""
+    from speedladder.report.htmlkit import esc, table
+
+    out = []
+    for r in explained(results):
+        e = r.explanation or {}
+        if e.get("error"):
+            text = f"{r.name}: miss unexplained ({e['error']})"
+            out.append(f"<p>{esc(text)}</p>")
+            continue
+        cats, parts = explanation_rows(r)
+        head = f"{r.name} against {'+'.join(e.get('base_rungs', [])) or 'eager'}: {e['note']}"
+        out.append(f"<h3>{esc(head)}</h3>")
+        out.append(table(list(CATEGORY_HEADERS), cats, left=("category",)))
+        out.append(table(list(PART_HEADERS), parts, left=("model part",)))
+    return out
+
+
+def memory_chart(results: Results) -> str | None:
+    """Saved activations (measured and predicted) and the step's resident rise per rung, as inline SVG."""
+    from speedladder.report.htmlkit import _figure, svg
+
+    recs = [r for r in results.rungs if r.ok and r.role != "control" and r.saved_activation_bytes is not None]
+    if not recs:
+        return None
+    fig, (ax,) = _figure(max(5.0, 1.3 * len(recs) + 2), 3.6)
+    series = (("saved activations", "saved_activation_bytes", "#1f6fb4"),
+              ("predicted from shapes", "predicted_activation_bytes", "#ff7f0e"),
+              ("resident rise during the step", "resident_rise", "#8c8c8c"))
+    for k, (name, attr, colour) in enumerate(series):
+        ax.bar([i + (k - 1) * 0.27 for i in range(len(recs))],
+               [(getattr(r, attr) or 0) / 2**20 for r in recs], width=0.27, color=colour, label=name)
+    ax.set_xticks(range(len(recs)), [r.name for r in recs])
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return svg(fig, "memory-meters")

@@ -1,0 +1,152 @@
+"""The memory meters against known quantities: a hand count of what a small MLP saves, shapes, a known allocation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from speedladder import memory
+from speedladder.cli import main
+from speedladder.records import Results, RungResult
+from speedladder.report.memory import bar_label, memory_notes, peak_cell, short_bytes
+from speedladder.rungs import Checkpointed, compose
+
+F32 = 4  # bytes
+
+
+def mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))  # 3 rows in, 8 hidden, 2 out
+
+
+def test_saved_activations_of_a_small_mlp_match_a_hand_count():
+    model, x = mlp(), torch.randn(3, 4)
+    saved = memory.count_saved(lambda: model(x).sum(), model.parameters())
+    # Linear 1 saves its input x (3x4) for its weight's gradient (x needs none, so W1 is not saved); ReLU saves its
+    # output (3x8), which Linear 2 saves again as its input: one storage, counted once. Linear 2 saves W2 (2x8)
+    # for the gradient of its input: a parameter, state rather than activation.
+    assert saved.activation_bytes == (3 * 4 + 3 * 8) * F32 == 144
+    assert saved.tensors == 2
+    assert saved.state_bytes == 2 * 8 * F32
+    # With an input that needs its gradient, Linear 1 also saves W1 (8x4): state again, activations unchanged.
+    xg = x.clone().requires_grad_()
+    saved = memory.count_saved(lambda: model(xg).sum(), model.parameters())
+    assert saved.activation_bytes == 144 and saved.state_bytes == (2 * 8 + 8 * 4) * F32
+
+
+def test_views_of_one_tensor_count_once_and_a_checkpoint_keeps_its_input_only():
+    lin = nn.Linear(4, 8)
+    x = torch.randn(3, 4)
+
+    def halves() -> torch.Tensor:
+        a, b = lin(x).split(4, dim=1)  # two views of one (3, 8) output
+        return (a * b).sum()  # mul saves both views
+
+    saved = memory.count_saved(halves, lin.parameters())
+    assert saved.activation_bytes == (3 * 4 + 3 * 8) * F32  # x, and the (3, 8) output once
+    model = mlp()
+    ckpt = Checkpointed(model)
+    saved = memory.count_saved(lambda: ckpt(x).sum(), model.parameters())
+    assert saved.activation_bytes == 3 * 4 * F32 and saved.tensors == 1  # the block's input: the rest is recomputed
+
+
+@pytest.mark.parametrize("names", [("eager",), ("ckpt",), ("bf16",), ("bf16", "ckpt"), ("sdpa",), ("pad-vocab",),
+                                   ("batch",)])
+def test_prediction_from_shapes_is_what_eager_autograd_saves(tiny, names):
+    spec = compose(names, tiny.base_spec, tiny.env)
+    x, y = next(tiny.stream(spec))
+    measured = memory.step_saved(tiny.step(spec), x, y).activation_bytes
+    predicted, why = memory.predicted_activation_bytes(tiny.cfg.model, spec)
+    assert predicted == measured, why
+
+
+def test_prediction_says_checkpointing_keeps_several_times_less(tiny):
+    eager, _ = memory.predicted_activation_bytes(tiny.cfg.model, tiny.base_spec)
+    ckpt, _ = memory.predicted_activation_bytes(tiny.cfg.model, compose(("ckpt",), tiny.base_spec, tiny.env))
+    fp8, why = memory.predicted_activation_bytes(tiny.cfg.model, compose(("fp8",), tiny.base_spec, tiny.env))
+    assert eager > 3 * ckpt and fp8 is None and why
+
+
+def test_the_counter_sees_a_compiled_step_without_recompiling(tiny):
+    from speedladder import measure
+
+    spec = compose(("compile",), tiny.base_spec, tiny.env)
+    step = tiny.step(spec)
+    stream = tiny.stream(spec)
+    for _ in range(2):
+        step(*next(stream))
+    before = measure.compile_count()
+    saved = memory.step_saved(step, *next(stream))
+    assert measure.compile_count() == before
+    assert saved.activation_bytes > 0  # inductor's partitioner saves its own choice, counted the same way
+
+
+@pytest.mark.skipif(memory.process_peak_unsupported() is not None, reason="needs Linux's /proc/self/clear_refs")
+def test_resident_peak_sees_a_known_allocation():
+    mib = 2**20
+
+    def allocates() -> None:
+        t = torch.ones(64 * mib // F32)  # 64 MiB, written: resident while it lives, returned when freed
+        t.sum()
+
+    big = memory.resident_peak(allocates, warmup=1, steps=1)
+    idle = memory.resident_peak(lambda: None, warmup=1, steps=1)
+    assert 60 * mib <= big["process_peak_bytes"] - big["process_base_bytes"] <= 80 * mib
+    assert idle["process_peak_bytes"] - idle["process_base_bytes"] < 8 * mib
+
+
+def test_memory_cells_and_notes_from_saved_records():
+    def rec(name: str, kind: str, saved: int, pred: int, base: int, peak: int, built_on: str | None) -> RungResult:
+        return RungResult(name=name, rung=name, role="rung", reason="", kind=kind, built_on=built_on, spec={},
+                          precision="fp32", requirement={}, status="ok", saved_activation_bytes=saved,
+                          predicted_activation_bytes=pred, process_base_bytes=base, process_peak_bytes=peak)
+
+    eager = rec("eager", "speed", 16 * 2**20, 16 * 2**20, 300 * 2**20, 320 * 2**20, None)
+    ckpt = rec("ckpt", "memory", 2 * 2**20, 2 * 2**20, 300 * 2**20, 310 * 2**20, "eager")
+    assert eager.resident_rise == 20 * 2**20 and peak_cell(eager) == "20.0 MiB rss"
+    assert short_bytes(2**30) == "1.00 GiB" and short_bytes(449796) == "439 KiB"
+    assert bar_label(ckpt) == "act 2.00 MiB\n10.0 MiB rss"
+    res = Results(schema="", status="complete", created="", command=[], config={"memory": {"steps": 2}},
+                  environment={}, model={}, rungs=[eager, ckpt])
+    line = next(n for n in memory_notes(res) if n.startswith("ckpt:"))
+    assert "8.0× less" in line and "2.0× less" in line  # saved activations, and the resident rise
+
+
+def test_default_run_shows_saved_activations_and_a_measured_peak_for_eager_and_ckpt(tmp_path, capsys):
+    """The acceptance on the tiny preset: both rungs carry both figures; ckpt's saving shows in file, table, plot."""
+    # B=64 so that activations, not the allocator's small change, dominate the step's resident rise.
+    rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,ckpt", "--batch-size", "64",
+               "--steps", "2", "--loss-steps", "4", "--learns-steps", "0", "--no-profile", "--out", str(tmp_path)])
+    assert rc == 0
+    (folder,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
+    res = {r["name"]: r for r in json.loads((folder / "results.json").read_text())["rungs"]}
+    for name in ("eager", "ckpt"):
+        r = res[name]
+        assert r["saved_activation_bytes"] > 0 and r["predicted_activation_bytes"] == r["saved_activation_bytes"]
+        assert r["process_peak_bytes"] > r["process_base_bytes"] > 0
+    assert res["ckpt"]["saved_activation_bytes"] * 3 < res["eager"]["saved_activation_bytes"]
+    rise = {n: res[n]["process_peak_bytes"] - res[n]["process_base_bytes"] for n in ("eager", "ckpt")}
+    assert rise["ckpt"] < rise["eager"]
+    out = capsys.readouterr().out
+    assert short_bytes(res["ckpt"]["saved_activation_bytes"]) in out and "rss" in out
+    assert (folder / "waterfall.png").stat().st_size > 0
+
+
+def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the memory process exited with 1")
+
+    monkeypatch.setattr(memory, "peak_in_child", broken)
+    monkeypatch.setattr(memory, "process_peak_unsupported", lambda: None)
+    r = RungResult(name="eager", rung="eager", role="rung", reason="", kind="speed", built_on=None, spec={},
+                   precision="fp32", requirement={}, status="ok")
+    memory.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
+    assert r.process_peak_bytes is None and r.resident_rise is None and peak_cell(r) == "n/a"
+    assert r.saved_activation_bytes == r.predicted_activation_bytes > 0  # the other meters stand
+    res = Results(schema="", status="complete", created="", command=[], config={}, environment={}, model={},
+                  rungs=[r])
+    assert any("exited with 1" in n for n in memory_notes(res))
