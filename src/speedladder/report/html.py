@@ -19,7 +19,7 @@ from pathlib import Path
 
 from speedladder.records import Results, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
-from speedladder.report.common import label
+from speedladder.report.common import label, model_label
 from speedladder.report.htmlkit import (
     _figure,
     esc,
@@ -77,7 +77,9 @@ def header(results: dict) -> str:
     pairs = [
         ("command", shlex.join(command) if isinstance(command, list) else command),
         ("kind", kind(results)), ("status", results.get("status")),
-        ("model", f"{c.get('preset')} · {model.get('params', 0):,} parameters"),
+        ("model", f"{model_label(c, model)} · {model.get('params', 0):,} parameters"
+                  + (f" · {model['convention_means']}; FLOPs {model['flops_method']}; dropout {model['dropout']}"
+                     if "convention_means" in model else "")),
         ("shape", f"B={c.get('batch_size')} T={c.get('seq_len')} (batch-up ×{c.get('batch_multiplier')})"),
         ("corpus", f"{corpus.get('source')} · {corpus.get('tokenizer')} tokenizer · {corpus.get('tokens', 0):,} tokens"),
         ("device", f"{e.get('device_name')} ({e.get('device')})"),
@@ -85,7 +87,7 @@ def header(results: dict) -> str:
         ("date", f"{results.get('created')} (last written {results.get('updated')})"),
         ("git commit", e.get("git_commit") or "unknown (not run from a speedladder checkout)"),
     ]
-    title = f"speedladder {kind(results)} · {c.get('preset')} on {e.get('device_name')}"
+    title = f"speedladder {kind(results)} · {model_label(c, model)} on {e.get('device_name')}"
     return f'<header id="header">\n<h1>{esc(title)}</h1>\n{kv(pairs)}\n</header>'
 
 
@@ -382,7 +384,8 @@ def build(saved: Results | dict) -> str:
     for sid, title in SECTIONS[1:]:
         body.append(section(sid, title, BUILDERS[sid](results)))
     c, e = results.get("config") or {}, results.get("environment") or {}
-    return page(f"speedladder {kind(results)} · {c.get('preset')} · {e.get('device_name')}", body)
+    label_ = model_label(c, results.get("model"))
+    return page(f"speedladder {kind(results)} · {label_} · {e.get('device_name')}", body)
 
 
 def write(results: Results | dict, run_dir: Path) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedladder.records import Results, RungResult
-from speedladder.report.common import STATUS_LABEL, gib
+from speedladder.report.common import STATUS_LABEL, gib, model_label
 
 WATERFALL = "waterfall.png"
 COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4"}
@@ -90,7 +90,7 @@ def waterfall_figure(results: Results):
     ax.set_ylim(0, top * 1.3)
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
-    ax.set_title(f"{c['preset']} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
+    ax.set_title(f"{model_label(c, results.model)} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
     handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
     if any(r.predicted and r.predicted.speedup for r in rungs):
