@@ -10,6 +10,7 @@ pad_to_multiple_of=64) with the padding's logits left out of the loss.
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import json
@@ -89,8 +90,12 @@ def config(name: str, overrides: tuple[str, ...], vocab: int | None) -> tuple[An
 
 
 def build(cfg: Any) -> nn.Module:
-    """A random-weight model from the config, plain attention (the sdpa rung switches it), fp32."""
-    model = transformers().AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    """A random-weight model from the config, plain attention (the sdpa rung switches it), fp32.
+
+    Each model gets a copy of the config: the rungs change the model's own (pad-vocab its vocab_size, sdpa its
+    attention), and the next model built must not see that.
+    """
+    model = transformers().AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
     return model.to(torch.float32)
 
 
