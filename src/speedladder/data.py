@@ -6,6 +6,7 @@ ship inside the package (data/), and tiktoken is built from the local ranks.
 
 from __future__ import annotations
 
+import mmap
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -187,6 +188,17 @@ def open_token_file(source: str, tokenizer: str, vocab_size: int | None) -> Corp
     return Corpus(source, tokenizer, vocab_size or 0, np.memmap(path, dtype=dtype, mode="r", shape=(n,)))
 
 
+def unmap(tokens: np.ndarray) -> None:
+    """Drop this process's mappings of a memory-mapped file's pages; they stay in the page cache.
+
+    Each window drawn maps the whole page-cache folio around it (a megabyte or more on recent Linux), so
+    without this the resident memory of a run would grow towards the file's size. About 10 µs a batch.
+    """
+    mapped = getattr(tokens, "_mmap", None)  # numpy.memmap's own mmap object
+    if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
+
+
 def check_ids(corpus: Corpus, vocab_size: int, chunk: int = SCAN_IDS) -> None:
     """Every id of a token file below the vocabulary: the whole file is scanned, `chunk` ids at a time into one
     buffer (plain reads, not the memory map, so the scanned pages do not stay in this process)."""
@@ -242,6 +254,7 @@ class BatchStream:
             chunk = self.tokens[index]  # one gather, no Python loop
         else:  # a gather from the memory map: only the pages of these B windows are read
             chunk = torch.from_numpy(self.tokens[index.numpy()].astype(np.int64))
+            unmap(self.tokens)
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
     def __iter__(self) -> BatchStream:
