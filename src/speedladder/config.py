@@ -174,8 +174,13 @@ class RunConfig:
     """What the user asked for. None means "the preset's" (see PRESETS)."""
 
     preset: str | None = None  # None: d2l-512 on CUDA, d2l-cpu elsewhere
-    data: str | None = None  # an embedded corpus name or a path to a UTF-8 text file
-    tokenizer: str | None = None  # "char" or "gpt2"
+    data: str | None = None  # an embedded corpus name, a UTF-8 text file, or a FILE.bin of token ids
+    tokenizer: str | None = None  # "char" or "gpt2"; a .bin's ids are used as they are ("ids")
+    # The model, when not the preset's GPT (docs/models.md): FILE.py:NAME or package.module:NAME ...
+    model_source: str | None = None
+    hf: str | None = None  # ... or a Hugging Face causal LM built from a config: "gpt2", "llama", PATH/config.json
+    hf_set: tuple[str, ...] = ()  # KEY=VALUE overrides of that config, e.g. "n_layer=2"
+    vocab_size: int | None = None  # None: the tokenizer's (text) or the model's (a .bin); above 65,535 a .bin is uint32
     batch_size: int | None = None
     seq_len: int | None = None
     batch_multiplier: int | None = None
@@ -202,7 +207,7 @@ class Resolved:
     """What a run actually does: the RunConfig with every "the preset's" filled in, and the model it builds."""
 
     run: RunConfig  # every None of the user's RunConfig replaced by a concrete value; rungs always listed
-    model: GPTConfig
+    model: GPTConfig | None  # the preset's GPT; None when the model is the user's or Hugging Face's
     preset_note: str | None  # why this preset was chosen, when the user did not choose it
 
     # The batch shape every measuring module reads, named once here rather than spelled out at each use.
@@ -218,8 +223,9 @@ class Resolved:
         """The flat "config" of results.json (its field names are the schema's, kept since schema 1)."""
         r = self.run
         t = r.timing
-        return {"preset": r.preset, "preset_note": self.preset_note, "model": dataclasses.asdict(self.model),
-                "data": r.data, "tokenizer": r.tokenizer, "batch_size": r.batch_size, "seq_len": r.seq_len,
+        return {"preset": r.preset, "preset_note": self.preset_note,
+                "model": dataclasses.asdict(self.model) if self.model else None, "model_source": r.model_source,
+                "hf": r.hf, "hf_set": list(r.hf_set), "vocab_size": r.vocab_size, "data": r.data, "tokenizer": r.tokenizer, "batch_size": r.batch_size, "seq_len": r.seq_len,
                 "batch_multiplier": r.batch_multiplier, "ladder": r.ladder, "rungs": list(r.rungs or ()),
                 "beside": list(r.beside or ()), "device": r.device, "lr": r.lr, "seed": r.seed, "out": r.out,
                 "peak_tflops": r.peak_tflops, "steps": t.steps, "windows": t.windows, "warmup": t.warmup,
@@ -228,6 +234,8 @@ class Resolved:
                 "memory": dataclasses.asdict(r.memory), "model_changes": r.model_changes}
 
     def with_vocab(self, vocab_size: int) -> Resolved:
+        if self.model is None:
+            return self
         return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
 
 
@@ -246,7 +254,7 @@ def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
     if isinstance(out.get("peak_tflops"), (int, float)):  # schema 1 kept one number for every precision
         out["peak_tflops"] = dict.fromkeys(PRECISIONS, float(out["peak_tflops"]))
     out["memory"] = MemoryConfig(**d.get("memory", {}))
-    for name in ("rungs", "beside"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
+    for name in ("rungs", "beside", "hf_set"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
         if out.get(name) is not None:
             out[name] = tuple(out[name])
     if out.get("ladder") is None:
@@ -336,21 +344,32 @@ def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tu
     return ((cfg.ladder or "source") if ladder else None), rungs, beside
 
 
+TOKEN_FILE_SUFFIX = ".bin"  # nanoGPT's prepared token files: ids back to back, uint16 (uint32 above 65,535)
+TOKEN_FILE_TOKENIZER = "ids"  # a token file's ids are used as they are
+
+
+def is_token_file(data: str) -> bool:
+    return data.endswith(TOKEN_FILE_SUFFIX)
+
+
 def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] = ()) -> Resolved:
     """Fill every "the preset's" with a value and check the result.
 
-    The model keeps its preset's vocabulary here; the caller sets the
-    tokenizer's with `with_vocab` once the corpus is loaded.
+    The model keeps its preset's vocabulary (`with_vocab` sets the data's). With a model of the user's or
+    Hugging Face's, the preset gives the workload only (data, batch shape, timing); Resolved.model is None.
     """
     note = None
     preset = cfg.preset
+    ours = cfg.model_source is None and cfg.hf is None
     if preset is None:
         preset = CUDA_DEFAULT_PRESET if device.type == "cuda" else FALLBACK_PRESET
         if device.type != "cuda":
-            m = PRESETS[preset].model
+            m, s = PRESETS[preset].model, PRESETS[preset]
             note = (f"no CUDA device: using the scaled-down preset {preset} (width {m.n_embd}, "
                     f"{m.n_layer} blocks) so the ladder ends within minutes; "
-                    f"--preset {CUDA_DEFAULT_PRESET} gives the reference setup")
+                    f"--preset {CUDA_DEFAULT_PRESET} gives the reference setup") if ours else (
+                    f"no CUDA device: using the workload of the scaled-down preset {preset} (B={s.batch_size}, "
+                    f"T={s.seq_len}, {s.corpus}) so the ladder ends within minutes")
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     setup = PRESETS[preset]
@@ -365,12 +384,14 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     steps = t.steps if t.steps is not None else setup.steps_per_window
     warmup = t.warmup if t.warmup is not None else setup.warmup_steps
     _check_values(cfg, batch_size, seq_len, mult, steps, warmup)
-    if seq_len > model.block_size:
+    if ours and seq_len > model.block_size:
         raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
     ladder, rungs, beside = _rungs(cfg, known_rungs)
+    data = cfg.data if cfg.data is not None else setup.corpus
+    tokenizer = cfg.tokenizer or (TOKEN_FILE_TOKENIZER if is_token_file(data) else setup.tokenizer)
     run = dataclasses.replace(
-        cfg, preset=preset, data=cfg.data if cfg.data is not None else setup.corpus,
-        tokenizer=cfg.tokenizer if cfg.tokenizer is not None else setup.tokenizer,
+        cfg, preset=preset, data=data, tokenizer=tokenizer,
         batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, ladder=ladder, rungs=rungs, beside=beside,
         device=str(device), timing=dataclasses.replace(t, steps=steps, warmup=warmup))
-    return Resolved(run=run, model=model, preset_note=note)
+    return Resolved(run=run, model=model if ours else None, preset_note=note)
+

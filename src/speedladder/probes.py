@@ -63,6 +63,8 @@ def outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torc
     # A padded vocabulary is compared on the real one: its first rows and logits.
     grads = {n: step.reference_part(n, p.grad).detach().float().cpu()
              for n, p in step.params.items() if p.grad is not None}
+    if logits is None:  # a forward that returns a loss only (models/base.py): loss and gradients are compared
+        logits = torch.empty(rows, x.shape[1], 0)
     return logits[:rows, :, :step.vocab_size].detach().float().cpu(), float(loss.detach()), grads
 
 
@@ -86,6 +88,8 @@ def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[to
     changed = x.clone()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % vocab
     a, _, _ = outputs(step, weights, (x, y), rows)
+    if a.numel() == 0:
+        return not_applicable("the forward returns a loss only: no logits per position to probe")
     again, _, _ = outputs(step, weights, (x, y), rows)
     b, _, _ = outputs(step, weights, (changed, y), rows)
     noise = float((a - again).abs().max())

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from speedladder.config import Resolved
 from speedladder.ladder import Ladder
+from speedladder.models import model_flags
 from speedladder.records import Results, RungResult
 from speedladder.rungs import Env, Rung, StepSpec, compose
 
@@ -85,6 +86,7 @@ def commands(names: tuple[str, ...], cfg: Resolved, run_dir: str) -> dict[str, s
     r = cfg.run
     workload = f"--preset {r.preset} --data {r.data} --tokenizer {r.tokenizer} " \
                f"--batch-size {r.batch_size} --seq-len {r.seq_len} --batch-multiplier {r.batch_multiplier}"
+    workload = " ".join(filter(None, (workload, model_flags(r))))  # the model, when not the preset's GPT
     return {"run": f"speedladder run {workload} --rungs {rungs}",
             "train": f"speedladder train --run {run_dir}",
             "train_rungs": f"speedladder train {workload} --rungs {rungs}"}

@@ -30,6 +30,7 @@ from speedladder.records import ProfileSummary, from_dict
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
 from speedladder.report import sweep as sweep_report
+from speedladder.report.outputs import write_outputs
 from speedladder.rungs import RUNGS
 from speedladder.workload import Workload, new_results, prepare
 
@@ -125,10 +126,9 @@ def add_report(sub) -> None:
 
 def finish(run_dir: Path) -> None:
     """Print the table and draw the waterfall from the saved file, so all three agree."""
-    saved = results.load(run_dir)
+    saved, png, page = write_outputs(run_dir)
     report.print_report(saved)
-    png = report.waterfall(saved, run_dir / report.WATERFALL)
-    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {html_report.write(saved, run_dir)}")
+    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
 
 
 def start(args: argparse.Namespace, cfg: RunConfig) -> tuple[Progress, Workload, Path]:
@@ -144,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.explain_miss >= 0:
         raise UsageError(f"--explain-miss must be zero or more, got {args.explain_miss}")
     progress, work, run_dir = start(args, run_config(args))
-    progress(f"{work.cfg.run.preset}: {work.params:,} parameters on {work.device}; "
+    progress(f"{work.model.name if work.cfg.model is None else work.cfg.run.preset}: {work.params:,} parameters on "
+             f"{work.device} ({work.model.convention_line}); "
              f"{work.corpus.n_tokens:,} tokens of {work.corpus.source}; writing {run_dir}")
     ladder = Ladder(work, run_dir, progress)
     try:

@@ -60,10 +60,25 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help=f"model and workload: {_presets_help()}. Default: d2l-512 on CUDA, "
                         "d2l-cpu (scaled down to finish in minutes) elsewhere")
     p.add_argument("--data", metavar="NAME|PATH",
-                   help="embedded corpus (timemachine, tinyshakespeare) or a UTF-8 text file. "
-                        "Default: the preset's corpus")
-    p.add_argument("--tokenizer", choices=["char", "gpt2"],
-                   help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks. Default: the preset's")
+                   help="embedded corpus (timemachine, tinyshakespeare), a UTF-8 text file, or a FILE.bin of token "
+                        "ids (nanoGPT's: uint16, uint32 when --vocab-size > 65535; memory-mapped, never loaded "
+                        "whole). Default: the preset's corpus")
+    p.add_argument("--tokenizer", choices=["char", "gpt2", "ids"],
+                   help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks; ids: a .bin's ids as they "
+                        "are (gpt2 with a .bin decodes train's sample). Default: the preset's (ids for a .bin)")
+    p.add_argument("--model", metavar="FILE.py:NAME",
+                   help="your language model instead of the preset's GPT: FILE.py:NAME or package.module:NAME, NAME "
+                        "an nn.Module class or a function returning one (arguments vocab_size, block_size, seq_len "
+                        "get the workload's); forward conventions and hooks: docs/models.md. Default: the preset's GPT")
+    p.add_argument("--hf", metavar="gpt2|llama|CONFIG",
+                   help="a Hugging Face causal LM built from its config with random weights, offline: gpt2, llama or "
+                        "PATH/config.json (needs pip install speedladder[hf]). Default: none")
+    p.add_argument("--hf-set", action="append", metavar="KEY=VALUE",
+                   help="override a value of the --hf config, e.g. n_layer=2 (GPT-2's names work for llama too); "
+                        "repeatable. Default: none")
+    p.add_argument("--vocab-size", type=int, metavar="V",
+                   help="the vocabulary (given to a model that takes vocab_size; a .bin holds uint32 ids above "
+                        "65535). Default: the tokenizer's for text, the model's for a .bin")
     p.add_argument("--batch-size", type=int, metavar="B", help="sequences per step. Default: the preset's")
     p.add_argument("--seq-len", type=int, metavar="T", help="tokens per sequence. Default: the preset's")
     p.add_argument("--device", default=default(RunConfig, "device"),
@@ -123,7 +138,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     """The flags as a RunConfig; a flag a command does not have keeps the dataclass default."""
     gates = GateConfig()
     return RunConfig(
-        preset=args.preset, data=args.data, tokenizer=args.tokenizer, batch_size=args.batch_size,
+        preset=args.preset, data=args.data, tokenizer=args.tokenizer, model_source=args.model, hf=args.hf,
+        hf_set=tuple(args.hf_set or ()), vocab_size=args.vocab_size, batch_size=args.batch_size,
         seq_len=args.seq_len, batch_multiplier=args.batch_multiplier, ladder=getattr(args, "ladder", "source"),
         rungs=getattr(args, "rungs", None), device=args.device,
         lr=args.lr, seed=args.seed, out=args.out, peak_tflops=getattr(args, "peak_tflops", None),

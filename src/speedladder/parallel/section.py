@@ -12,7 +12,6 @@ import statistics
 import torch
 
 from speedladder import measure
-from speedladder.model import GPT
 from speedladder.parallel import costmodel
 from speedladder.parallel.config import ParallelConfig
 from speedladder.records import ParallelSection, Results
@@ -24,10 +23,12 @@ DDP_DEFAULT_BUCKET_MB = 25.0  # torch's DistributedDataParallel default bucket_c
 
 def model_bytes(work: Workload) -> tuple[list[int], list[int]]:
     """fp32 gradient bytes per parameter tensor (registration order) and per FSDP unit (root first, blocks)."""
-    with torch.device("meta"):
-        model = GPT(work.cfg.model)
+    try:
+        model = work.model.build(torch.device("meta"))  # shapes only, no memory
+    except Exception:  # noqa: BLE001 -- a model that cannot be built on the meta device is built on the host
+        model = work.model.build(torch.device("cpu"))
     per_param = [costmodel.grad_bytes(p.numel()) for p in model.parameters()]
-    blocks = [sum(costmodel.grad_bytes(p.numel()) for p in b.parameters()) for b in model.blocks]
+    blocks = [sum(costmodel.grad_bytes(p.numel()) for p in b.parameters()) for b in work.model.blocks_of(model)]
     return per_param, [sum(per_param) - sum(blocks), *blocks]
 
 

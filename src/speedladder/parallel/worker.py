@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -140,7 +141,8 @@ def fully_shard_fn():
     return fully_shard
 
 
-def wrapper(strategy: str, device: torch.device, pcfg: ParallelConfig):
+def wrapper(strategy: str, device: torch.device, pcfg: ParallelConfig,
+            blocks: Callable[[nn.Module], list[nn.Module]] = lambda m: list(getattr(m, "blocks", []))):
     """The TrainStep `wrap=` hook: applied after the rungs' model transforms, before torch.compile."""
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -152,7 +154,7 @@ def wrapper(strategy: str, device: torch.device, pcfg: ParallelConfig):
     fully_shard = fully_shard_fn()
 
     def shard(model: nn.Module) -> nn.Module:
-        for block in getattr(model, "blocks", []):  # one FSDP unit per block, then the root holds the rest
+        for block in blocks(model):  # one FSDP unit per block, then the root holds the rest
             fully_shard(block)
         fully_shard(model)
         return model
@@ -182,7 +184,8 @@ def train(job: dict, group: Group) -> dict:
     spec = StepSpec.from_dict(job["spec"])
     say_0 = (lambda m: say(group.rank, m)) if group.rank == 0 else (lambda m: None)
     with matmul_precision(spec):
-        step = work.step(spec, wrap=wrapper(job["strategy"], group.device, pcfg), device=group.device)
+        step = work.step(spec, wrap=wrapper(job["strategy"], group.device, pcfg, work.model.blocks_of),
+                         device=group.device)
         stream = work.stream(spec, seed=work.cfg.run.seed + group.rank * RANK_SEED_STRIDE, device=group.device)
         if os.environ.get(FAIL_RANK_ENV) == str(group.rank):
             raise RuntimeError(f"injected failure on rank {group.rank} ({FAIL_RANK_ENV})")

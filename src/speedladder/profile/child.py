@@ -24,6 +24,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from speedladder.measure import stepper, sync
+from speedladder.models.user import LIVE
 from speedladder.profile.categories import STEP_MARK, breakdown, classify
 from speedladder.profile.facts import copy_gbps, matmul_facts, op_floor_us
 from speedladder.rungs import StepSpec, compose
@@ -119,10 +120,14 @@ def profile_workload(run_cfg, rungs: tuple[str, ...], trace_path: Path | None) -
         b = profile_step(stepper(step, work.stream(spec)), work.device, cfg.run.profile.steps, warmup, trace_path)
         del step
         cuda = work.device.type == "cuda"
+        # The matmul facts need the architecture in our GPT's terms (ours, Hugging Face GPT-2); for any other
+        # there are none, and the predictions that need them say so (profile/predict.py).
+        shapes = work.model.shapes
         b.update(spec=spec.to_dict(), rungs=list(rungs), device_type=work.device.type,
-                 tokens_per_step=spec.tokens_per_step, params=work.params, model=dataclasses.asdict(cfg.model),
-                 matmuls=matmul_facts(cfg.model, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
-                                      work.device, ceiling_n=4096 if cuda else 512),
+                 tokens_per_step=spec.tokens_per_step, params=work.params,
+                 model=dataclasses.asdict(shapes) if shapes else None,
+                 matmuls=matmul_facts(shapes, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
+                                      work.device, ceiling_n=4096 if cuda else 512) if shapes else {},
                  copy_gbps=copy_gbps(work.device, (1 << 30) if cuda else (1 << 26)))
     return b
 
@@ -135,6 +140,9 @@ def run_in_child(run_cfg, rungs: tuple[str, ...] = (), trace_path: Path | None =
     __main__ is (a script, a notebook, pytest). Its stderr (the profiler's own
     chatter) is kept and shown only when it fails.
     """
+    if (run_cfg.model_source or "").startswith(LIVE):  # from the Python API: nothing to import in the child
+        raise RuntimeError("the model was given as a Python object, which the profiling process cannot build "
+                           "again: no profile and no predictions (give the model as FILE.py:NAME to get them)")
     with tempfile.TemporaryDirectory(prefix="speedladder-profile-") as tmp:
         request, answer = Path(tmp) / "request.pkl", Path(tmp) / "profile.json"
         request.write_bytes(pickle.dumps((run_cfg, tuple(rungs), str(trace_path) if trace_path else None)))

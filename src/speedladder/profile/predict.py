@@ -33,6 +33,11 @@ from speedladder.profile.categories import IDLE
 from speedladder.records import ProfileSummary
 from speedladder.rungs import RUNGS, Env, StepSpec
 
+# Rungs whose prediction reads this model's own matmul shapes (profile.matmul_facts) or its GPT sizes: for an
+# architecture whose shapes are unknown there is no prediction, rather than an invented one.
+NEEDS_SHAPES = ("bf16", "batch", "sdpa", "pad-vocab", "muon")
+NO_MODEL = "no prediction model for this architecture (its matmul shapes are unknown)"
+
 PARTS: tuple[str, ...] = ("matmul", "attn_matmul", "attention", "attn_tail", "tail", "copies", "optimizer",
                           "overhead", "other")
 # The hand-written attention's operators outside its matmuls (model.py: masked_fill, softmax).
@@ -302,9 +307,10 @@ def _chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: St
     for name in names:
         after = RUNGS[name].transform(spec, env)
         predictor = PREDICTORS.get(name)
-        if predictor is None:
-            out.append(Prediction(name, None, "no prediction model for this rung", dict(parts),
-                                  after.tokens_per_step))
+        unknown = name in NEEDS_SHAPES and not profile.matmuls
+        if predictor is None or unknown:
+            out.append(Prediction(name, None, NO_MODEL if unknown else "no prediction model for this rung",
+                                  dict(parts), after.tokens_per_step))
             spec = after
             continue
         new, why = predictor(Context(parts, spec, after, profile))

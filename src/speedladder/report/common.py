@@ -37,5 +37,11 @@ def label(r: RungResult) -> str:
     return r.name
 
 
+def model_label(config: dict, model: dict | None) -> str:
+    """The preset for our GPT (and in files from before other models); the model's name otherwise."""
+    model = model or {}
+    return config.get("preset") if model.get("kind", "speedladder") == "speedladder" else model.get("name")
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.0f}%"

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from speedladder.profile.spread import iqr
 from speedladder.records import ProfileSummary, Results
-from speedladder.report.common import console, label, pct, times
+from speedladder.report.common import console, label, model_label, pct, times
 
 
 def share_range(v: dict) -> str:
@@ -142,7 +142,7 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     out = out or console()
     b = saved.profile or ProfileSummary()
     spec = b.spec
-    out.print(escape(f"speedladder profile · {saved.config['preset']} on {saved.environment['device_name']} · "
+    out.print(escape(f"speedladder profile · {model_label(saved.config, saved.model)} on {saved.environment['device_name']} · "
                      f"B={spec['batch_size']} T={spec['seq_len']} · {'+'.join(b.rungs) or 'baseline (eager fp32)'} · "
                      f"{b.steps} steps"))
     out.print(escape(f"top operators by {'CUDA' if b.device_type == 'cuda' else 'CPU'} self time "

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.records import Results, RungResult
-from speedladder.report.common import STATUS_LABEL, console, gib, label, times
+from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, times
 from speedladder.report.memory import (
     explanation_notes,
     explanation_tables,
@@ -65,7 +65,7 @@ def rows(results: Results) -> list[dict[str, str]]:
 
 def title(results: Results) -> str:
     c, e = results.config, results.environment
-    return (f"speedladder · {c['preset']} on {e['device_name']} ({e['device_type']}) · "
+    return (f"speedladder · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
             f"{(results.corpus or {}).get('source')} · B={c['batch_size']} T={c['seq_len']} · torch {e['torch']}")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedladder.records import Results, RungResult
-from speedladder.report.common import STATUS_LABEL
+from speedladder.report.common import STATUS_LABEL, model_label
 from speedladder.report.memory import bar_label
 
 WATERFALL = "waterfall.png"
@@ -86,7 +86,7 @@ def waterfall_figure(results: Results):
     ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
-    ax.set_title(f"{c['preset']} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
+    ax.set_title(f"{model_label(c, results.model)} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
     handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
     if any(r.predicted and r.predicted.speedup for r in rungs):
