@@ -29,8 +29,8 @@ OUTLIER_RULE = (f"|wall - median| > max({OUTLIER_K:g} x {MAD_TO_SIGMA} x MAD, {O
 # Borderline. The regime is borderline (the top two buckets cannot be told apart) when any of:
 #  1. the median step's margin between them is under MIN_MARGIN. One run's steps cannot show the drift between runs:
 #     in four sets of five runs of the default workload (d2l-cpu, one thread, 2026-11-29, the 2-core Xeon test
-#     machine shared with other work) the compute-over-memory margin moved by up to 14 points within a set (11 to 25
-#     points), about +-7 around its middle, while each run's quartiles were a few points wide;
+#     machine shared with other work) the compute-over-memory margin moved by up to 14 points within a set (11 to 27
+#     points over the twenty), about +-7 around its middle, while each run's quartiles were a few points wide;
 #  2. their interquartile ranges across the steps overlap: a typical step-to-step swing is as large as the margin;
 #  3. the step was starved with more than one intra-op thread: in the median step its threads waited, ready to run,
 #     for a core another process held for over STARVED_WAIT of the core time the step asked for (wall x threads).
