@@ -9,7 +9,7 @@
 # Each ladder is capped with SIGINT, which speedladder turns into "interrupted, results kept".
 #
 #   bash bench/gpu.sh           on a CUDA machine, from the source tree, installing nothing
-#   bash bench/gpu.sh --smoke   the same script on tiny shapes, on any device, in about a minute
+#   bash bench/gpu.sh --smoke   the same script on tiny shapes, on any device, in a few minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
@@ -30,9 +30,9 @@ ladder() {  # ladder NAME SECONDS ARGS...: one speedladder run, its log kept bes
 }
 
 if [[ "${1:-}" == "--smoke" ]]; then
-  ladder small 120 --preset tiny --steps 3 --loss-steps 5 --learns-steps 60
-  ladder gpt2 120 --preset tiny --data tinyshakespeare --tokenizer gpt2 --rungs eager,bf16,batch,ckpt \
-    --steps 2 --loss-steps 5 --learns-steps 20 --learns-min-drop 0.05
+  ladder small 240 --preset tiny --steps 3 --windows 3 --loss-steps 5 --learns-steps 60
+  ladder gpt2 240 --preset tiny --data tinyshakespeare --tokenizer gpt2 --rungs eager,bf16,batch,ckpt \
+    --steps 2 --windows 3 --loss-steps 5 --learns-steps 60
 else
   { nvidia-smi || true; "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } \
     > "$OUT/environment.txt" 2>&1

@@ -63,3 +63,15 @@ def test_modules_and_functions_stay_short():
     assert not long_modules
     long_functions = [line for f in files for line in _long_functions(f, 60)]
     assert not long_functions
+
+
+def test_every_module_is_in_a_layer():
+    """A new module outside the contract would be checked by nothing: every one must be named in a layer."""
+    import tomllib
+
+    layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    named = {part.strip() for layer in layers for part in layer.split("|")}
+    modules = {".".join(f.relative_to(ROOT / "src").with_suffix("").parts) for f in SRC.rglob("*.py")
+               if f.stem not in ("__init__", "__main__")}
+    outside = sorted(m for m in modules if not any(m == n or m.startswith(n + ".") for n in named))
+    assert not outside

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_script_smoke_mode(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu.sh"), "--smoke"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for ladder in ("small", "gpt2"):
         (path,) = (tmp_path / ladder).glob("*/results.json")

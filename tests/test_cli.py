@@ -52,6 +52,11 @@ def test_help_shows_the_dataclass_defaults(capsys):
     (["--batch-size", "6000"], "is more than the corpus timemachine holds"),
     (["--device", "cuda:7"], "cuda"),
     (["--tokenizer", "bytes"], "invalid choice: 'bytes'"),
+    (["--lr", "nan"], "learning rate must be positive, got nan"),
+    (["--lr", "inf"], "learning rate must be positive, got inf"),
+    (["--peak-tflops", "989"], "give the peak per precision"),
+    (["--peak-tflops", "bf17=3"], "unknown precision 'bf17'"),
+    (["--learns-band", "nan"], "learns-check band must be zero or more, got nan"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
     try:
@@ -69,7 +74,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
 def test_bad_data_files_are_one_line(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    binary = tmp_path / "binary.bin"
+    binary = tmp_path / "binary.dat"  # .bin means a token file (tests/test_user_data.py)
     binary.write_bytes(bytes(range(128, 256)))
     for path, message in ((empty, "is empty"), (binary, "is not UTF-8 text")):
         assert main(["run", "--preset", "tiny", "--data", str(path), "--out", str(tmp_path / "o")]) == 2
@@ -79,7 +84,7 @@ def test_bad_data_files_are_one_line(tmp_path, capsys):
 
 def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
     assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "2",
-                 "--loss-steps", "4", "--learns-steps", "30", "--learns-min-drop", "0.02", "--quiet",
+                 "--loss-steps", "4", "--learns-steps", "60", "--quiet",
                  "--out", str(tmp_path / "runs")]) == 0
     first = capsys.readouterr().out
     (run,) = (tmp_path / "runs").iterdir()

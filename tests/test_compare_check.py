@@ -19,7 +19,7 @@ from speedladder.report import compare
 from speedladder.rungs import RUNGS
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
-        "--learns-steps", "20", "--learns-min-drop", "0.02", "--quiet"]
+        "--learns-steps", "60", "--quiet"]
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
 
 

@@ -18,7 +18,7 @@ from speedladder.records import to_dict
 from speedladder.report import html as html_report
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
-        "--learns-steps", "20", "--learns-min-drop", "0.02", "--quiet"]
+        "--learns-steps", "60", "--quiet"]
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
 SECTION_IDS = [sid for sid, _ in html_report.SECTIONS]
 MAX_BYTES = 3 * 2**20  # "a few MB at most"

@@ -16,7 +16,7 @@ from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
 from speedladder.step import TrainStep
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
-        "--learns-min-drop", "0.05", "--no-profile"]
+        "--no-profile"]
 
 
 def run_dir(out: Path) -> Path:
@@ -54,7 +54,7 @@ def test_source_ladder_runs_every_rung(source_run):
     assert [r["name"] for r in res["rungs"]] == ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
     for r in res["rungs"]:
         assert r["status"] == "ok", r["detail"]
-        assert len(r["timing"]["windows"]) == 3 and all(w["seconds"] > 0 for w in r["timing"]["windows"])
+        assert len(r["timing"]["windows"]) == 5 and all(w["seconds"] > 0 for w in r["timing"]["windows"])
         assert r["tokens_per_s"]["min"] <= r["tokens_per_s"]["median"] <= r["tokens_per_s"]["max"]
         assert r["peak_memory_bytes"] is None and r["mfu"] is None  # a CPU: n/a, not invented
         assert r["gate"]["passed"], r["gate"]["detail"]
@@ -81,11 +81,13 @@ def test_speedups_and_verdicts_are_derived_from_the_windows(source_run):
     rungs = by_name(res)
     for r in res["rungs"][1:]:
         base = rungs[r["built_on"]]
-        assert r["speedup_prev"] == pytest.approx(r["tokens_per_s"]["median"] / base["tokens_per_s"]["median"])
-        assert r["speedup_cum"] == pytest.approx(r["tokens_per_s"]["median"] / rungs["eager"]["tokens_per_s"]["median"])
+        # Against the base re-timed beside it, its windows interleaved with the rung's (rule 8).
+        assert len(r["base_timing"]["windows"]) == len(r["timing"]["windows"]) == 5
+        beside = r["base_tokens_per_s"]
+        assert r["speedup_prev"] == pytest.approx(r["tokens_per_s"]["median"] / beside["median"])
+        assert r["speedup_cum"] == pytest.approx(base["speedup_cum"] * r["speedup_prev"])  # chained
         if r["role"] == "rung":
-            assert r["verdict"] == measure.verdict(measure.Spread(**r["tokens_per_s"]),
-                                                   measure.Spread(**base["tokens_per_s"]))
+            assert r["verdict"] == measure.verdict(measure.Spread(**r["tokens_per_s"]), measure.Spread(**beside))
 
 
 def test_the_fastest_passing_rung_learns(source_run):
@@ -124,7 +126,7 @@ def test_the_profile_predicts_every_rung_and_the_error_is_measured(source_run):
 
 
 def test_progress_of_the_long_phases_goes_to_stderr(source_run):
-    for phase in ("profile", "compiling", "window 3/3", "gates", "learns-check"):
+    for phase in ("profile", "compiling", "window 5/5", "base window 5/5", "gates", "learns-check"):
         assert phase in source_run["err"]
 
 
@@ -199,16 +201,16 @@ def test_out_of_memory_in_one_rung_is_recorded_and_the_ladder_goes_on(tmp_path, 
 
 
 def test_ctrl_c_keeps_the_results_so_far(tmp_path, monkeypatch, capsys):
-    real = measure.run_windows
+    real = measure.time_window
     calls = []
 
     def interrupted(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 7:  # eager's 5 windows, then the 2nd of bf16's (interleaved with eager's)
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(measure, "run_windows", interrupted)
+    monkeypatch.setattr(measure, "time_window", interrupted)
     rc = main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)])
     assert rc == 130
     res = saved(tmp_path)
@@ -271,7 +273,7 @@ def test_full_ladder_skips_cuda_rungs_with_reasons_and_measures_ckpt_beside_the_
     assert ckpt["role"] == "beside" and ckpt["built_on"] == top["name"]
     assert ckpt["spec"] == {**top["spec"], "transforms": [*top["spec"]["transforms"], "activation-checkpointing"]}
     assert ckpt["verdict"] == measure.verdict(measure.Spread(**ckpt["tokens_per_s"]),
-                                              measure.Spread(**top["tokens_per_s"]))
+                                              measure.Spread(**ckpt["base_tokens_per_s"]))
     assert f"┊ ckpt beside {top['name']}" in out and f"ckpt: measured beside {top['name']}" in out
     assert all(r["wall_s"] > 0 for r in res["rungs"] if r["status"] == "ok")
     bars = {p.get_gid() for p in report.waterfall_figure(results.load(run_dir(tmp_path))).axes[0].patches

@@ -138,16 +138,48 @@ def test_flops_per_token_against_counted_flops(tiny):
     assert counter.get_total_flops() == pytest.approx(predicted, rel=0.05)
 
 
+@pytest.mark.parametrize("name, model", [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+    ("NVIDIA H100 SXM5 80GB", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"),
+    ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200 SXM"),
+    ("NVIDIA H200 NVL", "H200 NVL"),
+    ("NVIDIA A100-SXM4-40GB", "A100"),
+    ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("NVIDIA A100-PCIE-40GB", "A100"),
+    ("NVIDIA A100 80GB PCIe", "A100"),
+    ("NVIDIA L4", "L4"),
+    ("NVIDIA L40", "L40"),
+    ("NVIDIA L40S", "L40S"),
+    ("NVIDIA GeForce RTX 4090", None),
+    ("AMD EPYC 7B13", None),
+])
+def test_device_names_match_the_peak_table_exactly(name, model):
+    assert measure.device_model(name) == model
+
+
 def test_peak_table_and_mfu():
     assert measure.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
     assert measure.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert measure.peak_tflops("NVIDIA H100 NVL", "bf16") == 835.5  # not the SXM's figure
     assert measure.peak_tflops("NVIDIA H200", "tf32") == 494.7
     assert measure.peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5
     assert measure.peak_tflops("NVIDIA H200", "fp8") == 1978.9
+    assert measure.peak_tflops("NVIDIA L40", "bf16") == 181.0 and measure.peak_tflops("NVIDIA L4", "bf16") == 121.0
+    assert measure.peak_tflops("NVIDIA L40", "fp32") == 90.5  # not the L4's 30.3: MFU would be 3x too high
     assert measure.peak_tflops("NVIDIA A100-SXM4-80GB", "fp8") is None  # no float8 tensor cores
     assert measure.peak_tflops("AMD EPYC", "bf16") is None  # unknown: no MFU rather than a guess
     assert measure.mfu(100_000, 1_000_000_000, None) is None
     assert measure.mfu(500_000, 855_166_464, 989.4) == pytest.approx(500_000 * 855_166_464 / 989.4e12)
+
+
+def test_a_given_peak_is_per_precision():
+    given = {"bf16": 500.0, "fp32": 50.0}
+    assert measure.peak_for(given, "NVIDIA H100 80GB HBM3", "cuda", "bf16") == 500.0
+    assert measure.peak_for(given, "NVIDIA H100 80GB HBM3", "cuda", "tf32") is None  # not given: no MFU
+    assert measure.peak_for(None, "NVIDIA H100 80GB HBM3", "cuda", "tf32") == 494.7
+    assert measure.peak_for(None, "Intel Xeon", "cpu", "fp32") is None
 
 
 def test_peak_memory_is_none_without_cuda():

@@ -18,7 +18,7 @@ import speedladder
 from speedladder.cli import main
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel, launch
-from speedladder.parallel.worker import FAIL_RANK_ENV
+from speedladder.parallel.worker import DIE_RANK_ENV, DRIFT_RANK_ENV, FAIL_RANK_ENV
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "2", "--warmup", "1", "--quiet"]
 
@@ -42,6 +42,14 @@ def ddp_run(tmp_path_factory) -> dict:
     return job(tmp_path_factory.mktemp("ddp"))
 
 
+def test_k1_is_measured_through_torchrun_and_efficiency_is_at_most_100_percent_or_flagged(ddp_run):
+    p = ddp_run["parallel"]
+    assert p["single"]["via"].startswith("torchrun, 1 process")  # like with like: the ranks' own path
+    m = p["measured"]
+    assert m["efficiency"] <= 1.0 or any("above 100%" in f for f in m["flags"])
+    assert (m["efficiency"] > 1.0) == bool(m["flags"])
+
+
 def test_parameters_stay_identical_across_ranks(ddp_run):
     check = ddp_run["parallel"]["measured"]["param_check"]
     assert check["identical"] and check["max_abs_diff"] == 0.0
@@ -52,11 +60,11 @@ def test_tokens_per_s_is_the_whole_jobs(ddp_run):
     p = ddp_run["parallel"]
     m = p["measured"]
     per_rank = m["window_s_per_rank"]
-    assert len(per_rank) == 2 and all(len(r) == 3 for r in per_rank)  # both ranks, every window
+    assert len(per_rank) == 2 and all(len(r) == 5 for r in per_rank)  # both ranks, every window
     tokens = 2 * p["tokens_per_step_per_process"] * m["steps_per_window"]  # every rank's tokens
     expected = sorted(tokens / max(a, b) for a, b in zip(*per_rank))  # over the slowest rank's time
-    assert m["tokens_per_s"]["median"] == pytest.approx(expected[1])
-    assert (m["tokens_per_s"]["min"], m["tokens_per_s"]["max"]) == pytest.approx((expected[0], expected[2]))
+    assert m["tokens_per_s"]["median"] == pytest.approx(expected[2])
+    assert (m["tokens_per_s"]["min"], m["tokens_per_s"]["max"]) == pytest.approx((expected[0], expected[-1]))
     pred = next(r for r in p["predictions"] if r["k"] == 2)
     assert m["floor_error"] == pytest.approx(m["tokens_per_s"]["median"] / pred["floor_tokens_per_s"] - 1)
 
@@ -68,8 +76,9 @@ def test_the_probe_measures_a_positive_finite_bandwidth(ddp_run):
         assert row["seconds"] > 0 and math.isfinite(row["busbw_GBps"]) and row["busbw_GBps"] > 0
         assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # k=2: the ring factor 2(k-1)/k is 1
     bw = ddp_run["parallel"]["bandwidth"]
-    assert bw["source"] == "measured" and bw["busbw_GBps"] == probe["sizes"][-1]["busbw_GBps"]
-    assert bw["latency_us"] == pytest.approx(probe["sizes"][0]["seconds"] * 1e6)
+    assert bw["source"] == "measured"
+    assert (bw["busbw_GBps"], bw["latency_us"]) == pytest.approx((probe["fit"]["busbw_GBps"],
+                                                                  probe["fit"]["latency_us"]))
 
 
 def test_the_predictions_are_the_cost_models(ddp_run):
@@ -88,7 +97,11 @@ def test_report_reads_the_parallel_section_back(ddp_run, tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps(ddp_run))
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "identical on every rank" in out and "measured k=2" in out
+    m = ddp_run["parallel"]["measured"]
+    # The printed table holds the saved numbers: the measured job's median and its efficiency.
+    assert f"{m['tokens_per_s']['median']:,.0f}" in out and f"{100 * m['efficiency']:.0f}%" in out
+    for p in ddp_run["parallel"]["predictions"]:
+        assert f"{p['floor_tokens_per_s']:,.0f}" in out
     assert (tmp_path / "scaling.png").is_file()
 
 
@@ -115,6 +128,53 @@ def test_a_failing_rank_ends_the_job_with_its_error_once(tmp_path):
     (run,) = tmp_path.iterdir()
     assert json.loads((run / "results.json").read_text())["status"] == "failed"
     assert "Traceback" in (run / "torchrun.log").read_text()  # the whole story stays in the log
+
+
+def test_a_rank_that_dies_before_it_can_speak_is_told_by_its_own_exception(tmp_path):
+    env = dict(os.environ, **{DIE_RANK_ENV: "1"})
+    env["PYTHONPATH"] = str(Path(speedladder.__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-m", "speedladder", "ddp", "--nproc", "2", *FAST, "--master-port",
+                           str(free_port()), "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=180, check=False)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert "RuntimeError: injected death on rank 1" in line and "=====" not in line.split("(full log")[0], line
+
+
+def test_parameters_that_differ_across_ranks_fail_the_job(tmp_path):
+    env = dict(os.environ, **{DRIFT_RANK_ENV: "1"})
+    env["PYTHONPATH"] = str(Path(speedladder.__file__).resolve().parent.parent)
+    proc = subprocess.run([sys.executable, "-m", "speedladder", "ddp", "--nproc", "2", *FAST, "--master-port",
+                           str(free_port()), "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=180, check=False)
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert "parameters differ across ranks" in line
+    (run,) = tmp_path.iterdir()
+    assert json.loads((run / "results.json").read_text())["status"] == "failed"
+
+
+def test_the_allreduce_fit_recovers_latency_and_bandwidth_and_prices_every_size():
+    latency, busbw, k = 50e-6, 2e9, 2
+    sizes = [(n, costmodel.t_allreduce(n, k, busbw, latency)) for n in (4, 4096, 1 << 20, 25 << 20, 64 << 20)]
+    fit_latency, fit_busbw = costmodel.fit_allreduce(sizes, k)
+    assert fit_latency == pytest.approx(latency, rel=1e-6) and fit_busbw == pytest.approx(busbw, rel=1e-6)
+    # Two points (smallest and largest) misprice a middle size when the curve is not one line; the fit is
+    # judged on every size, the bucket's included.
+    bent = [(n, t * (1.8 if n == 1 << 20 else 1.0)) for n, t in sizes]
+    two_point = costmodel.t_allreduce(1 << 20, k, (64 << 20) / bent[-1][1] * costmodel.allreduce_factor(k),
+                                      bent[0][1])
+    fl, fb = costmodel.fit_allreduce(bent, k)
+    fitted = costmodel.t_allreduce(1 << 20, k, fb, fl)
+    assert abs(fitted / bent[2][1] - 1) < abs(two_point / bent[2][1] - 1)
+
+
+def test_the_job_probes_its_own_bucket_sizes(ddp_run):
+    p = ddp_run["parallel"]
+    (probe,) = p["probes"]
+    probed = {row["bytes"] for row in probe["sizes"]}
+    assert set(p["ddp_buckets"]) <= probed and p["first_bucket_bytes"] in probed
+    assert probe["fit"]["busbw_GBps"] > 0 and all("fitted_seconds" in row for row in probe["sizes"])
 
 
 def test_predict_with_a_measured_bandwidth(tmp_path, capsys):
@@ -176,7 +236,7 @@ def test_more_processes_than_cuda_devices_is_a_usage_error(monkeypatch):
 
 
 def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
-    from speedladder.config import ParallelConfig
+    from speedladder.parallel.config import ParallelConfig
 
     cmd = launch.torchrun_command(ParallelConfig(nnodes="2", rdzv_endpoint="node0:29400", rdzv_id="job7"), 8,
                                     tmp_path / "job.json")

@@ -46,8 +46,12 @@ def test_categories_add_to_100_percent_and_match_the_step(tiny_profile):
     # The tiny GPT does matmuls, layer norms, a softmax, and an AdamW step: each is seen where it belongs.
     for name in ("matmul", "elementwise & norm", "reductions & softmax", "optimizer"):
         assert cats[name]["share"] > 0.005, name
-    # On a CPU the categories are operator time plus the gaps between operators: they add to the step's wall time.
-    assert sum(c["ms"] for c in cats.values()) == pytest.approx(tiny_profile["wall_step_ms"], rel=0.02)
+    # On a CPU the categories are operator time plus the gaps between operators: they add to each step's wall time.
+    for step in tiny_profile["per_step"]:
+        assert sum(step["ms"].values()) == pytest.approx(step["wall_ms"], rel=0.02)
+    # The median step is made of each category's median: its sum lies among the steps' wall times.
+    walls = [step["wall_ms"] for step in tiny_profile["per_step"]]
+    assert min(walls) * 0.98 <= sum(c["ms"] for c in cats.values()) <= max(walls) * 1.02
     assert "CPU operator time" in tiny_profile["time_basis"]
     assert tiny_profile["regime"] in categories.REGIMES and tiny_profile["evidence"]
     assert tiny_profile["op_floor_us"] > 0 and tiny_profile["ops_per_step"] > 50
@@ -241,7 +245,7 @@ def test_cuda_breakdown_counts_kernel_time_and_the_gpu_waiting():
     opt = FakeEvent("Optimizer.step#AdamW.step", 300, 0)
     events = [FakeEvent("aten::mm", 20, 600), FakeEvent("aten::add", 10, 200), opt,
               FakeEvent("aten::mul_", 5, 100, parent=opt), FakeEvent("aten::view", 3, 0)]
-    b = categories.breakdown(events, n_steps=1, step_us=1000, device_time=True, op_floor_us=0.0)
+    b = categories.breakdown([events], walls_us=[1000], device_time=True, op_floor_us=0.0)
     shares = {c: v["share"] for c, v in b["categories"].items()}
     # Kernel time only (host time of the ops is not device time); the rest of the step is the GPU waiting.
     assert shares["matmul"] == pytest.approx(0.6) and shares["elementwise & norm"] == pytest.approx(0.2)
@@ -249,7 +253,7 @@ def test_cuda_breakdown_counts_kernel_time_and_the_gpu_waiting():
     assert sum(shares.values()) == pytest.approx(1.0) and b["floor_share"] == 0.0
     assert categories.regime(b)[0] == "compute-bound"
     # The same events on a CPU: operator (host) time is the device time, and what no operator covers is idle.
-    c = categories.breakdown(events, n_steps=1, step_us=400, device_time=False, op_floor_us=1.0)
+    c = categories.breakdown([events], walls_us=[400], device_time=False, op_floor_us=1.0)
     cpu = {k: v["ms"] * 1e3 for k, v in c["categories"].items()}
     assert cpu["matmul"] == pytest.approx(20) and cpu["optimizer"] == pytest.approx(305)
     assert cpu[categories.IDLE] == pytest.approx(3 + (400 - 338))  # the view op plus the gaps

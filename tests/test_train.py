@@ -39,7 +39,7 @@ def test_train_logs_samples_and_saves_a_checkpoint(tmp_path, capsys):
 
 def test_train_takes_the_winner_of_a_run(tmp_path, capsys):
     rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "3",
-               "--loss-steps", "5", "--learns-steps", "30", "--learns-min-drop", "0.05", "--quiet",
+               "--loss-steps", "5", "--learns-steps", "60", "--quiet",
                "--out", str(tmp_path / "runs")])
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -70,3 +70,14 @@ def test_train_bad_input_is_one_line(args, message, tmp_path, capsys):
                 if args[0] != "--run" else ["train", "--device", "cpu", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_train_quiet_prints_no_log_lines_but_the_outcome(tmp_path, capsys):
+    assert main(["train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "20",
+                 "--log-every", "5", "--sample-tokens", "0", "--quiet", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step 5, loss" not in out and "training tiny" not in out
+    assert out.count("\n") == 2 and "loss " in out and "checkpoint: " in out
+    assert main(["train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "20",
+                 "--log-every", "5", "--sample-tokens", "0", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("step ") == 4  # without --quiet: a line every 5 steps

@@ -94,11 +94,12 @@ def test_loss_band_arithmetic():
 
 def test_learns_check(tiny):
     stream = BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0)
-    good = verify.learns_check(step_for(tiny), stream, steps=120, min_drop=0.1)
+    eager = verify.train_curve(step_for(tiny), stream, 120)
+    again = verify.train_curve(step_for(tiny), BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
+    good = verify.learns_check(again, eager, band=0.03, unigram_entropy=2.846)
     assert good["passed"], good["detail"]
-    assert good["final_loss"] < 0.9 * good["first_loss"]
-    assert len(good["losses"]) == 120
+    assert good["final_loss"] == pytest.approx(good["eager_final_loss"]) and len(good["losses"]) == 120
     still = TrainStep(StepSpec(4, 32), tiny.cfg.model, tiny.init, tiny.device, lr=0.0)
-    bad = verify.learns_check(still, stream, steps=40, min_drop=0.1)
-    assert not bad["passed"]
-    assert "less than the 10% required" in bad["detail"]
+    flat = verify.train_curve(still, BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
+    bad = verify.learns_check(flat, eager, band=0.03, unigram_entropy=2.846)
+    assert not bad["passed"] and bad["final_loss"] > 1.03 * bad["eager_final_loss"]

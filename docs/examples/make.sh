@@ -70,7 +70,7 @@ if not b or "error" in b:
     sys.exit(3)  # not profiled: nothing to print
 folder = pathlib.Path(sys.argv[2])
 folder.mkdir()
-keep = ("schema", "created", "command", "config", "environment")
+keep = ("schema", "status", "created", "command", "config", "environment")
 profile = {**{k: saved[k] for k in keep}, "kind": "profile",
            "model": {"preset": saved["model"]["preset"], "params": saved["model"]["params"]},
            "profile": b, "predictions": saved.get("predictions") or []}

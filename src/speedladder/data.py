@@ -6,14 +6,17 @@ ship inside the package (data/), and tiktoken is built from the local ranks.
 
 from __future__ import annotations
 
+import mmap
 import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 
+from speedladder.config import TOKEN_FILE_TOKENIZER, is_token_file
 from speedladder.errors import UsageError
 
 EMBEDDED_CORPORA = ("timemachine", "tinyshakespeare")
@@ -110,11 +113,26 @@ class GPT2Tokenizer:
         return self._enc.decode(ids)
 
 
+class IdsTokenizer:
+    """A token file's ids, used as they are: nothing to encode; decoded as the numbers themselves."""
+
+    name = TOKEN_FILE_TOKENIZER
+    vocab_size = 0  # the model's, or --vocab-size
+
+    def encode(self, text: str) -> list[int]:
+        raise UsageError("a token file's ids need no tokenizer; text needs --tokenizer char or gpt2")
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+
 def get_tokenizer(name: str) -> Tokenizer:
     if name == "char":
         return CharTokenizer()
     if name == "gpt2":
         return GPT2Tokenizer()
+    if name == TOKEN_FILE_TOKENIZER:
+        return IdsTokenizer()
     raise UsageError(f"unknown tokenizer {name!r} (choose from {', '.join(TOKENIZERS)})")
 
 
@@ -122,20 +140,109 @@ def get_tokenizer(name: str) -> Tokenizer:
 class Corpus:
     source: str
     tokenizer: str
-    vocab_size: int
-    tokens: torch.Tensor  # (N,) int64 on the host
+    vocab_size: int  # 0 for a token file until the model or --vocab-size gives it
+    tokens: torch.Tensor | np.ndarray  # (N,) int64 on the host, or a token file's numpy.memmap (never read whole)
 
     @property
     def n_tokens(self) -> int:
-        return int(self.tokens.numel())
+        return len(self.tokens)
+
+    def head(self, n: int) -> torch.Tensor:
+        """The first n tokens as an int64 tensor."""
+        return torch.as_tensor(np.asarray(self.tokens[:n], dtype=np.int64))
 
 
-def load_corpus(source: str, tokenizer_name: str) -> Corpus:
+def load_corpus(source: str, tokenizer_name: str, vocab_size: int | None = None) -> Corpus:
+    """A text corpus, tokenized; or a token file (FILE.bin), mapped, not read."""
+    if is_token_file(source):
+        return open_token_file(source, tokenizer_name, vocab_size)
     tok = get_tokenizer(tokenizer_name)
     ids = tok.encode(load_text(source))
     if len(ids) < 2:
         raise UsageError(f"data file {source} has {len(ids)} token(s) after tokenizing; need at least 2")
     return Corpus(source, tok.name, tok.vocab_size, torch.tensor(ids, dtype=torch.long))
+
+
+SCAN_IDS = 1 << 24  # ids read at a time when a token file is checked: 32 MiB of uint16, whatever the file's size
+_DTYPE_HINT = "uint16 ids, uint32 when --vocab-size exceeds 65,535"
+
+
+def token_dtype(vocab_size: int | None) -> np.dtype:
+    """nanoGPT's uint16 ids, or uint32 for a vocabulary that uint16 cannot hold."""
+    return np.dtype(np.uint32 if vocab_size and vocab_size > 65535 else np.uint16)
+
+
+def open_token_file(source: str, tokenizer: str, vocab_size: int | None) -> Corpus:
+    """A token file through numpy.memmap: its size is checked here, its ids by `check_ids` once the vocabulary
+    is known; nothing is read into memory."""
+    path = Path(source)
+    if not path.is_file():
+        raise UsageError(f"token file not found: {source}")
+    dtype, size = token_dtype(vocab_size), path.stat().st_size
+    if size % dtype.itemsize:
+        raise UsageError(f"token file {source} is {size:,} bytes, not a whole number of {dtype.name} ids "
+                         f"({dtype.itemsize} bytes each): {_DTYPE_HINT}")
+    n = size // dtype.itemsize
+    if n < 2:
+        raise UsageError(f"token file {source} holds {n} id(s); need at least 2")
+    return Corpus(source, tokenizer, vocab_size or 0, np.memmap(path, dtype=dtype, mode="r", shape=(n,)))
+
+
+def unmap(tokens: np.ndarray) -> None:
+    """Drop this process's mappings of a memory-mapped file's pages; they stay in the page cache.
+
+    Each window drawn maps the whole page-cache folio around it (a megabyte or more on recent Linux), so
+    without this the resident memory of a run would grow towards the file's size. About 10 µs a batch.
+    """
+    mapped = getattr(tokens, "_mmap", None)  # numpy.memmap's own mmap object
+    if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
+
+
+def check_ids(corpus: Corpus, vocab_size: int, chunk: int = SCAN_IDS) -> None:
+    """Every id of a token file below the vocabulary: the whole file is scanned, `chunk` ids at a time into one
+    buffer (plain reads, not the memory map, so the scanned pages do not stay in this process)."""
+    if isinstance(corpus.tokens, torch.Tensor):
+        return
+    dtype = corpus.tokens.dtype
+    buf = np.empty(chunk, dtype=dtype)
+    pos = 0
+    with open(corpus.source, "rb") as f:
+        while got := f.readinto(memoryview(buf).cast("B")) // dtype.itemsize:  # type: ignore[attr-defined]
+            ids = buf[:got]
+            if int(ids.max()) >= vocab_size:
+                i = int(np.argmax(ids >= vocab_size))
+                raise UsageError(f"token file {corpus.source} holds id {int(ids[i])} at position {pos + i:,}, at or "
+                                 f"above the vocabulary size {vocab_size:,}: give --vocab-size, or check its dtype "
+                                 f"({_DTYPE_HINT})")
+            pos += got
+
+
+def unigram_entropy(corpus: Corpus, chunk: int = SCAN_IDS) -> float:
+    """Entropy in nats of the corpus's token frequencies: the loss of a model that learns nothing but them.
+
+    A token file is read in chunks with plain reads (not through its memory map), so it never sits in this
+    process's memory whole.
+    """
+    counts = torch.zeros(max(corpus.vocab_size, 1), dtype=torch.float64)
+
+    def add(ids: torch.Tensor) -> None:
+        nonlocal counts
+        c = torch.bincount(ids.long()).double()
+        if c.numel() > counts.numel():
+            counts = torch.cat([counts, counts.new_zeros(c.numel() - counts.numel())])
+        counts[: c.numel()] += c
+
+    if isinstance(corpus.tokens, torch.Tensor):
+        add(corpus.tokens)
+    else:
+        dtype = corpus.tokens.dtype
+        buf = np.empty(chunk, dtype=dtype)
+        with open(corpus.source, "rb") as f:
+            while got := f.readinto(memoryview(buf).cast("B")) // dtype.itemsize:  # type: ignore[attr-defined]
+                add(torch.from_numpy(buf[:got].astype(np.int64)))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * p.log()).sum())
 
 
 def check_fits(corpus: Corpus, batch_size: int, seq_len: int) -> None:
@@ -168,8 +275,13 @@ class BatchStream:
 
     def next_host(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next batch on the host, before any copy."""
-        starts = torch.randint(self.tokens.numel() - self.seq_len, (self.batch_size,), generator=self._gen)
-        chunk = self.tokens[starts[:, None] + self._span]  # (B, T+1): one gather, no Python loop
+        starts = torch.randint(len(self.tokens) - self.seq_len, (self.batch_size,), generator=self._gen)
+        index = starts[:, None] + self._span  # (B, T+1)
+        if isinstance(self.tokens, torch.Tensor):
+            chunk = self.tokens[index]  # one gather, no Python loop
+        else:  # a gather from the memory map: only the pages of these B windows are read
+            chunk = torch.from_numpy(self.tokens[index.numpy()].astype(np.int64))
+            unmap(self.tokens)
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
     def __iter__(self) -> BatchStream:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from speedladder import verify
+from speedladder import probes, verify
+from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.records import Gate
@@ -25,6 +26,8 @@ class Gates:
         self.work = work
         self.progress = progress
         self.references: dict[tuple[int, int], verify.Reference | str] = {}
+        self.eager_curves: dict[tuple[int, int], list[float]] = {}  # the learns-check's baseline, per shape
+        self.entropy = unigram_entropy(work.corpus)
 
     def is_reference(self, spec: StepSpec) -> bool:
         """Eager fp32 at the workload's shape (any batch): the function every other rung is checked against."""
@@ -46,43 +49,87 @@ class Gates:
                 free_device_memory(self.work.device)
         return self.references[key]
 
-    def check(self, step: TrainStep, ref: verify.Reference | str | None, say: Callable[[str], None]) -> Gate:
-        """Every gate that applies to the step; a gate that cannot run fails the rung but keeps its speed."""
+    def check(self, step: TrainStep, ref: verify.Reference | str | None, base: probes.Probe | None,
+              base_name: str | None, say: Callable[[str], None]) -> tuple[Gate, probes.Probe | None]:
+        """Every gate that applies to the step, and its outputs at the probe weights (for the rungs built on it).
+
+        A gate that cannot run fails the rung but keeps its speed.
+        """
         if self.is_reference(step.spec):
-            return Gate(passed=True, reference=True,
-                        detail="eager fp32 is the reference the other rungs are checked against")
+            ref = self.reference(step.spec)  # the eager fp32 step is itself checked for causality
+            if isinstance(ref, str):
+                return Gate(passed=False, reference=True, detail=ref), None
+            causal = verify.causality(step, ref)
+            return Gate(passed=causal["passed"], reference=True, causality=causal,
+                        detail=causal["detail"] or "eager fp32 is the reference the other rungs are checked "
+                                                   "against"), ref.probe
         if isinstance(ref, str) or ref is None:
-            return Gate(passed=False, detail=ref or "no reference")
+            return Gate(passed=False, detail=ref or "no reference"), None
         spec, gates = step.spec, self.work.cfg.run.gates
-        say("gates: equivalence with eager fp32, then " + (
+        say("gates: equivalence with eager fp32, causality, the rung it built on, then " + (
             f"loss band over {len(ref.batches)} batches" if spec.same_update else
             f"tokens to AdamW's loss over {gates.target_steps} batches"))
-        target = None
         try:
-            eq = verify.equivalence(step, ref)
-            if spec.same_update:
-                band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, gates.loss_band)
-            else:
-                band = verify.no_loss_band(spec)
-                adamw = self.work.step(dataclasses.replace(spec, optimizer="adamw"))
-                target = verify.tokens_to_target(step, adamw, self.work.gate_batches(spec, gates.target_steps))
+            gate, mine = self._checks(step, ref, base, base_name)
         except Exception as e:  # noqa: BLE001 -- the speed stays measured; the rung is unverified, so not passed
             why = "ran out of memory" if is_oom(e) else one_line(e)
-            return Gate(passed=False, detail=f"the gates could not run: {why}")
-        checks = [eq, band] + ([target] if target else [])
+            return Gate(passed=False, detail=f"the gates could not run: {why}"), None
+        return gate, mine
+
+    def _checks(self, step: TrainStep, ref: verify.Reference, base: probes.Probe | None,
+                base_name: str | None) -> tuple[Gate, probes.Probe]:
+        spec, gates = step.spec, self.work.cfg.run.gates
+        eq = verify.equivalence(step, ref)
+        target, curve = None, None
+        if spec.same_update:
+            curve = verify.loss_curve(step, ref.batches)
+            band = verify.loss_band(curve, ref.curve, gates.loss_band)
+        else:
+            band = verify.no_loss_band(spec)
+            adamw = self.work.step(dataclasses.replace(spec, optimizer="adamw"))
+            target = verify.tokens_to_target(step, adamw, self.work.gate_batches(spec, gates.target_steps))
+        causal = verify.causality(step, ref)
+        mine = verify.probe(step, ref, curve)
+        diff = self._differential(mine, base, base_name, ref)
+        checks = [eq, band, causal, diff] + ([target] if target else [])
         failed = next((c for c in checks if not c["passed"]), None)
-        return Gate(passed=failed is None, detail=failed["detail"] if failed else "", equivalence=eq, loss_band=band,
-                    tokens_to_target=target)
+        gate = Gate(passed=failed is None, detail=failed["detail"] if failed else "", equivalence=eq, loss_band=band,
+                    tokens_to_target=target, causality=causal, differential=diff)
+        return gate, mine
+
+    @staticmethod
+    def _differential(mine: probes.Probe, base: probes.Probe | None, base_name: str | None,
+                      ref: verify.Reference) -> dict:
+        """The rung against the rung it built on, where the two are comparable; else why not."""
+        if base is None or base_name is None:
+            return probes.not_applicable("no measured rung below it to compare with")
+        if base.shape != mine.shape:
+            return probes.not_applicable(f"the batch changed ({base.shape[0]} -> {mine.shape[0]}): checked against "
+                                         "eager fp32 at the new shape")
+        if base.precision != mine.precision:
+            return probes.not_applicable(f"the arithmetic changed ({base.precision} -> {mine.precision}): checked "
+                                         f"against eager fp32 at {mine.precision}'s tolerance")
+        return probes.differential(mine, base, ref.probe, base_name)
 
     def learns(self, spec: StepSpec, say: Callable[[str], None]) -> dict:
-        """The learns-check of one spec from the initial weights (docs/measurement.md, rule 9)."""
+        """The learns-check of one spec: the same batches and steps as eager fp32 at its shape
+        (docs/measurement.md, rule 9); eager's curve is trained once per shape."""
         g = self.work.cfg.run.gates
+        key = (spec.batch_size, spec.seq_len)
         try:
-            with matmul_precision(spec):
-                check = verify.learns_check(self.work.step(spec), self.work.stream(spec), g.learns_steps,
-                                            g.learns_min_drop, on_progress=say)
+            if key not in self.eager_curves:
+                say(f"eager fp32 at B={key[0]}, T={key[1]} over the same {g.learns_steps} batches")
+                self.eager_curves[key] = self._curve(StepSpec(*key), say)
+            check = verify.learns_check(self._curve(spec, say), self.eager_curves[key], g.learns_band,
+                                        self.entropy)
         except Exception as e:  # noqa: BLE001 -- a failing learns-check fails its rung, recorded
             check = {"passed": False, "detail": one_line(e)}
+        return check
+
+    def _curve(self, spec: StepSpec, say: Callable[[str], None]) -> list[float]:
+        try:
+            with matmul_precision(spec):
+                return verify.train_curve(self.work.step(spec), self.work.stream(spec),
+                                          self.work.cfg.run.gates.learns_steps, on_progress=say)
         finally:
             free_device_memory(self.work.device)
-        return check

@@ -16,6 +16,7 @@ from pathlib import Path
 from speedladder import measure, memory, results
 from speedladder.errors import is_oom, one_line
 from speedladder.gates import Gates
+from speedladder.probes import Probe
 from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
@@ -38,6 +39,9 @@ class Ladder:
         self.gates = Gates(work, self.progress)
         self.results: Results = new_results(work)
         self.path: list[str] = []  # the rungs whose transforms make the current base spec
+        # Each passing rung's outputs at the probe weights: what a rung built on it is checked against (probes.py).
+        self.probes: dict[str, Probe] = {}
+        self.finalists: list[str] | None = None  # set by tune: the learns-check tries these, in this order
         self.save()
 
     def save(self) -> None:
@@ -65,7 +69,7 @@ class Ladder:
             return r
         started = time.perf_counter()
         try:
-            self._measure(r, spec, say)
+            self._measure(r, spec, base, say)
         except KeyboardInterrupt:
             r.status, r.detail = "interrupted", "stopped by Ctrl-C during this rung"
             raise
@@ -79,41 +83,51 @@ class Ladder:
         self.save()
         return r
 
-    def _measure(self, r: RungResult, spec: StepSpec, say: Callable[[str], None]) -> None:
+    def _measure(self, r: RungResult, spec: StepSpec, base: RungResult | None, say: Callable[[str], None]) -> None:
         w, cfg = self.work, self.work.cfg
+        base_spec = StepSpec.from_dict(base.spec) if base is not None else None
         with matmul_precision(spec):
             ref = None if self.gates.is_reference(spec) else self.gates.reference(spec)
-            m, step = measure_spec(w, spec, say)
+            m, step = measure_spec(w, spec, say, base=base_spec)
             r.timing = dataclasses.asdict(m.timing)
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
             r.peak_memory_bytes, r.warnings = m.peak_memory_bytes, m.warnings
+            if m.base_timing is not None:
+                r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
+                r.verdict, r.verdict_detail = measure.judge(m.timing, m.base_timing)
             memory.record(r, w, spec, step, say)  # saved activations, predicted from shapes, the step's peak
             fpt = w.flops_per_token(spec)
-            peak = cfg.run.peak_tflops or (measure.peak_tflops(results.device_name(w.device), spec.precision)
-                                           if w.device.type == "cuda" else None)
+            peak = measure.peak_for(cfg.run.peak_tflops, results.device_name(w.device), w.device.type, spec.precision)
             r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
             r.mfu = measure.mfu(m.tokens_per_s.median, fpt, peak)
             r.status = "ok"
-            r.gate = self.gates.check(step, ref, say)
+            r.gate, probe = self.gates.check(step, ref, self.probes.get(base.name) if base else None,
+                                             base.name if base else None, say)
+            if r.gate.passed and probe is not None:
+                self.probes[r.name] = probe
         t = m.tokens_per_s
-        say(f"{t.median:,.0f} tokens/s (min {t.min:,.0f}, max {t.max:,.0f}); gate "
-            + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}"))
+        say(f"{t.median:,.0f} tokens/s (min {t.min:,.0f}, max {t.max:,.0f})"
+            + (f", {r.verdict} against {base.name} re-timed beside it" if base is not None else "")
+            + "; gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}"))
 
     def _derive(self, r: RungResult, base: RungResult | None) -> None:
-        """Speed-ups against the rung built on and against the baseline, and the verdict."""
+        """Speed-ups against the rung built on (re-timed beside it) and, chained, against the baseline."""
         if not r.ok or r.tokens_per_s is None:
             return
-        baseline = self.results.baseline
-        r.speedup_cum = r.tokens_per_s.median / baseline.tokens_per_s.median if baseline and baseline is not r \
-            and baseline.tokens_per_s else 1.0
         if base is None or base.tokens_per_s is None:
+            r.speedup_cum = 1.0 if r.role == "rung" else None
             r.verdict = "baseline"
             return
-        r.speedup_prev = r.tokens_per_s.median / base.tokens_per_s.median
+        beside = r.base_tokens_per_s or base.tokens_per_s
+        r.speedup_prev = r.tokens_per_s.median / beside.median
+        # Chained along the ladder: each factor measured with its base beside it, so drift does not compound.
+        r.speedup_cum = (base.speedup_cum or 1.0) * r.speedup_prev
         if r.predicted and r.predicted.speedup:
             r.prediction_error = r.speedup_prev / r.predicted.speedup - 1  # > 0: faster than predicted
-        # A control is not a step up the ladder: its x prev is against its own rung, stated in the notes.
-        r.verdict = "control" if r.role == "control" else measure.verdict(r.tokens_per_s, base.tokens_per_s)
+        if r.role == "control":  # not a step up the ladder: its x prev is against its own rung, in the notes
+            r.verdict = "control"
+        elif r.verdict is None:
+            r.verdict = measure.verdict(r.tokens_per_s, beside)
 
     # -- measure -> classify -> predict ---------------------------------------------------------
 
@@ -134,7 +148,7 @@ class Ladder:
         self.results.profile = from_dict(ProfileSummary, b)
         preds = chain(self.results.profile, self.work.cfg.run.rungs or (), self.work.base_spec, self.work.env)
         self.results.predictions = [p.to_dict() for p in preds]
-        say(f"{b['regime']}: {b['evidence']}")
+        say(f"{b.get('regime_label') or b['regime']}: {b['evidence']}")
         for p in preds:
             say(f"predicted {p.rung}: " + ("n/a" if p.speedup is None else f"{p.speedup:.2f}x") + f" ({p.reason})")
         self.save()
@@ -203,6 +217,8 @@ class Ladder:
         """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried."""
         candidates = sorted((r for r in self.results.rungs if r.role != "control" and r.passed),
                             key=lambda r: r.tokens_per_s.median, reverse=True)  # type: ignore[union-attr]
+        if self.finalists is not None:  # tune: the finalists re-measured beside eager, best ratio first
+            candidates = [r for name in self.finalists if (r := self.results.rung(name)) is not None]
         if self.work.cfg.run.gates.learns_steps == 0 and candidates:
             self.results.fastest = candidates[0].name
             self.results.learns_check = {"skipped": True, "detail": "--learns-steps 0"}

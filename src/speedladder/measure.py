@@ -9,6 +9,7 @@ is flagged and left out of the statistics.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -67,15 +68,10 @@ class Timing:
         return [w for w in self.windows if w.recompiles == 0]
 
 
-def run_windows(step: Step, device: torch.device, tokens_per_step: int, steps: int, windows: int,
-                warmup: int, max_warmup: int, counter: Callable[[], int] = compile_count,
-                on_progress: Callable[[str], None] = lambda msg: None,
-                edge: Callable[[], None] | None = None) -> Timing:
-    """Warm up until nothing compiles for `warmup` steps in a row, then time `windows` windows.
-
-    `edge` runs at every window edge (default: synchronize the device); a
-    data-parallel job also waits there for every rank, so its windows line up.
-    """
+def warm_up(step: Step, device: torch.device, warmup: int, max_warmup: int,
+            counter: Callable[[], int] = compile_count, on_progress: Callable[[str], None] = lambda msg: None,
+            edge: Callable[[], None] | None = None) -> Timing:
+    """The first step, then steps until nothing compiles for `warmup` steps in a row (rule 2): no window yet."""
     edge = edge or (lambda: sync(device))
     hits = compile_cache_hits()
     edge()
@@ -98,19 +94,59 @@ def run_windows(step: Step, device: torch.device, tokens_per_step: int, steps: i
         timing.warmup_compiled.append(compiled)
         quiet = 0 if compiled else quiet + 1
     timing.cache_hits = compile_cache_hits() - hits
-    for i in range(windows):
-        c0 = counter()
-        edge()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()  # no host sync in here: the loss stays a device tensor
-        edge()
-        seconds = time.perf_counter() - t0
-        window = Window(seconds, steps, steps * tokens_per_step, counter() - c0)
-        timing.windows.append(window)
-        flag = f", {window.recompiles} recompile(s): window invalid" if window.recompiles else ""
-        on_progress(f"window {i + 1}/{windows}: {window.tokens_per_s:,.0f} tokens/s{flag}")
     return timing
+
+
+def time_window(step: Step, device: torch.device, tokens_per_step: int, steps: int,
+                counter: Callable[[], int] = compile_count, edge: Callable[[], None] | None = None) -> Window:
+    """One timed window: synchronized at its two edges only, every compile inside it counted (rules 1 and 3)."""
+    edge = edge or (lambda: sync(device))
+    c0 = counter()
+    edge()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()  # no host sync in here: the loss stays a device tensor
+    edge()
+    seconds = time.perf_counter() - t0
+    return Window(seconds, steps, steps * tokens_per_step, counter() - c0)
+
+
+def window_line(window: Window, i: int, n: int, who: str = "") -> str:
+    flag = f", {window.recompiles} recompile(s): window invalid" if window.recompiles else ""
+    return f"{who}window {i + 1}/{n}: {window.tokens_per_s:,.0f} tokens/s{flag}"
+
+
+def run_windows(step: Step, device: torch.device, tokens_per_step: int, steps: int, windows: int,
+                warmup: int, max_warmup: int, counter: Callable[[], int] = compile_count,
+                on_progress: Callable[[str], None] = lambda msg: None,
+                edge: Callable[[], None] | None = None) -> Timing:
+    """Warm up until nothing compiles for `warmup` steps in a row, then time `windows` windows.
+
+    `edge` runs at every window edge (default: synchronize the device); a
+    data-parallel job also waits there for every rank, so its windows line up.
+    """
+    timing = warm_up(step, device, warmup, max_warmup, counter, on_progress, edge)
+    for i in range(windows):
+        timing.windows.append(time_window(step, device, tokens_per_step, steps, counter, edge))
+        on_progress(window_line(timing.windows[-1], i, windows))
+    return timing
+
+
+def interleave(step: Step, base: Step, timing: Timing, base_timing: Timing, device: torch.device,
+               tokens_per_step: int, base_tokens_per_step: int, steps: int, windows: int,
+               counter: Callable[[], int] = compile_count, on_progress: Callable[[str], None] = lambda msg: None) -> None:
+    """The windows of a rung and of its base (both warmed up), interleaved A B B A A B ... (rule 8).
+
+    Drift of the machine (heat, another process, clocks) during the
+    measurement lands on both sides alike, inside the comparison, instead of
+    between two measurements minutes apart; the ABBA order also keeps a steady
+    drift from favouring either side.
+    """
+    sides = ((step, timing, tokens_per_step, ""), (base, base_timing, base_tokens_per_step, "base "))
+    for i in range(windows):
+        for fn, t, tps, who in (sides if i % 2 == 0 else sides[::-1]):
+            t.windows.append(time_window(fn, device, tps, steps, counter))
+            on_progress(window_line(t.windows[-1], i, windows, who))
 
 
 def stepper(train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -162,25 +198,45 @@ def flops_per_token(matmul_params: int, n_layer: int, n_head: int, head_dim: int
     return 6 * matmul_params + 12 * n_layer * n_head * head_dim * seq_len
 
 
-# Dense peak TFLOP/s from vendors' datasheets, by precision of the matmuls.
-# Matched by substring of torch.cuda.get_device_name(); the first match wins, so
-# specific names come first. A device not here gets no MFU (shown "n/a"), never a guess.
-PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    # fp8: the dense float8 tensor-core peak (datasheets quote twice that, with sparsity); A100 has none.
-    ("H100 PCIe", {"fp8": 1513.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.0}),
-    ("H100", {"fp8": 1978.9, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # SXM
-    ("H200", {"fp8": 1978.9, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # same chip as H100 SXM
-    ("A100", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("L40S", {"fp8": 733.0, "bf16": 362.0, "tf32": 183.0, "fp32": 91.6}),
-    ("L4", {"fp8": 242.5, "bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-)
+# Dense peak TFLOP/s from the vendors' datasheets (with sparsity they quote twice these), by matmul precision.
+# A device is named by torch.cuda.get_device_name(); `device_model` maps that name to one of these keys by its
+# words, exactly (an "L40" is not an "L4"; an "H100 NVL" is not an SXM). A device not here has no MFU ("n/a").
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"fp8": 1978.9, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    "H100 PCIe": {"fp8": 1513.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.2},
+    "H100 NVL": {"fp8": 1670.5, "bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "H200 SXM": {"fp8": 1978.9, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9},  # the H100 SXM's chip, more memory
+    "H200 NVL": {"fp8": 1670.5, "bf16": 835.5, "tf32": 417.5, "fp32": 60.0},
+    "A100": {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5},  # 40 GB and 80 GB, SXM and PCIe alike; no fp8
+    "L40S": {"fp8": 733.0, "bf16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "L40": {"fp8": 362.0, "bf16": 181.0, "tf32": 90.5, "fp32": 90.5},
+    "L4": {"fp8": 242.5, "bf16": 121.0, "tf32": 60.0, "fp32": 30.3},
+}
+
+
+def device_model(device_name: str) -> str | None:
+    """The PEAK_TFLOPS key of a CUDA device name, matched word by word; None for a device not in the table.
+
+    Names as torch reports them: "NVIDIA H100 80GB HBM3" (SXM), "NVIDIA H100 PCIe", "NVIDIA H100 NVL",
+    "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-40GB", "NVIDIA A100 80GB PCIe", "NVIDIA L40S", ...
+    """
+    words = set(re.split(r"[\s\-_]+", device_name.upper()))
+    for chip in ("H100", "H200"):
+        if chip in words:
+            return f"{chip} NVL" if "NVL" in words else f"{chip} PCIe" if "PCIE" in words else f"{chip} SXM"
+    return next((key for key in ("A100", "L40S", "L40", "L4") if key in words), None)
 
 
 def peak_tflops(device_name: str, precision: str) -> float | None:
-    for key, table in PEAK_TFLOPS:
-        if key in device_name:
-            return table.get(precision)
-    return None
+    model = device_model(device_name)
+    return PEAK_TFLOPS[model].get(precision) if model else None
+
+
+def peak_for(override: dict[str, float] | None, device_name: str, device_type: str, precision: str) -> float | None:
+    """The peak an MFU is taken against: --peak-tflops for this precision if given, else the table's (CUDA only)."""
+    if override:
+        return override.get(precision)
+    return peak_tflops(device_name, precision) if device_type == "cuda" else None
 
 
 def mfu(tokens_s: float, flops_token: int, peak: float | None) -> float | None:
@@ -190,13 +246,34 @@ def mfu(tokens_s: float, flops_token: int, peak: float | None) -> float | None:
     return tokens_s * flops_token / (peak * 1e12)
 
 
+MIN_CLEAN_WINDOWS = 3  # a verdict needs at least this many clean windows on each side
+
+
 def verdict(rung: Spread, base: Spread) -> str:
-    """win / loss only when the windows' ranges do not overlap; otherwise the change is noise."""
+    """win / loss only when the windows' ranges do not overlap; otherwise the change is noise.
+
+    With n windows on each side and no real change, every rung window lands
+    above every base window with probability 1 / C(2n, n): 1/252 for n = 5, so
+    a false win or loss in 2/252 = 0.8% of rungs (1/10 for n = 3). Interleaving
+    the base's windows with the rung's keeps drift between them out of the ranges
+    (run_pair); tests/test_verdicts.py checks the rate on synthetic windows.
+    """
     if rung.min > base.max:
         return "win"
     if rung.max < base.min:
         return "loss"
     return "noise"
+
+
+def judge(rung: Timing, base: Timing) -> tuple[str, str]:
+    """The verdict of a rung against its base timed beside it, and why when there is none to give."""
+    r, b = tokens_per_s(rung), tokens_per_s(base)
+    short = [f"{who} has {len(t.clean_windows)}" for who, t in (("the rung", rung), ("its base", base))
+             if len(t.clean_windows) < MIN_CLEAN_WINDOWS]
+    if short or r is None or b is None:
+        return "inconclusive", (f"fewer than {MIN_CLEAN_WINDOWS} clean windows: " + " and ".join(short)
+                                + " (windows that compiled are left out)")
+    return verdict(r, b), ""
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -98,6 +98,6 @@ class MuonAdamW:
         self.adamw.zero_grad(set_to_none=set_to_none)
 
 
-def is_hidden_matrix(name: str, p: torch.nn.Parameter) -> bool:
-    """A 2-D weight inside a block (attention and MLP matrices): what Muon is for."""
-    return p.ndim == 2 and name.startswith("blocks.")
+def is_hidden_matrix(name: str, p: torch.nn.Parameter, prefix: str = "blocks.") -> bool:
+    """A 2-D weight inside a block (under `prefix`, the model's repeated blocks): what Muon is for."""
+    return p.ndim == 2 and name.startswith(prefix)

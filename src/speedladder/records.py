@@ -81,6 +81,8 @@ class Gate:
     equivalence: dict[str, Any] | None = None  # logits, loss and gradients against eager fp32
     loss_band: dict[str, Any] | None = None  # the loss curve against eager fp32's over the same batches
     tokens_to_target: dict[str, Any] | None = None  # an optimizer rung: tokens to AdamW's loss
+    causality: dict[str, Any] | None = None  # the future tokens changed: the past logits must not move
+    differential: dict[str, Any] | None = None  # against the rung it built on, at the same precision
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,7 +125,10 @@ class RungResult:
     gate: Gate | None = None
     speedup_prev: float | None = None
     speedup_cum: float | None = None
-    verdict: str | None = None  # "baseline", "win", "loss", "noise" or "control"
+    verdict: str | None = None  # "baseline", "win", "loss", "noise", "inconclusive" or "control"
+    verdict_detail: str = ""  # why a verdict is inconclusive
+    base_timing: dict[str, Any] | None = None  # the base re-timed beside this rung: its interleaved windows
+    base_tokens_per_s: Spread | None = None  # ... and their tokens/s; x prev and the verdict use these
     prediction_error: float | None = None  # measured x prev over predicted, less 1
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
     # Memory (memory.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the
@@ -184,7 +189,24 @@ class ProfileSummary:
     matmuls: dict[str, Any] = field(default_factory=dict)
     copy_gbps: float | None = None
     trace: str | None = None
+    # Step by step (issue 16): `categories` is the median step (each category's median across the steps, with its
+    # "ms_iqr" and "share_iqr"); these keep the steps themselves and what their spread says.
+    per_step: list[dict[str, Any]] = field(default_factory=list)  # wall_ms, ops, minor_faults; ms, floor_ms by category
+    spread_basis: str = ""  # what the ranges are (the interquartile range across the steps)
+    outlier_steps: list[int] = field(default_factory=list)  # indices into per_step of steps far outside the others
+    outlier_rule: str = ""
+    bucket_iqr: dict[str, list[float]] = field(default_factory=dict)  # compute, memory, overhead across the steps
+    unsteady: bool = False  # the steps' wall times spread widely (a busy machine); said, not a borderline by itself
+    starved: bool = False  # a multi-threaded CPU step's threads waited for cores other processes held
+    threads: int | None = None  # intra-op threads of a CPU step (None: not a CPU profile, or an older file)
+    borderline: list[str] = field(default_factory=list)  # the two regimes the margin cannot tell apart; [] if clear
+    regime_label: str | None = None  # the regime, or "borderline (compute / memory)"; None in older files
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str | None:
+        """The regime as it should be said: borderline where the margin is inside the spread."""
+        return self.regime_label or self.regime
 
 
 @dataclass
@@ -220,12 +242,14 @@ class Results:
     """A whole results.json: the header (what the numbers need to be trusted), then what was measured."""
 
     schema: str
-    status: str  # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere)
     created: str
     command: list[str]
     config: dict[str, Any]  # the resolved configuration (config.Resolved.to_dict)
     environment: dict[str, Any]
     model: dict[str, Any]
+    # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere); a profile.json
+    # of schema 1 has none: it was written once, complete.
+    status: str = "complete"
     corpus: dict[str, Any] | None = None
     kind: str | None = None  # "profile" for a `speedladder profile` folder's profile.json
     updated: str | None = None

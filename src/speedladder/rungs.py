@@ -81,6 +81,8 @@ class Env:
     device_type: str  # "cuda", "mps" or "cpu"
     cuda_capability: tuple[int, int] | None
     batch_multiplier: int
+    # What the model cannot do, as (capability, why): e.g. ("sdpa", "not applicable to this model: ...").
+    model_lacks: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Requirement:
     compiler: bool = False  # inductor's code generator: Triton on CUDA, a C++ compiler on CPU
     modules: tuple[str, ...] = ()  # optional packages, by import name
     install: str | None = None  # how to get them
+    model: str | None = None  # a capability of the model: "blocks", "sdpa" or "pad-vocab" (models/base.py)
 
     def unmet(self, env: Env) -> str | None:
         if env.device_type not in self.devices:
@@ -101,6 +104,9 @@ class Requirement:
             if cap < self.min_capability:
                 want = ".".join(map(str, self.min_capability))
                 return f"needs CUDA compute capability >= {want}; this GPU is {cap[0]}.{cap[1]}"
+        lacks = dict(env.model_lacks).get(self.model) if self.model else None
+        if lacks:
+            return lacks
         missing = [m for m in self.modules if importlib.util.find_spec(m) is None]
         if missing:
             return f"needs {', '.join(missing)}, not installed" + (f": {self.install}" if self.install else "")
@@ -125,14 +131,17 @@ class Rung:
 
 
 class Checkpointed(nn.Module):
-    """Runs a block under activation checkpointing: keep its input, recompute the rest in backward."""
+    """Runs a block under activation checkpointing: keep its inputs, recompute the rest in backward.
+
+    Any arguments pass through, so a block of any model (a mask, rotary tables, keywords) can be wrapped.
+    """
 
     def __init__(self, block: nn.Module) -> None:
         super().__init__()
         self.block = block
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return checkpoint(self.block, x, use_reentrant=False)
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
 
 
 def checkpoint_blocks(model: GPT) -> GPT:
@@ -211,13 +220,13 @@ def pad_vocab(model: GPT) -> GPT:
     return model
 
 
-def float8_linears(model: GPT) -> nn.Module:
-    """torchao's float8 training for the block Linears; the head stays in bf16 (the softmax is sensitive)."""
+def float8_linears(model: nn.Module, prefix: str = "blocks.") -> nn.Module:
+    """torchao's float8 training for the block Linears (under `prefix`); the head stays in bf16 (the softmax is sensitive)."""
     from torchao.float8 import convert_to_float8_training  # an optional extra, checked by the requirement
 
     def keep(module: nn.Module, name: str) -> bool:
         # Float8 matmuls need both dimensions divisible by 16.
-        return (isinstance(module, nn.Linear) and name.startswith("blocks.")
+        return (isinstance(module, nn.Linear) and name.startswith(prefix)
                 and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
     return convert_to_float8_training(model, module_filter_fn=keep)
@@ -263,15 +272,18 @@ RUNGS: dict[str, Rung] = {r.name: r for r in (
          control_reason="the same batch in fp32: did bf16 buy the memory headroom for it?"),
     Rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
          "memory",
-         lambda s, e: _with(s, "activation-checkpointing")),
+         lambda s, e: _with(s, "activation-checkpointing"),
+         Requirement(model="blocks")),
     Rung("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, "
          "Flash kernels on CUDA", "speed",
-         lambda s, e: _with(s, "sdpa")),
+         lambda s, e: _with(s, "sdpa"),
+         Requirement(model="sdpa")),
     Rung("fused-adamw", "AdamW's whole update in one fused kernel (fused=True; foreach where fused is missing)",
          "speed", _fused_adamw),
     Rung("pad-vocab", f"vocabulary padded to a multiple of {VOCAB_MULTIPLE} (50257 -> 50304) for aligned matmul "
          "tiles; the padding is masked out", "speed",
-         lambda s, e: _with(s, "pad-vocab")),
+         lambda s, e: _with(s, "pad-vocab"),
+         Requirement(model="pad-vocab")),
     Rung("max-autotune", "torch.compile mode=max-autotune: benchmarks matmul/conv kernels and replays CUDA graphs",
          "speed",
          lambda s, e: dataclasses.replace(s, compile=True, compile_mode="max-autotune"),
@@ -282,12 +294,13 @@ RUNGS: dict[str, Rung] = {r.name: r for r in (
          Requirement(devices=("cuda",), compiler=True)),
     Rung("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens to a loss, not more tokens/s",
          "optimizer",
-         lambda s, e: dataclasses.replace(s, optimizer="muon")),
+         lambda s, e: dataclasses.replace(s, optimizer="muon"),
+         Requirement(model="blocks")),
     Rung("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper",
          "speed",
          lambda s, e: _with(s, "float8"),
          Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
-                     install="pip install speedladder[fp8]")),
+                     install="pip install speedladder[fp8]", model="blocks")),
 )}
 
 

@@ -13,10 +13,12 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from speedladder import models
 from speedladder.config import MuonConfig
-from speedladder.model import GPT, GPTConfig
+from speedladder.model import GPTConfig
+from speedladder.models import ModelDef
 from speedladder.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
-from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
+from speedladder.rungs import StepSpec
 
 
 @contextlib.contextmanager
@@ -30,24 +32,27 @@ def matmul_precision(spec: StepSpec) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def initial_state(cfg: GPTConfig, seed: int) -> dict[str, torch.Tensor]:
+def model_def(model: ModelDef | GPTConfig) -> ModelDef:
+    """A ModelDef; our GPT's config becomes the ModelDef of our GPT."""
+    return model if isinstance(model, ModelDef) else models.ours(model)
+
+
+def initial_state(model: ModelDef | GPTConfig, seed: int) -> dict[str, torch.Tensor]:
     """The weights every rung starts from, on the host, so each rung sees the same model."""
-    torch.manual_seed(seed)
-    return {k: v.detach().clone() for k, v in GPT(cfg).state_dict().items()}
+    return models.initial_state(model_def(model), seed)
 
 
 class TrainStep:
-    def __init__(self, spec: StepSpec, cfg: GPTConfig, init: dict[str, torch.Tensor],
+    def __init__(self, spec: StepSpec, model: ModelDef | GPTConfig, init: dict[str, torch.Tensor],
                  device: torch.device, lr: float, wrap: Callable[[nn.Module], nn.Module] | None = None,
                  muon: MuonConfig | None = None) -> None:
         self.spec = spec
-        self.cfg = cfg
+        self.source = model_def(model)
         self.device = device
         self.lr = lr
         self.muon = muon or MuonConfig()
         self.init = init
-        with torch.device(device):
-            model = GPT(cfg)
+        model = self.source.build(device)  # dropout off: two runs of one step compute the same
         model.load_state_dict(init)
         # Parameters by their reference names, taken before any transform renames modules.
         self.params = dict(model.named_parameters())
@@ -55,16 +60,18 @@ class TrainStep:
         self.shapes = {n: p.shape for n, p in self.params.items()}
         self.model = model
         for name in spec.transforms:
-            self.model = MODEL_TRANSFORMS[name](self.model)
+            self.model = self.source.transform(name)(self.model)
         # A transform may grow a parameter in place, never swap in a new one: reset() and the gates would miss it.
         ours = {id(p) for p in self.params.values()}
         if any(id(p) not in ours for p in self.model.parameters()):
             raise RuntimeError(f"a model transform of {spec.transforms} made new parameter objects")
         if wrap is not None:  # e.g. DistributedDataParallel: after the transforms, before compilation
             self.model = wrap(self.model)
+        # Called in its own convention, answering (logits, loss) with one loss for every model (models/base.py).
+        adapted = self.source.adapter(self.model)
         # dynamic=False: one fixed shape per rung; a shape change must recompile, and is counted.
-        self.forward = (torch.compile(self.model, dynamic=False, mode=spec.compile_mode) if spec.compile
-                        else self.model)
+        self.forward = (torch.compile(adapted, dynamic=False, mode=spec.compile_mode) if spec.compile
+                        else adapted)
         self.optimizer = self._new_optimizer()
         self._autocast = torch.autocast(device.type, dtype=torch.bfloat16,
                                         enabled=spec.autocast == "bf16")
@@ -72,13 +79,14 @@ class TrainStep:
     @property
     def vocab_size(self) -> int:
         """The real vocabulary (a padded head has more rows): what the gates compare."""
-        return self.cfg.vocab_size
+        return self.source.vocab_size
 
     def _new_optimizer(self) -> torch.optim.Optimizer | MuonAdamW:
         opt = self.spec.optimizer
         if opt == "muon":
-            hidden = [p for n, p in self.params.items() if is_hidden_matrix(n, p)]
-            rest = [p for n, p in self.params.items() if not is_hidden_matrix(n, p)]
+            prefix = self.source.blocks_prefix or "blocks."
+            hidden = [p for n, p in self.params.items() if is_hidden_matrix(n, p, prefix)]
+            rest = [p for n, p in self.params.items() if not is_hidden_matrix(n, p, prefix)]
             m = self.muon
             return MuonAdamW(muon_optimizer(hidden, lr=m.lr, momentum=m.momentum, nesterov=m.nesterov, ns_steps=m.ns_steps),
                              torch.optim.AdamW(rest, lr=self.lr))
@@ -108,8 +116,9 @@ class TrainStep:
                 p.grad = None
         self.optimizer = self._new_optimizer()
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits and loss of one batch, gradients left in .grad; no update."""
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Logits (None from a model whose forward returns a loss only) and loss of one batch, gradients left in
+        .grad; no update."""
         if self.spec.cudagraphs:
             # A new iteration for CUDA graph trees: the previous step's graph outputs may be overwritten now.
             torch.compiler.cudagraph_mark_step_begin()

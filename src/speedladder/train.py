@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from speedladder import measure, results
+from speedladder import measure, models, results
 from speedladder.config import FULL_LADDER, RunConfig, TrainConfig
 from speedladder.data import get_tokenizer
 from speedladder.errors import UsageError
@@ -48,20 +50,25 @@ def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
     """The workload and the spec to train, and a phrase saying where the spec came from."""
     if args.steps <= 0 or args.log_every <= 0 or args.sample_tokens < 0:
         raise UsageError("--steps and --log-every must be positive, --sample-tokens zero or more")
-    workload = {"preset": args.preset, "data": args.data, "tokenizer": args.tokenizer,
+    workload = {"preset": args.preset, "data": args.data, "tokenizer": args.tokenizer, "model_source": args.model,
+                "hf": args.hf, "hf_set": tuple(args.hf_set or ()) or None, "vocab_size": args.vocab_size,
                 "batch_size": args.batch_size, "seq_len": args.seq_len, "batch_multiplier": args.batch_multiplier}
     if args.run:
         if args.rungs:
             raise UsageError("give --run or --rungs, not both")
-        given = [f"--{k.replace('_', '-')}" for k, v in workload.items() if v is not None]
+        given = [f"--{k.replace('_', '-')}".replace("model-source", "model") for k, v in workload.items()
+                 if v is not None]
         if given:
             raise UsageError(f"--run trains that run's workload; drop {given[0]}")
         cfg, spec, name = saved_winner(args.run)
         run = RunConfig(preset=cfg["preset"], data=cfg["data"], tokenizer=cfg["tokenizer"],
-                        batch_size=spec.batch_size, seq_len=spec.seq_len, batch_multiplier=cfg["batch_multiplier"],
-                        device=args.device, lr=args.lr, seed=args.seed, rungs=("eager",))
+                        model_source=cfg.get("model_source"), hf=cfg.get("hf"), hf_set=tuple(cfg.get("hf_set") or ()),
+                        vocab_size=cfg.get("vocab_size"), batch_size=spec.batch_size, seq_len=spec.seq_len,
+                        batch_multiplier=cfg["batch_multiplier"], device=args.device, lr=args.lr, seed=args.seed,
+                        rungs=("eager",))
         return prepare(run), spec, f"{name} from {args.run}"
-    work = prepare(RunConfig(**workload, device=args.device, lr=args.lr, seed=args.seed,
+    work = prepare(RunConfig(**{**workload, "hf_set": workload["hf_set"] or ()}, device=args.device, lr=args.lr,
+                             seed=args.seed,
                              rungs=("eager", *(n for n in args.rungs if n != "eager")) if args.rungs else None))
     if args.rungs:
         names = args.rungs
@@ -76,15 +83,17 @@ def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
     return work, compose(names, work.base_spec, work.env), source
 
 
-def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[GPT, dict]:
-    """A saved checkpoint as a plain GPT (the reference model) and the rest of what was saved."""
+def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, dict]:
+    """A saved checkpoint as the plain model (our GPT, the Hugging Face model or the user's own, without the rungs'
+    transforms) and the rest of what was saved."""
     ckpt = torch.load(path, map_location=device, weights_only=True)
-    model = GPT(GPTConfig(**ckpt["config"]))
+    model = GPT(GPTConfig(**ckpt["config"])) if ckpt.get("config") else models.rebuild(ckpt["model_def"])
     model.load_state_dict(ckpt["model"])
     return model, ckpt
 
 
-def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int) -> tuple[dict[str, torch.Tensor], list[float]]:
+def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int,
+               log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], list[float]]:
     """Train `steps` steps from the initial weights, a log line every `log_every`; the reference weights and losses."""
     losses: list[torch.Tensor] = []
     tps = spec.tokens_per_step
@@ -99,8 +108,8 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int) -> tu
                 seconds = time.perf_counter() - t0
                 n = i + 1 - last
                 note = " (includes compiling)" if spec.compile and last == 0 else ""
-                print(f"step {i + 1}, loss {loss:.3f}, time {1e3 * seconds / n:.1f}ms, "
-                      f"tokens/s {n * tps / seconds:,.0f}{note}", flush=True)
+                log(f"step {i + 1}, loss {loss:.3f}, time {1e3 * seconds / n:.1f}ms, "
+                    f"tokens/s {n * tps / seconds:,.0f}{note}")
                 t0, last = time.perf_counter(), i + 1
         state = step.reference_state()
     return state, torch.stack(losses).float().cpu().tolist()
@@ -109,37 +118,42 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int) -> tu
 def main(args: argparse.Namespace) -> int:
     work, spec, source = plan(args)
     cfg = work.cfg
-    print(f"training {cfg.run.preset} ({work.params:,} parameters) on {work.corpus.source} with {source}: "
+    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+    log(f"training {work.model.name if cfg.model is None else cfg.run.preset} ({work.params:,} parameters; "
+          f"{work.model.convention_line}) on {work.corpus.source} with {source}: "
           f"B={spec.batch_size} T={spec.seq_len}, {spec.precision}, "
           f"{'compiled' + (f' ({spec.compile_mode})' if spec.compile_mode else '') if spec.compile else 'eager'}, "
           f"{spec.optimizer}" + (f", {', '.join(spec.transforms)}" if spec.transforms else "")
-          + f", on {work.device}", flush=True)
-    state, values = train_loop(work, spec, args.steps, args.log_every)
+          + f", on {work.device}")
+    state, values = train_loop(work, spec, args.steps, args.log_every, log)
     tail = values[-max(1, len(values) // 10):]
     print(f"loss {values[0]:.3f} -> {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} steps)")
     run_dir = results.new_run_dir(args.out)
     path = run_dir / CHECKPOINT
-    torch.save({"model": state, "config": dataclasses.asdict(cfg.model),
+    torch.save({"model": state, "config": dataclasses.asdict(cfg.model) if cfg.model else None,
+                "model_def": {**work.model.record(), "seq_len": cfg.seq_len},
                 "spec": {**spec.to_dict(), "transforms": list(spec.transforms)},
                 "tokenizer": work.corpus.tokenizer, "corpus": work.corpus.source, "steps": args.steps,
                 "losses": values, "created": results.now()}, path)
     if args.sample_tokens:
-        print(sample(state, cfg.model, work, args.sample_tokens))
+        print(sample(state, work, args.sample_tokens))
     print(f"checkpoint: {path}")
     return 0
 
 
-def sample(state: dict[str, torch.Tensor], model_cfg: GPTConfig, work: Workload, new_tokens: int) -> str:
-    """Text generated by the trained weights in the reference model, after the corpus's first tokens."""
+def sample(state: dict[str, torch.Tensor], work: Workload, new_tokens: int) -> str:
+    """Text generated by the trained weights in the plain model, after the corpus's first tokens."""
     t = TrainConfig()
-    with torch.device(work.device):
-        model = GPT(model_cfg)
+    model = work.model.build(work.device)
     model.load_state_dict(state)
     model.eval()
-    prompt = work.corpus.tokens[: min(t.prompt_tokens, model_cfg.block_size)][None].to(work.device)  # (1, P)
+    prompt = work.corpus.head(min(t.prompt_tokens, work.cfg.seq_len))[None].to(work.device)  # (1, P)
     gen = torch.Generator(device=work.device).manual_seed(work.cfg.run.seed)
-    out = model.generate(prompt, new_tokens, t.temperature, t.top_k, gen)[0].tolist()
+    out = models.generate(work.model, model, prompt, new_tokens, t.temperature, t.top_k, work.cfg.seq_len, gen)
+    if out is None:
+        return "no sample: the model's forward returns a loss only, no logits to sample from"
+    ids = out[0].tolist()
     tok = get_tokenizer(work.corpus.tokenizer)
-    head, tail = tok.decode(out[: prompt.shape[1]]), tok.decode(out[prompt.shape[1]:])
+    head, tail = tok.decode(ids[: prompt.shape[1]]), tok.decode(ids[prompt.shape[1]:])
     return (f"sample ({new_tokens} tokens after the corpus's first {prompt.shape[1]}, temperature {t.temperature}, "
             f"top-k {t.top_k}):\n[{head}]{tail}")

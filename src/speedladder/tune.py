@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from speedladder.config import Resolved
 from speedladder.ladder import Ladder
+from speedladder.models import model_flags
 from speedladder.records import Results, RungResult
 from speedladder.rungs import Env, Rung, StepSpec, compose
 
@@ -85,6 +86,7 @@ def commands(names: tuple[str, ...], cfg: Resolved, run_dir: str) -> dict[str, s
     r = cfg.run
     workload = f"--preset {r.preset} --data {r.data} --tokenizer {r.tokenizer} " \
                f"--batch-size {r.batch_size} --seq-len {r.seq_len} --batch-multiplier {r.batch_multiplier}"
+    workload = " ".join(filter(None, (workload, model_flags(r))))  # the model, when not the preset's GPT
     return {"run": f"speedladder run {workload} --rungs {rungs}",
             "train": f"speedladder train --run {run_dir}",
             "train_rungs": f"speedladder train {workload} --rungs {rungs}"}
@@ -149,6 +151,34 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
         ladder.save()
         out.append({"name": name, "rungs": list(names), "status": r.status, "detail": r.detail})
     return out
+
+
+def finalists(results: Results, n: int) -> list[RungResult]:
+    """The n fastest configurations that passed every gate, by x eager: what is measured again before a winner is
+    named (picking the largest of several noisy medians favours the luckiest: the winner's curse)."""
+    passed = [r for r in results.rungs if r.role in ("rung", "beside", "candidate") and r.passed
+              and r.name != "eager" and r.speedup_cum is not None]
+    return sorted(passed, key=lambda r: r.speedup_cum or 0.0, reverse=True)[:n]
+
+
+def measure_finalists(ladder: Ladder, budget: Budget, n: int, say: Callable[[str], None]) -> list[str]:
+    """Each finalist measured again with eager fp32 timed beside it, windows alternating; the names of the
+    re-measurements, fastest first by that ratio (what the learns-check then tries, in that order)."""
+    res = ladder.results
+    base = res.baseline
+    out = []
+    for r in finalists(res, n):
+        names = rungs_of(r, res)
+        names = tuple(x for x in names if x != "eager")
+        say(f"final: {r.name} again, eager fp32 re-timed beside it")
+        final = ladder.climb(combination_rung(f"final-{r.name}", names), StepSpec.from_dict(r.spec), base,
+                             role="final", predicted=ladder.predicted_together(names))
+        final.rungs_combined = list(names)
+        ladder.save()
+        if final.passed:
+            out.append(final)
+    out.sort(key=lambda x: x.speedup_prev or 0.0, reverse=True)
+    return [x.name for x in out]
 
 
 def summarize(results: Results, run_dir: str, cfg: Resolved) -> dict:

@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from speedladder import measure, results
+from speedladder import measure, models, results
 from speedladder.config import Resolved, RunConfig, pick_device, resolve
-from speedladder.data import BatchStream, Corpus, check_fits, load_corpus
-from speedladder.model import GPT
+from speedladder.data import BatchStream, Corpus, check_fits, check_ids, load_corpus
+from speedladder.errors import UsageError
+from speedladder.models import ModelDef
 from speedladder.records import Results
 from speedladder.rungs import RUNGS, Env, StepSpec
-from speedladder.step import TrainStep, initial_state
+from speedladder.step import TrainStep, matmul_precision
 
 # The gate batches are drawn from a stream of their own, apart from the timing stream's.
 GATE_SEED_OFFSET = 1
@@ -37,8 +38,7 @@ class Workload:
     corpus: Corpus
     init: dict[str, torch.Tensor]  # the weights every rung starts from, on the host
     env: Env
-    params: int
-    matmul_params: int
+    model: ModelDef  # ours, Hugging Face's or the user's: how to build, call, count and change it
 
     @property
     def base_spec(self) -> StepSpec:
@@ -46,16 +46,24 @@ class Workload:
 
     @property
     def vocab_size(self) -> int:
-        return self.cfg.model.vocab_size
+        return self.model.vocab_size
+
+    @property
+    def params(self) -> int:
+        return self.model.params
+
+    @property
+    def matmul_params(self) -> int | None:
+        return self.model.matmul_params
 
     def flops_per_token(self, spec: StepSpec) -> int:
-        m = self.cfg.model
-        return measure.flops_per_token(self.matmul_params, m.n_layer, m.n_head, m.head_dim, spec.seq_len)
+        """PaLM's 6N + 12LHQT where the architecture is known, else counted by torch (models/base.py)."""
+        return self.model.flops_per_token(spec.seq_len)
 
     def step(self, spec: StepSpec, wrap: Callable[[nn.Module], nn.Module] | None = None,
              device: torch.device | None = None) -> TrainStep:
         """The training step of a spec, from the workload's initial weights."""
-        return TrainStep(spec, self.cfg.model, self.init, device or self.device, self.cfg.run.lr, wrap=wrap,
+        return TrainStep(spec, self.model, self.init, device or self.device, self.cfg.run.lr, wrap=wrap,
                          muon=self.cfg.run.muon)
 
     def stream(self, spec: StepSpec, seed: int | None = None, device: torch.device | None = None) -> BatchStream:
@@ -77,19 +85,23 @@ class Workload:
         return None
 
 
-def prepare(run: RunConfig) -> Workload:
-    """Resolve the config, load and tokenize the corpus, draw the initial weights."""
+def prepare(run: RunConfig, model: object = None) -> Workload:
+    """Resolve the config, load the corpus (tokenize text, map a token file), define the model and draw its
+    initial weights. `model`: one given to the Python API as an object (else the config names it)."""
     device = pick_device(run.device)
     cfg = resolve(run, device, known_rungs=tuple(RUNGS))
-    corpus = load_corpus(cfg.run.data, cfg.run.tokenizer)  # type: ignore[arg-type]
+    corpus = load_corpus(cfg.run.data, cfg.run.tokenizer, cfg.run.vocab_size)  # type: ignore[arg-type]
     check_fits(corpus, cfg.batch_size, cfg.seq_len)
-    cfg = cfg.with_vocab(corpus.vocab_size)
-    init = initial_state(cfg.model, cfg.run.seed)
-    with torch.device("meta"):
-        model = GPT(cfg.model)
+    cfg, model_def, init = models.define(cfg, corpus.vocab_size or None, model)
+    if isinstance(corpus.tokens, torch.Tensor) and corpus.vocab_size > model_def.vocab_size:
+        raise UsageError(f"the tokenizer's vocabulary ({corpus.vocab_size:,}) is larger than the model's "
+                         f"({model_def.vocab_size:,}): give the model a vocab_size argument, or --vocab-size")
+    check_ids(corpus, model_def.vocab_size)  # a token file: every id below the model's vocabulary, in chunks
+    corpus = dataclasses.replace(corpus, vocab_size=corpus.vocab_size or model_def.vocab_size)
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    env = Env(device.type, cap, cfg.run.batch_multiplier)  # type: ignore[arg-type]
-    return Workload(cfg, device, corpus, init, env, model.num_params(), model.matmul_params())
+    env = Env(device.type, cap, cfg.run.batch_multiplier,  # type: ignore[arg-type]
+              model_lacks=tuple(sorted(model_def.lacks.items())))
+    return Workload(cfg, device, corpus, init, env, model_def)
 
 
 def new_results(work: Workload, kind: str | None = None) -> Results:
@@ -100,7 +112,7 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
                    corpus={"source": c.source, "tokenizer": c.tokenizer, "tokens": c.n_tokens,
                            "vocab_size": c.vocab_size},
                    model={"preset": work.cfg.run.preset, "params": work.params,
-                          "matmul_params": work.matmul_params})
+                          "matmul_params": work.matmul_params, **work.model.record()})
 
 
 def free_device_memory(device: torch.device) -> None:
@@ -112,7 +124,7 @@ def free_device_memory(device: torch.device) -> None:
 
 @dataclass
 class Measurement:
-    """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4)."""
+    """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4 and 8)."""
 
     timing: measure.Timing
     tokens_per_s: measure.Spread
@@ -120,26 +132,53 @@ class Measurement:
     compile_s: float | None  # None for an uncompiled step
     peak_memory_bytes: int | None  # None where the device does not report it
     warnings: list[str] = field(default_factory=list)
+    base_timing: measure.Timing | None = None  # the base re-timed beside it, windows interleaved
+    base_tokens_per_s: measure.Spread | None = None
 
 
-def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, step: TrainStep | None = None,
-                 stream: BatchStream | None = None, counter: Callable[[], int] = measure.compile_count,
-                 edge: Callable[[], None] | None = None, world: int = 1) -> tuple[Measurement, TrainStep]:
+def _in_precision(spec: StepSpec, fn: Callable[[], object]) -> Callable[[], object]:
+    """A step run under its own matmul precision, so a rung and its base can take turns (TF32 is global state)."""
+    def run() -> object:
+        with matmul_precision(spec):
+            return fn()
+    return run
+
+
+def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, base: StepSpec | None = None,
+                 step: TrainStep | None = None, stream: BatchStream | None = None,
+                 counter: Callable[[], int] = measure.compile_count, edge: Callable[[], None] | None = None,
+                 world: int = 1) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
-    `world` processes each do spec.tokens_per_step a step (a data-parallel job
-    counts every rank's tokens); `counter` and `edge` let such a job agree on
-    its warm-up and line its windows up across ranks.
+    With `base`, the base spec is built too and its windows interleaved with
+    the spec's (measure.run_pair), so the comparison carries no drift. `world`
+    processes each do spec.tokens_per_step a step (a data-parallel job counts
+    every rank's tokens); `counter` and `edge` let such a job agree on its
+    warm-up and line its windows up across ranks.
     """
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
     measure.reset_peak_memory(device)
-    say("building" + (" and compiling (first step)" if spec.compile else ""))
+    say("building" + (" and compiling (first step)" if spec.compile else "")
+        + (", with its base re-timed beside it" if base is not None else ""))
     step = step or work.step(spec)
-    stream = stream or work.stream(spec)
-    timing = measure.run_windows(measure.stepper(step, stream), device, world * spec.tokens_per_step,
-                                 t.steps, t.windows, t.warmup, t.max_warmup,  # type: ignore[arg-type]
-                                 counter=counter, on_progress=say, edge=edge)
+    run = _in_precision(spec, measure.stepper(step, stream or work.stream(spec)))
+    timing = measure.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge)  # type: ignore[arg-type]
+    peak = measure.peak_memory(device)  # the rung's own: read before its base is built beside it
+    base_timing = None
+    if base is None:
+        for i in range(t.windows):
+            timing.windows.append(measure.time_window(run, device, world * spec.tokens_per_step, t.steps,  # type: ignore[arg-type]
+                                                      counter, edge))
+            say(measure.window_line(timing.windows[-1], i, t.windows))
+    else:
+        base_step = work.step(base)
+        base_run = _in_precision(base, measure.stepper(base_step, work.stream(base)))
+        base_timing = measure.warm_up(base_run, device, t.warmup, t.max_warmup, counter,  # type: ignore[arg-type]
+                                      lambda m: say("base: " + m))
+        measure.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step, base.tokens_per_step,
+                           t.steps, t.windows, counter, say)  # type: ignore[arg-type]
+        del base_step, base_run
     spread = measure.tokens_per_s(timing)
     if spread is None:
         raise RuntimeError("every timed window recompiled: no valid window")
@@ -150,7 +189,8 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     if len(timing.clean_windows) < len(timing.windows):
         warnings.append(f"{len(timing.windows) - len(timing.clean_windows)} window(s) recompiled and were left out")
     m = Measurement(timing, spread, step_ms, measure.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
-                    measure.peak_memory(device), warnings)
+                    peak, warnings, base_timing,
+                    measure.tokens_per_s(base_timing) if base_timing is not None else None)
     return m, step
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedladder import results
+from speedladder.cli.flags import command
 from speedladder.config import LADDERS
 from speedladder.errors import UsageError
 from speedladder.records import to_dict
@@ -67,7 +68,7 @@ def rerun_argv(saved: dict) -> list[str]:
                 "--steps", str(c["steps"]), "--windows", str(c["windows"]), "--warmup", str(c["warmup"]),
                 "--max-warmup", str(c["max_warmup"]),
                 "--loss-steps", str(g["loss_steps"]), "--loss-band", repr(g["loss_band"]),
-                "--learns-steps", str(g["learns_steps"]), "--learns-min-drop", repr(g["learns_min_drop"]),
+                "--learns-steps", str(g["learns_steps"]), "--learns-band", repr(g.get("learns_band", 0.03)),
                 "--target-steps", str(g["target_steps"]), "--profile-steps", str(prof["steps"])]
         rungs, beside = tuple(c["rungs"]), tuple(c.get("beside") or ())
     except (KeyError, TypeError) as e:
@@ -77,8 +78,11 @@ def rerun_argv(saved: dict) -> list[str]:
         argv += ["--ladder", c["ladder"]]  # a named ladder keeps its beside rungs, which --rungs would drop
     else:
         argv += ["--rungs", ",".join(rungs)]
-    if c.get("peak_tflops") is not None:
-        argv += ["--peak-tflops", repr(c["peak_tflops"])]
+    peak = c.get("peak_tflops")
+    if isinstance(peak, (int, float)):  # schema 1: one number for every precision
+        peak = {"fp32": peak, "tf32": peak, "bf16": peak, "fp8": peak}
+    if peak:
+        argv += ["--peak-tflops", ",".join(f"{k}={v!r}" for k, v in peak.items())]
     if not prof.get("enabled", True):
         argv.append("--no-profile")
     return argv
@@ -176,11 +180,7 @@ _SRC = str(Path(__file__).resolve().parents[2])
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("check", help="fail (exit 1) when a run is slower than a baseline or a gate newly fails",
-                       description="Run the baseline's configuration again here (or read --against) and exit 1 when "
-                                   "a rung's median tokens/s falls below the baseline's slowest window by more than "
-                                   "the tolerance, or a gate that passed now fails; one line per regression. Exit 0 "
-                                   "with a one-line summary otherwise, 2 for a missing or invalid baseline.")
+    p = command(sub, "check")
     p.add_argument("--baseline", required=True, metavar="RUN_DIR",
                    help="the run folder (or results.json) to hold this machine to. Default: none, it is required")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="F",

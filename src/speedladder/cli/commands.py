@@ -15,6 +15,8 @@ from speedladder.cli.flags import (
     add_profile_flags,
     add_rung_flags,
     add_workload_flags,
+    command,
+    peak_list,
     run_config,
     rung_list,
 )
@@ -28,45 +30,17 @@ from speedladder.records import ProfileSummary, from_dict
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
 from speedladder.report import sweep as sweep_report
+from speedladder.report.outputs import write_outputs
 from speedladder.rungs import RUNGS
 from speedladder.workload import Workload, new_results, prepare
-
-# What each command does: its one-line help and the paragraph of its --help.
-HELP = {
-    "run": ("climb the ladder and write runs/<timestamp>/",
-             ("Climb the ladder: time every rung in windows, check it still computes the same function and "
-             "still learns, print the table, write results.json and waterfall.png.")),
-    "profile": ("profile the baseline, name its regime, predict every rung",
-             ("Profile a few steps of the baseline in a child process: the top operators, one step broken "
-             "into categories that add to 100%, the regime (compute-, memory- or overhead-bound) with its "
-             "evidence, and a predicted speed-up with its reason for every rung of the ladder. Writes "
-             "profile.json and a Chrome/Perfetto trace.json to DIR/<timestamp>/.")),
-    "tune": ("find the fastest configuration that passes every gate, within a budget",
-             ("Climb the full ladder, drop each rung whose verdict is loss or noise (or that failed a gate or "
-             "could not run), measure the survivors together (and, budget permitting, each left out in turn) "
-             "with the same windows and gates, and name the fastest that passes every gate and the "
-             "learns-check, with the commands that reproduce it. Writes DIR/<timestamp>/results.json.")),
-    "train": ("train one configuration, log its loss, sample text, save a checkpoint",
-             ("Train a configuration for --steps steps, logging loss, step time and tokens/s every "
-             "--log-every steps, then print a sample of generated text and save RUN/<timestamp>/"
-             "checkpoint.pt (load it with torch.load(path, weights_only=True))."))
-}
-
-
-def _command(sub, name: str, *groups) -> argparse.ArgumentParser:
-    """A sub-command with its shared flag groups (cli/flags.py) added in order."""
-    p = sub.add_parser(name, help=HELP[name][0], description=HELP[name][1])
-    for add in groups:
-        add(p)
-    return p
 
 
 def add_run(sub) -> None:
     """speedladder run: climb the ladder."""
-    run = _command(sub, "run", add_workload_flags, add_rung_flags)
-    run.add_argument("--peak-tflops", type=float, metavar="X",
-                     help="peak TFLOP/s for MFU, e.g. a measured bf16 ceiling. Default: the vendor table "
-                          "for known GPUs, none (MFU n/a) elsewhere")
+    run = command(sub, "run", add_workload_flags, add_rung_flags)
+    run.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
+                     help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67 (a measured ceiling). Default: "
+                          "the vendor table for known GPUs, none (MFU n/a) elsewhere")
     gates = GateConfig()
     run.add_argument("--loss-steps", type=int, default=gates.loss_steps, metavar="K",
                      help="steps over the same first K batches compared with eager fp32. Default: %(default)s")
@@ -74,8 +48,9 @@ def add_run(sub) -> None:
                      help="largest allowed relative loss difference from eager fp32. Default: %(default)s")
     run.add_argument("--learns-steps", type=int, default=gates.learns_steps, metavar="N",
                      help="steps of the final learns-check; 0 skips it. Default: %(default)s")
-    run.add_argument("--learns-min-drop", type=float, default=gates.learns_min_drop, metavar="F",
-                     help="the learns-check's loss must fall by this fraction. Default: %(default)s")
+    run.add_argument("--learns-band", type=float, default=gates.learns_band, metavar="F",
+                     help="the learns-check passes if the final loss is at most this fraction above eager fp32's over "
+                          "the same batches (and below the corpus's unigram entropy). Default: %(default)s")
     run.add_argument("--target-steps", type=int, default=gates.target_steps, metavar="N",
                      help="a rung that changes the optimizer (muon) is compared with AdamW by the tokens each needs "
                           "to reach AdamW's loss over N batches. Default: %(default)s")
@@ -91,7 +66,7 @@ def add_run(sub) -> None:
 
 def add_profile(sub) -> None:
     """speedladder profile: the baseline (or a spec) profiled, classified, predicted."""
-    prof = _command(sub, "profile", add_workload_flags, add_rung_flags, add_profile_flags)
+    prof = command(sub, "profile", add_workload_flags, add_rung_flags, add_profile_flags)
     prof.add_argument("--profile-rungs", type=rung_list, default=(), metavar="A,B,C",
                       help="profile the spec these rungs make instead of the baseline (predictions then start "
                            "from it). Default: the baseline")
@@ -100,7 +75,7 @@ def add_profile(sub) -> None:
 
 def add_tune(sub) -> None:
     """speedladder tune: the fastest configuration that passes every gate."""
-    tune = _command(sub, "tune", add_workload_flags)
+    tune = command(sub, "tune", add_workload_flags)
     tune.add_argument("--batch-multiplier", type=int, metavar="K",
                       help="the batch rung multiplies the batch by K. Default: the preset's")
     tune.add_argument("--budget-minutes", type=float, default=default(TuneConfig, "budget_minutes"), metavar="M",
@@ -108,15 +83,16 @@ def add_tune(sub) -> None:
                            "learns-check always runs). Default: %(default)s")
     tune.add_argument("--max-candidates", type=int, default=default(TuneConfig, "max_candidates"), metavar="N",
                       help="combinations to measure at most. Default: %(default)s")
-    tune.add_argument("--peak-tflops", type=float, metavar="X",
-                      help="peak TFLOP/s for MFU. Default: the vendor table for known GPUs, none elsewhere")
+    tune.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
+                      help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67. Default: the vendor table "
+                           "for known GPUs, none elsewhere")
     add_memory_flags(tune)
     add_output_flags(tune)
 
 
 def add_train(sub) -> None:
     """speedladder train: train one configuration, sample, save a checkpoint."""
-    train = _command(sub, "train", add_model_flags)
+    train = command(sub, "train", add_model_flags)
     train.add_argument("--run", metavar="RUN_DIR",
                        help="train the winner of that folder's results.json (tune's winner, else the run's "
                             "fastest rung), on its workload. Default: none")
@@ -135,6 +111,8 @@ def add_train(sub) -> None:
                        help="tokens generated after the corpus's first tokens; 0: no sample. Default: %(default)s")
     train.add_argument("--out", default=default(TrainConfig, "out"), metavar="DIR",
                        help="the checkpoint goes to DIR/<timestamp>/checkpoint.pt. Default: %(default)s")
+    train.add_argument("--quiet", action="store_true",
+                       help="no log line per --log-every steps; the final loss, sample and checkpoint are printed")
 
 
 def add_report(sub) -> None:
@@ -148,10 +126,9 @@ def add_report(sub) -> None:
 
 def finish(run_dir: Path) -> None:
     """Print the table and draw the waterfall from the saved file, so all three agree."""
-    saved = results.load(run_dir)
+    saved, png, page = write_outputs(run_dir)
     report.print_report(saved)
-    png = report.waterfall(saved, run_dir / report.WATERFALL)
-    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {html_report.write(saved, run_dir)}")
+    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
 
 
 def start(args: argparse.Namespace, cfg: RunConfig) -> tuple[Progress, Workload, Path]:
@@ -167,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.explain_miss >= 0:
         raise UsageError(f"--explain-miss must be zero or more, got {args.explain_miss}")
     progress, work, run_dir = start(args, run_config(args))
-    progress(f"{work.cfg.run.preset}: {work.params:,} parameters on {work.device}; "
+    progress(f"{work.model.name if work.cfg.model is None else work.cfg.run.preset}: {work.params:,} parameters on "
+             f"{work.device} ({work.model.convention_line}); "
              f"{work.corpus.n_tokens:,} tokens of {work.corpus.source}; writing {run_dir}")
     ladder = Ladder(work, run_dir, progress)
     try:
@@ -196,7 +174,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # A rung measured beside the top (the full ladder's ckpt) is predicted on the whole ladder under it.
     preds += [chain(summary, [*rungs, name], base, work.env)[-1] for name in run.beside or ()]
     saved = new_results(work, kind="profile")
-    saved.profile, saved.predictions = summary, [p.to_dict() for p in preds]
+    saved.profile, saved.predictions, saved.status = summary, [p.to_dict() for p in preds], "complete"
     results.save(saved, run_dir, child.FILENAME)
     report.print_profile(saved)
     print(f"profile: {run_dir / child.FILENAME}\ntrace: {run_dir / child.TRACE}")
@@ -223,6 +201,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         say(f"survivors: {', '.join(res.tune['survivors']) or 'none'}; dropped: "
             + ("; ".join(f"{k} ({v})" for k, v in res.tune["dropped"].items()) or "none"))
         res.tune["candidates"] = tune.measure_candidates(ladder, budget, args.max_candidates, say)
+        res.tune["finalists"] = tune.measure_finalists(ladder, budget, default(TuneConfig, "finalists"), say)
+        ladder.finalists = res.tune["finalists"] or None  # none passed again: the learns-check tries them all
         ladder.save()
 
     interrupted = False

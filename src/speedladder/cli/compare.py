@@ -5,16 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from speedladder.cli.flags import command
 from speedladder.errors import UsageError
 from speedladder.report.compare import html, load, print_comparison
 
 
 def add_commands(sub) -> None:
-    p = sub.add_parser("compare", help="compare runs side by side, rung by rung",
-                       description="Align the runs' rungs by name and show, for each later run against the first: "
-                                   "tokens/s, the ratio of the medians, whether the change is outside both runs' "
-                                   "window spreads (their min–max ranges do not overlap), gate changes, and configuration or "
-                                   "environment differences.")
+    p = command(sub, "compare")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="two or more run folders (or results.json files); "
                                                                "the first is the reference")
     p.add_argument("--html", metavar="FILE", help="also write the comparison as a self-contained HTML page. "

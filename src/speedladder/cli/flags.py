@@ -24,6 +24,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def peak_list(text: str) -> dict[str, float]:
+    """'bf16=989,fp32=67' -> {"bf16": 989.0, "fp32": 67.0}: one peak per precision, never one for all."""
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(
+                f"give the peak per precision, e.g. bf16=989,fp32=67, not {part!r} (one number for every "
+                "precision would overstate the MFU of the others)")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of TFLOP/s: {value!r}") from None
+    return out
+
+
 def rung_list(text: str) -> tuple[str, ...]:
     return tuple(r.strip() for r in text.split(",") if r.strip())
 
@@ -44,10 +60,25 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help=f"model and workload: {_presets_help()}. Default: d2l-512 on CUDA, "
                         "d2l-cpu (scaled down to finish in minutes) elsewhere")
     p.add_argument("--data", metavar="NAME|PATH",
-                   help="embedded corpus (timemachine, tinyshakespeare) or a UTF-8 text file. "
-                        "Default: the preset's corpus")
-    p.add_argument("--tokenizer", choices=["char", "gpt2"],
-                   help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks. Default: the preset's")
+                   help="embedded corpus (timemachine, tinyshakespeare), a UTF-8 text file, or a FILE.bin of token "
+                        "ids (nanoGPT's: uint16, uint32 when --vocab-size > 65535; memory-mapped, never loaded "
+                        "whole). Default: the preset's corpus")
+    p.add_argument("--tokenizer", choices=["char", "gpt2", "ids"],
+                   help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks; ids: a .bin's ids as they "
+                        "are (gpt2 with a .bin decodes train's sample). Default: the preset's (ids for a .bin)")
+    p.add_argument("--model", metavar="FILE.py:NAME",
+                   help="your language model instead of the preset's GPT: FILE.py:NAME or package.module:NAME, NAME "
+                        "an nn.Module class or a function returning one (arguments vocab_size, block_size, seq_len "
+                        "get the workload's); forward conventions and hooks: docs/models.md. Default: the preset's GPT")
+    p.add_argument("--hf", metavar="gpt2|llama|CONFIG",
+                   help="a Hugging Face causal LM built from its config with random weights, offline: gpt2, llama or "
+                        "PATH/config.json (needs pip install speedladder[hf]). Default: none")
+    p.add_argument("--hf-set", action="append", metavar="KEY=VALUE",
+                   help="override a value of the --hf config, e.g. n_layer=2 (GPT-2's names work for llama too); "
+                        "repeatable. Default: none")
+    p.add_argument("--vocab-size", type=int, metavar="V",
+                   help="the vocabulary (given to a model that takes vocab_size; a .bin holds uint32 ids above "
+                        "65535). Default: the tokenizer's for text, the model's for a .bin")
     p.add_argument("--batch-size", type=int, metavar="B", help="sequences per step. Default: the preset's")
     p.add_argument("--seq-len", type=int, metavar="T", help="tokens per sequence. Default: the preset's")
     p.add_argument("--device", default=default(RunConfig, "device"),
@@ -91,7 +122,8 @@ def add_output_flags(p: argparse.ArgumentParser) -> None:
 
 def add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-steps", type=int, default=default(ProfileConfig, "steps"), metavar="N",
-                   help="steps profiled, each synchronized at its end. Default: %(default)s")
+                   help="steps profiled after the warm-up, each synchronized at its end; the breakdown is their median "
+                        "step, with the spread across them. Default: %(default)s")
 
 
 def add_memory_flags(p: argparse.ArgumentParser) -> None:
@@ -106,7 +138,8 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     """The flags as a RunConfig; a flag a command does not have keeps the dataclass default."""
     gates = GateConfig()
     return RunConfig(
-        preset=args.preset, data=args.data, tokenizer=args.tokenizer, batch_size=args.batch_size,
+        preset=args.preset, data=args.data, tokenizer=args.tokenizer, model_source=args.model, hf=args.hf,
+        hf_set=tuple(args.hf_set or ()), vocab_size=args.vocab_size, batch_size=args.batch_size,
         seq_len=args.seq_len, batch_multiplier=args.batch_multiplier, ladder=getattr(args, "ladder", "source"),
         rungs=getattr(args, "rungs", None), device=args.device,
         lr=args.lr, seed=args.seed, out=args.out, peak_tflops=getattr(args, "peak_tflops", None),
@@ -115,7 +148,7 @@ def run_config(args: argparse.Namespace) -> RunConfig:
         gates=GateConfig(loss_steps=getattr(args, "loss_steps", gates.loss_steps),
                          loss_band=getattr(args, "loss_band", gates.loss_band),
                          learns_steps=getattr(args, "learns_steps", gates.learns_steps),
-                         learns_min_drop=getattr(args, "learns_min_drop", gates.learns_min_drop),
+                         learns_band=getattr(args, "learns_band", gates.learns_band),
                          target_steps=getattr(args, "target_steps", gates.target_steps)),
         profile=ProfileConfig(enabled=not getattr(args, "no_profile", False),
                               steps=getattr(args, "profile_steps", default(ProfileConfig, "steps")),
@@ -124,3 +157,41 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     )
 
 
+# What each command does: its one-line help and the paragraph of its --help.
+HELP = {
+    "run": ("climb the ladder and write runs/<timestamp>/",
+             ("Climb the ladder: time every rung in windows beside the rung it built on, check it still computes "
+              "the same function and still learns, print the table, write results.json, waterfall.png and "
+              "report.html.")),
+    "profile": ("profile the baseline, name its regime, predict every rung",
+             ("Profile a few steps of the baseline in a child process: the top operators, one step broken "
+             "into categories that add to 100%, the regime (compute-, memory- or overhead-bound) with its "
+             "evidence, and a predicted speed-up with its reason for every rung of the ladder. Writes "
+             "profile.json and a Chrome/Perfetto trace.json to DIR/<timestamp>/.")),
+    "tune": ("find the fastest configuration that passes every gate, within a budget",
+             ("Climb the full ladder, drop each rung whose verdict is loss or noise (or that failed a gate or "
+             "could not run), measure the survivors together (and, budget permitting, each left out in turn) "
+             "with the same windows and gates, and name the fastest that passes every gate and the "
+             "learns-check, with the commands that reproduce it. Writes DIR/<timestamp>/results.json.")),
+    "train": ("train one configuration, log its loss, sample text, save a checkpoint",
+             ("Train a configuration for --steps steps, logging loss, step time and tokens/s every "
+             "--log-every steps, then print a sample of generated text and save RUN/<timestamp>/"
+             "checkpoint.pt (load it with torch.load(path, weights_only=True)).")),
+    "compare": ("compare runs side by side, rung by rung",
+                ("Align the runs' rungs by name and show, for each later run against the first: tokens/s, the ratio "
+                "of the medians, whether the change is outside both runs' window spreads (their min–max ranges do "
+                "not overlap), gate changes, and configuration or environment differences.")),
+    "check": ("fail (exit 1) when a run is slower than a baseline or a gate newly fails",
+              ("Run the baseline's configuration again here (or read --against) and exit 1 when a rung's median "
+              "tokens/s falls below the baseline's slowest window by more than the tolerance, or a gate that passed "
+              "now fails; one line per regression. Exit 0 with a one-line summary otherwise, 2 for a missing or "
+              "invalid baseline.")),
+}
+
+
+def command(sub, name: str, *groups) -> argparse.ArgumentParser:
+    """A sub-command with its shared flag groups (cli/flags.py) added in order."""
+    p = sub.add_parser(name, help=HELP[name][0], description=HELP[name][1])
+    for add in groups:
+        add(p)
+    return p

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.cli.flags import add_output_flags, add_rung_flags, add_workload_flags, run_config
-from speedladder.config import STRATEGIES, ParallelConfig, RunConfig, default
+from speedladder.config import RunConfig, default
 from speedladder.parallel import launch
+from speedladder.parallel.config import STRATEGIES, ParallelConfig
 from speedladder.progress import show_on_stderr
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report

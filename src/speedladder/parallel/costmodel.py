@@ -55,6 +55,27 @@ def t_allreduce(nbytes: float, k: int, busbw: float, latency: float) -> float:
     return latency + allreduce_factor(k) * nbytes / busbw
 
 
+def fit_allreduce(sizes: Sequence[tuple[int, float]], k: int) -> tuple[float, float]:
+    """Latency (s) and bus bandwidth (B/s) of t = latency + 2(k-1)/k * bytes / busbw, fitted to measured
+    (bytes, seconds) pairs by least squares on the *relative* error, so a 4-byte message and a 64 MiB one weigh
+    alike, and the sizes in between (DDP's buckets among them) are priced by the same two numbers."""
+    if k < 2 or len(sizes) < 2:
+        raise ValueError("a fit needs at least two sizes and two processes")
+    # Weighted linear least squares for (latency, slope) with weights 1/t: minimise sum(((a + b n - t) / t)^2).
+    sww = swwn = swwnn = swwt = swwnt = 0.0
+    for n, t in sizes:
+        w2 = 1.0 / (t * t)
+        sww, swwn, swwnn = sww + w2, swwn + w2 * n, swwnn + w2 * n * n
+        swwt, swwnt = swwt + w2 * t, swwnt + w2 * n * t
+    det = sww * swwnn - swwn * swwn
+    latency = (swwt * swwnn - swwn * swwnt) / det
+    slope = (sww * swwnt - swwn * swwt) / det
+    if latency < 0 or slope <= 0:  # noise past what two numbers can model: keep the slope through the origin
+        latency = 0.0
+        slope = sum(t / n / (t * t) * n * n for n, t in sizes) / sum(n * n / (t * t) for n, t in sizes)
+    return latency, allreduce_factor(k) / slope
+
+
 def t_gather(nbytes: float, k: int, busbw: float, latency: float) -> float:
     """Seconds of one ring all-gather (or reduce-scatter) whose full size is nbytes."""
     if k == 1:

@@ -28,15 +28,15 @@ import torch
 
 import speedladder
 from speedladder import results
-from speedladder.config import ParallelConfig, RunConfig
+from speedladder.config import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
+from speedladder.parallel.config import ParallelConfig
 from speedladder.parallel.section import new_section, price, single_prediction
 from speedladder.progress import Progress
 from speedladder.records import ParallelSection, Results
 from speedladder.rungs import RUNGS, StepSpec, compose
-from speedladder.step import matmul_precision
-from speedladder.workload import Workload, free_device_memory, measure_spec, new_results, prepare
+from speedladder.workload import Workload, new_results, prepare
 
 JOB_FILE = "job.json"
 LOG_FILE = "torchrun.log"
@@ -92,20 +92,25 @@ def check_port(pcfg: ParallelConfig) -> None:
 
 # -- the single-device measurement ------------------------------------------------------------------
 
-def measure_single(work: Workload, spec: StepSpec, threads: int, say) -> dict:
-    """One process, no process group: the t_compute every prediction starts from (same windows as `run`)."""
-    before = torch.get_num_threads()
-    if work.device.type == "cpu":
-        torch.set_num_threads(threads)
-    try:
-        with matmul_precision(spec):
-            m, _ = measure_spec(work, spec, say)
-    finally:
-        torch.set_num_threads(before)
-        free_device_memory(work.device)
-    return {"threads": threads if work.device.type == "cpu" else None, "device": str(work.device),
-            "tokens_per_s": dataclasses.asdict(m.tokens_per_s), "step_ms": m.step_ms,
-            "timing": dataclasses.asdict(m.timing)}
+def measure_single(work: Workload, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig, threads: int,
+                   run_dir: Path, progress: Progress) -> dict:
+    """k = 1, through the same torchrun worker path as the job (DDP-wrapped, the same threads per process):
+    the t_compute every prediction starts from, like with like (docs/measurement.md, rule 6)."""
+    out = run_dir / "single.json"
+    job = write_job(run_dir, "single", run, spec, pcfg, work.device, threads, single_out=str(out))
+    log = run_dir / "single.log"
+    progress(f"one process through torchrun{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: "
+             f"tokens/s of {'+'.join(work.cfg.run.rungs or ())} (the prediction's t_compute)", "single")
+    outcome = launch(torchrun_command(pcfg, 1, job, standalone=True), threads, log, progress)
+    if outcome.rc != 0 or not out.is_file():
+        raise JobFailed(failure_line(outcome, log))
+    return json.loads(out.read_text())
+
+
+def bucket_sizes(work: Workload, spec: StepSpec, pcfg: ParallelConfig) -> list[int]:
+    """The message sizes this job's DDP sends: probed too, so the fit prices them from measurement."""
+    section = new_section(work, spec, pcfg, "", [], 1, None)
+    return sorted({*section.ddp_buckets, section.first_bucket_bytes, section.bucket_cap_bytes})
 
 
 def new_parallel_results(work: Workload, spec: StepSpec, pcfg: ParallelConfig, command: str, ks: list[int],
@@ -118,15 +123,20 @@ def new_parallel_results(work: Workload, spec: StepSpec, pcfg: ParallelConfig, c
 
 # -- torchrun -----------------------------------------------------------------------------------------
 
-def torchrun_command(pcfg: ParallelConfig, nproc: int, job_path: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={pcfg.nnodes}",
-           f"--node-rank={pcfg.node_rank}", "--max-restarts=0", f"--monitor-interval={pcfg.monitor_interval_s}"]
-    if pcfg.rdzv_endpoint is not None:
-        cmd += [f"--rdzv-endpoint={pcfg.rdzv_endpoint}", f"--rdzv-backend={pcfg.rdzv_backend or 'c10d'}"]
+def torchrun_command(pcfg: ParallelConfig, nproc: int, job_path: Path, standalone: bool = False) -> list[str]:
+    """torchrun with the job's arguments passed through; `standalone`: this node alone, on a free port of its own."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--max-restarts=0",
+           f"--monitor-interval={pcfg.monitor_interval_s}"]
+    if standalone:
+        cmd.append("--standalone")
+    elif pcfg.rdzv_endpoint is not None:
+        cmd += [f"--nnodes={pcfg.nnodes}", f"--node-rank={pcfg.node_rank}",
+                f"--rdzv-endpoint={pcfg.rdzv_endpoint}", f"--rdzv-backend={pcfg.rdzv_backend or 'c10d'}"]
         if pcfg.rdzv_id is not None:
             cmd.append(f"--rdzv-id={pcfg.rdzv_id}")
     else:
-        cmd += [f"--master-addr={pcfg.master_addr}", f"--master-port={pcfg.master_port}"]
+        cmd += [f"--nnodes={pcfg.nnodes}", f"--node-rank={pcfg.node_rank}", f"--master-addr={pcfg.master_addr}",
+                f"--master-port={pcfg.master_port}"]
     return [*cmd, "-m", "speedladder.parallel.worker", str(job_path)]
 
 
@@ -178,11 +188,24 @@ def launch(cmd: list[str], threads: int, log_path: Path, progress: Progress) -> 
                    list(tail))
 
 
+_EXCEPTION_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$")
+
+
 def failure_line(outcome: Outcome, log_path: Path) -> str:
+    """The one line a failed job is told by: the failing rank's own line, else the last exception in the log."""
     if outcome.error:
         others = f"; {outcome.other_errors} other rank(s) stopped after it" if outcome.other_errors else ""
         return f"{outcome.error}{others} (full log: {log_path})"
-    last = outcome.tail[-1] if outcome.tail else "no output"
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = outcome.tail
+    # A rank that died before it could say why (an import, the process group): its traceback's last line.
+    raised = [m.group(1).strip() for ln in lines if (m := _EXCEPTION_LINE.match(ln))
+              and not m.group(1).startswith(("torch.distributed.elastic", "ChildFailedError"))]
+    if raised:
+        return f"a rank failed: {raised[-1][:300]} (full log: {log_path})"
+    last = next((ln for ln in reversed(outcome.tail) if ln.strip().strip("=-") ), "no output")
     return f"torchrun exited with status {outcome.rc}: {last} (full log: {log_path})"
 
 
@@ -191,7 +214,8 @@ def write_job(run_dir: Path, mode: str, run: RunConfig, spec: StepSpec, pcfg: Pa
     job = {"mode": mode, "run": dataclasses.asdict(run), "spec": spec.to_dict(), "strategy": pcfg.strategy,
            "parallel_config": dataclasses.asdict(pcfg), "device_type": device.type, "threads": threads,
            "run_dir": str(run_dir), **extra}
-    path = run_dir / (JOB_FILE if mode == "train" else f"probe-{extra.get('k')}.job.json")
+    path = run_dir / (JOB_FILE if mode == "train" else "single.job.json" if mode == "single"
+                      else f"probe-{extra.get('k')}.job.json")
     path.write_text(json.dumps(job, indent=1))
     return path
 
@@ -212,7 +236,8 @@ def _probe(work: Workload, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig,
            progress: Progress) -> dict:
     threads = threads_per_process(k)
     out = run_dir / f"probe-{k}.json"
-    job = write_job(run_dir, "probe", run, spec, pcfg, work.device, threads, k=k, probe_out=str(out))
+    job = write_job(run_dir, "probe", run, spec, pcfg, work.device, threads, k=k, probe_out=str(out),
+                    probe_sizes=bucket_sizes(work, spec, pcfg))
     log = run_dir / f"probe-{k}.log"
     progress(f"allreduce probe over {k} processes (torchrun, "
              f"{'nccl' if work.device.type == 'cuda' else 'gloo'})", "bandwidth")
@@ -229,6 +254,7 @@ class JobFailed(Exception):
 def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_gbps: float | None,
                 measure_bandwidth: bool, latency_us: float | None, progress: Progress) -> Path:
     work, spec = _start(run, pcfg)
+    check_nproc(1, work.device)  # k = 1 is measured through torchrun as well
     for k in ks:
         if measure_bandwidth:
             check_nproc(k, work.device)
@@ -271,9 +297,7 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_g
                                         f"for {results.device_name(work.device)} ({datasheet:g} GB/s), the ceiling "
                                         f"a ring's busbw approaches; latency assumed {lat:g} µs"}
     results.save(saved, run_dir)
-    progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
-             f"tokens/s of {'+'.join(work.cfg.run.rungs or ())}", "single")
-    section.single = measure_single(work, spec, threads, progress.scoped("single"))
+    section.single = measure_single(work, run, spec, pcfg, threads, run_dir, progress)
     if section.bandwidth["busbw_GBps"] is None:  # only k=1 asked for
         section.predictions = [single_prediction(section)]
     else:
@@ -293,11 +317,10 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | 
     run_dir = results.new_run_dir(run.out)
     saved = new_parallel_results(work, spec, pcfg, "ddp", [k], threads)
     results.save(saved, run_dir)
-    progress(f"one process{f' with {threads} thread(s)' if work.device.type == 'cpu' else ''}: measuring "
-             f"tokens/s of {'+'.join(work.cfg.run.rungs or ())} (the prediction's t_compute)", "single")
-    saved.parallel.single = measure_single(work, spec, threads, progress.scoped("single"))
+    saved.parallel.single = measure_single(work, run, spec, pcfg, threads, run_dir, progress)
     results.save(saved, run_dir)
-    job = write_job(run_dir, "train", run, spec, pcfg, work.device, threads)
+    job = write_job(run_dir, "train", run, spec, pcfg, work.device, threads,
+                    probe_sizes=bucket_sizes(work, spec, pcfg))
     log = run_dir / LOG_FILE
     progress(f"launching {k} process(es) per node with torchrun ({pcfg.strategy}, "
              f"{'nccl' if work.device.type == 'cuda' else 'gloo'}); log: {log}", "launch")

@@ -12,9 +12,8 @@ import statistics
 import torch
 
 from speedladder import measure
-from speedladder.config import ParallelConfig
-from speedladder.model import GPT
 from speedladder.parallel import costmodel
+from speedladder.parallel.config import ParallelConfig
 from speedladder.records import ParallelSection, Results
 from speedladder.rungs import StepSpec
 from speedladder.workload import Workload
@@ -24,10 +23,12 @@ DDP_DEFAULT_BUCKET_MB = 25.0  # torch's DistributedDataParallel default bucket_c
 
 def model_bytes(work: Workload) -> tuple[list[int], list[int]]:
     """fp32 gradient bytes per parameter tensor (registration order) and per FSDP unit (root first, blocks)."""
-    with torch.device("meta"):
-        model = GPT(work.cfg.model)
+    try:
+        model = work.model.build(torch.device("meta"))  # shapes only, no memory
+    except Exception:  # noqa: BLE001 -- a model that cannot be built on the meta device is built on the host
+        model = work.model.build(torch.device("cpu"))
     per_param = [costmodel.grad_bytes(p.numel()) for p in model.parameters()]
-    blocks = [sum(costmodel.grad_bytes(p.numel()) for p in b.parameters()) for b in model.blocks]
+    blocks = [sum(costmodel.grad_bytes(p.numel()) for p in b.parameters()) for b in work.model.blocks_of(model)]
     return per_param, [sum(per_param) - sum(blocks), *blocks]
 
 
@@ -120,6 +121,10 @@ def record_measured(saved: Results, measured: dict, world: int) -> None:
         "floor_error": costmodel.relative_error(spread.median, pred["floor_tokens_per_s"]) if pred else None,
         "overlap_error": costmodel.relative_error(spread.median, pred["overlap_tokens_per_s"]) if pred else None,
     }
+    eff = section.measured["efficiency"]
+    section.measured["flags"] = [] if eff <= 1 else [
+        (f"efficiency {eff:.0%} is above 100%: k processes cannot beat k times one; a measurement mismatch (the "
+        "one-process run and the job differ in something other than k), not a result")]
     saved.status = "complete"
 
 

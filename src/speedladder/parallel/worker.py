@@ -17,6 +17,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,15 +25,18 @@ import torch.distributed as dist
 from torch import nn
 
 from speedladder import measure, results
-from speedladder.config import ParallelConfig, run_config_from_dict
+from speedladder.config import run_config_from_dict
 from speedladder.errors import one_line
 from speedladder.parallel import costmodel, section
+from speedladder.parallel.config import ParallelConfig
 from speedladder.rungs import StepSpec
 from speedladder.step import matmul_precision
 from speedladder.workload import measure_spec, prepare
 
 PREFIX = "speedladder[rank "
 FAIL_RANK_ENV = "SPEEDLADDER_FAIL_RANK"  # fault injection for the tests: this rank raises before training
+DRIFT_RANK_ENV = "SPEEDLADDER_DRIFT_RANK"  # fault injection: this rank's parameters differ after training
+DIE_RANK_ENV = "SPEEDLADDER_DIE_RANK"  # fault injection: this rank exits with a traceback, before any line of ours
 RANK_SEED_STRIDE = 1000  # each rank draws its own batches: seed + rank * stride
 
 
@@ -90,16 +94,17 @@ class Group:
         dist.destroy_process_group()
 
 
-def allreduce_probe(group: Group, pcfg: ParallelConfig) -> dict:
+def allreduce_probe(group: Group, pcfg: ParallelConfig, extra_sizes: list[int] | None = None) -> dict:
     """Time fp32 allreduces over a range of message sizes on this group; nccl-tests' algbw and busbw.
 
     Every size is timed on every rank between barriers, and the slowest rank's
-    time is the collective's time. The smallest message's time is the latency;
-    the largest message's busbw is the bandwidth the cost model uses.
+    time is the collective's time. The sizes are the probe's own and the job's
+    DDP bucket sizes; latency and bus bandwidth are fitted to all of them
+    (costmodel.fit_allreduce), so the model prices the messages the job sends.
     """
     k = group.world
     rows = []
-    for size in pcfg.probe_sizes:
+    for size in sorted({*pcfg.probe_sizes, *(extra_sizes or ())}):
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=group.device)  # zeros: sums stay finite
         nbytes = buf.numel() * buf.element_size()
         iters = min(max(pcfg.probe_bytes // nbytes, pcfg.probe_min_iters), pcfg.probe_max_iters)
@@ -114,8 +119,17 @@ def allreduce_probe(group: Group, pcfg: ParallelConfig) -> dict:
         busbw = costmodel.busbw_allreduce(nbytes, seconds, k) if k > 1 else None
         rows.append({"bytes": nbytes, "iters": iters, "seconds": seconds, "algbw_GBps": nbytes / seconds / 1e9,
                      "busbw_GBps": None if busbw is None else busbw / 1e9})
-    return {"k": k, "backend": dist.get_backend(), "device_type": group.device.type, "sizes": rows,
-            "latency_us": rows[0]["seconds"] * 1e6, "busbw_GBps": rows[-1]["busbw_GBps"]}
+    out = {"k": k, "backend": dist.get_backend(), "device_type": group.device.type, "sizes": rows,
+           "latency_us": rows[0]["seconds"] * 1e6, "busbw_GBps": rows[-1]["busbw_GBps"], "fit": None}
+    if k > 1:
+        latency, busbw = costmodel.fit_allreduce([(r["bytes"], r["seconds"]) for r in rows], k)
+        for r in rows:  # what the fitted model says of each size, beside what was measured
+            r["fitted_seconds"] = costmodel.t_allreduce(r["bytes"], k, busbw, latency)
+        out["fit"] = {"latency_us": latency * 1e6, "busbw_GBps": busbw / 1e9,
+                      "how": "least squares on the relative error over every size, bucket sizes included",
+                      "two_point": {"latency_us": out["latency_us"], "busbw_GBps": out["busbw_GBps"]}}
+        out["latency_us"], out["busbw_GBps"] = latency * 1e6, busbw / 1e9
+    return out
 
 
 def fully_shard_fn():
@@ -127,7 +141,8 @@ def fully_shard_fn():
     return fully_shard
 
 
-def wrapper(strategy: str, device: torch.device, pcfg: ParallelConfig):
+def wrapper(strategy: str, device: torch.device, pcfg: ParallelConfig,
+            blocks: Callable[[nn.Module], list[nn.Module]] = lambda m: list(getattr(m, "blocks", []))):
     """The TrainStep `wrap=` hook: applied after the rungs' model transforms, before torch.compile."""
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -139,7 +154,7 @@ def wrapper(strategy: str, device: torch.device, pcfg: ParallelConfig):
     fully_shard = fully_shard_fn()
 
     def shard(model: nn.Module) -> nn.Module:
-        for block in getattr(model, "blocks", []):  # one FSDP unit per block, then the root holds the rest
+        for block in blocks(model):  # one FSDP unit per block, then the root holds the rest
             fully_shard(block)
         fully_shard(model)
         return model
@@ -169,7 +184,8 @@ def train(job: dict, group: Group) -> dict:
     spec = StepSpec.from_dict(job["spec"])
     say_0 = (lambda m: say(group.rank, m)) if group.rank == 0 else (lambda m: None)
     with matmul_precision(spec):
-        step = work.step(spec, wrap=wrapper(job["strategy"], group.device, pcfg), device=group.device)
+        step = work.step(spec, wrap=wrapper(job["strategy"], group.device, pcfg, work.model.blocks_of),
+                         device=group.device)
         stream = work.stream(spec, seed=work.cfg.run.seed + group.rank * RANK_SEED_STRIDE, device=group.device)
         if os.environ.get(FAIL_RANK_ENV) == str(group.rank):
             raise RuntimeError(f"injected failure on rank {group.rank} ({FAIL_RANK_ENV})")
@@ -179,31 +195,54 @@ def train(job: dict, group: Group) -> dict:
         m, step = measure_spec(work, spec, say_0, step=step, stream=stream, world=group.world,
                                counter=lambda: group.total(measure.compile_count()), edge=group.edge)
     per_rank = group.gather([w.seconds for w in m.timing.windows])
+    if os.environ.get(DRIFT_RANK_ENV) == str(group.rank):  # fault injection: this rank's model drifts apart
+        with torch.no_grad():
+            next(step.model.parameters()).add_(1e-3)
     check = param_check(group, step.model)
-    return {"timing": dataclasses.asdict(m.timing), "window_s_per_rank": per_rank, "param_check": check}
+    if not check["identical"]:  # the ranks trained different models: the job is wrong, however fast
+        raise RuntimeError(f"parameters differ across ranks after training (max |difference| "
+                           f"{check['max_abs_diff']:.3g}): the job is not data parallel")
+    return {"timing": dataclasses.asdict(m.timing), "window_s_per_rank": per_rank, "param_check": check,
+            "tokens_per_s": dataclasses.asdict(m.tokens_per_s), "step_ms": m.step_ms}
+
+
+def run_job(job: dict, group: Group, rank: int) -> None:
+    """What a rank does: probe allreduce, or time one process for k = 1, or probe then train and time the job."""
+    pcfg = ParallelConfig(**job["parallel_config"])
+    if job["mode"] == "single":  # k = 1: the same path as the job's ranks, no probe (nothing to reduce)
+        measured = train(job, group)
+        if rank == 0:
+            Path(job["single_out"]).write_text(json.dumps({
+                "threads": job["threads"] if job["device_type"] == "cpu" else None, "device": str(group.device),
+                "tokens_per_s": measured["tokens_per_s"], "step_ms": measured["step_ms"],
+                "timing": measured["timing"], "via": "torchrun, 1 process, wrapped as the job's ranks are"}))
+        return
+    probe = allreduce_probe(group, pcfg, job.get("probe_sizes"))
+    if job["mode"] == "probe":
+        if rank == 0:
+            Path(job["probe_out"]).write_text(json.dumps(probe))
+        return
+    saved = results.load(job["run_dir"]) if rank == 0 else None
+    if saved is not None and saved.parallel is not None:
+        section.record_probe(saved.parallel, probe)
+        results.save(saved, Path(job["run_dir"]))
+        for line in section.prediction_lines(saved.parallel):
+            say(rank, line)
+    measured = train(job, group)
+    if saved is not None:
+        section.record_measured(saved, measured, group.world)
+        results.save(saved, Path(job["run_dir"]))
 
 
 def main(argv: list[str]) -> None:
     job = json.loads(Path(argv[0]).read_text())
     rank = int(os.environ.get("RANK", "0"))
+    if os.environ.get(DIE_RANK_ENV) == str(rank):  # fault injection: dies before it can say why
+        raise RuntimeError(f"injected death on rank {rank} before joining the group ({DIE_RANK_ENV})")
     try:
         pcfg = ParallelConfig(**job["parallel_config"])
         group = Group(job["device_type"], job["threads"], pcfg.collective_timeout_s)
-        probe = allreduce_probe(group, pcfg)
-        if job["mode"] == "probe":
-            if rank == 0:
-                Path(job["probe_out"]).write_text(json.dumps(probe))
-        else:
-            saved = results.load(job["run_dir"]) if rank == 0 else None
-            if saved is not None and saved.parallel is not None:
-                section.record_probe(saved.parallel, probe)
-                results.save(saved, Path(job["run_dir"]))
-                for line in section.prediction_lines(saved.parallel):
-                    say(rank, line)
-            measured = train(job, group)
-            if saved is not None:
-                section.record_measured(saved, measured, group.world)
-                results.save(saved, Path(job["run_dir"]))
+        run_job(job, group, rank)
         group.close()
     except BaseException as e:  # noqa: BLE001 -- one line for the parent; torchrun stops the other ranks
         traceback.print_exc()  # into torchrun's log, which the parent keeps

@@ -10,7 +10,10 @@ the profiler's events: no torch.profiler here.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
+
+from speedladder.profile import spread
 
 STEP_MARK = "speedladder.step"  # the record_function around each profiled step
 
@@ -97,27 +100,51 @@ def _bytes(e) -> int:
     return sum(sizes) + max(sizes) if sizes else 0
 
 
-@dataclass(frozen=True)
+@dataclass
 class OpTime:
+    """One operator name over all profiled steps."""
+
     name: str
-    category: str
-    us: float  # self time, summed over the profiled steps
+    us_by_category: dict[str, float]  # self time, summed over the steps, by the category each call was put in
     calls: int
-    floor_us: float  # the part that is fixed cost: min(self time, per-op floor) summed over its calls
     flops: int  # counted by the profiler for matmuls (0 where it does not count)
     bytes: int  # traffic of the innermost operators, counted from their recorded shapes
     bytes_us: float  # the self time of the calls whose bytes were counted
 
+    @property
+    def us(self) -> float:
+        return sum(self.us_by_category.values())
 
-def breakdown(events: list, n_steps: int, step_us: float, device_time: bool, op_floor_us: float) -> dict:
-    """Shares of one step by category, summing to 1, from the profiler's events.
+    @property
+    def category(self) -> str:
+        """Where most of its time went (an op may run inside and outside the optimizer or a matmul)."""
+        return max(self.us_by_category, key=self.us_by_category.get)  # type: ignore[arg-type]
 
-    events: the FunctionEvents of the profiled steps (CPU-side events; on CUDA
-    their self_device_time is the kernels each launched). step_us: wall time of
-    the profiled steps together. op_floor_us: the fixed cost of one operator on
-    this device (measured); on a CPU, each operator's time up to it is overhead.
+
+@dataclass
+class StepTimes:
+    """One profiled step by category, in microseconds."""
+
+    wall_us: float
+    us: dict[str, float]  # per category; IDLE includes the time no operator accounts for
+    floor_us: dict[str, float]  # per category, the part that is each operator's fixed cost (CPU only)
+    ops: int  # operator calls that carry a fixed cost: every call not in IDLE
+    op_us: dict[str, float]  # per operator name
+
+
+def step_times(events: list, wall_us: float, device_time: bool, op_floor_us: float,
+               ops: dict[str, OpTime]) -> StepTimes:
+    """One step's events by category; each operator's calls are also added to `ops` (all steps together).
+
+    Each call is put in its own category (by its scope, else its name): a view op
+    inside a matmul is the matmul's, the same op elsewhere is host overhead.
+    Counting by call, not by name, keeps the count of operators per step the
+    same for the same workload (docs/profile.md).
     """
-    ops: dict[str, OpTime] = {}
+    us = dict.fromkeys(CATEGORIES, 0.0)
+    floor_us = dict.fromkeys(CATEGORIES, 0.0)
+    op_us: dict[str, float] = {}
+    n_ops = 0
     for e in events:
         if e.name == STEP_MARK:
             continue
@@ -125,49 +152,80 @@ def breakdown(events: list, n_steps: int, step_us: float, device_time: bool, op_
         if t <= 0:
             continue
         cat = _scope(e) or category(e.name)
-        floor = 0.0 if device_time or cat == IDLE else min(t, op_floor_us)
-        flops = int(getattr(e, "flops", 0) or 0)
+        us[cat] += t
+        op_us[e.name] = op_us.get(e.name, 0.0) + t
+        if cat != IDLE:
+            n_ops += 1
+            floor_us[cat] += 0.0 if device_time else min(t, op_floor_us)
         nbytes = _bytes(e) if cat in MEMORY_CATEGORIES else 0
-        bytes_us = t if nbytes else 0.0
-        old = ops.get(e.name)
-        if old is None:
-            ops[e.name] = OpTime(e.name, cat, t, 1, floor, flops, nbytes, bytes_us)
-        else:
-            # An op may run inside and outside the optimizer: it goes where most of its time is.
-            ops[e.name] = OpTime(e.name, old.category if old.us >= t else cat, old.us + t, old.calls + 1,
-                                 old.floor_us + floor, old.flops + flops, old.bytes + nbytes,
-                                 old.bytes_us + bytes_us)
-    by_cat = dict.fromkeys(CATEGORIES, 0.0)
-    floor_cat = dict.fromkeys(CATEGORIES, 0.0)
-    for o in ops.values():
-        by_cat[o.category] += o.us
-        floor_cat[o.category] += o.floor_us
+        o = ops.setdefault(e.name, OpTime(e.name, {}, 0, 0, 0, 0.0))
+        o.us_by_category[cat] = o.us_by_category.get(cat, 0.0) + t
+        o.calls += 1
+        o.flops += int(getattr(e, "flops", 0) or 0)
+        o.bytes += nbytes
+        o.bytes_us += t if nbytes else 0.0
     # What no operator's self time accounts for: the GPU waiting on the host, or (CPU) Python between ops.
-    by_cat[IDLE] += max(step_us - sum(by_cat.values()), 0.0)
+    us[IDLE] += max(wall_us - sum(us.values()), 0.0)
+    return StepTimes(wall_us, us, floor_us, n_ops, op_us)
+
+
+def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_floor_us: float) -> dict:
+    """The median step by category (shares summing to 1), each category's spread across the steps, the operators.
+
+    steps: per profiled step, the FunctionEvents that started in it (CPU-side
+    events; on CUDA their self_device_time is the kernels each launched).
+    walls_us: each step's wall time. op_floor_us: the fixed cost of one
+    operator on this device (measured); on a CPU, each operator's time up to it
+    is overhead. Each category's time is its median across the steps, so one
+    disturbed step does not move the breakdown; the steps themselves are kept
+    in "per_step".
+    """
+    ops: dict[str, OpTime] = {}
+    per = [step_times(evs, wall, device_time, op_floor_us, ops) for evs, wall in zip(steps, walls_us, strict=True)]
+    n = len(per)
+    med = spread.medians([p.us for p in per])
+    floor_med = spread.medians([p.floor_us for p in per])
     # Kernels on several streams can overlap and add to more than the wall time: shares are of the sum.
-    total = sum(by_cat.values()) or 1.0
-    floors = sum(o.floor_us for o in ops.values())
-    top = sorted(ops.values(), key=lambda o: o.us, reverse=True)
-    mm_flops = sum(o.flops for o in ops.values() if o.category == "matmul")
-    mm_us = by_cat["matmul"]
-    mem = [o for o in ops.values() if o.category in MEMORY_CATEGORIES and o.bytes]
-    mem_bytes, mem_us = sum(o.bytes for o in mem), sum(o.bytes_us for o in mem)
+    total = sum(med.values()) or 1.0
+    shares = [{c: p.us[c] / (sum(p.us.values()) or 1.0) for c in CATEGORIES} for p in per]
+    categories = {c: {"ms": med[c] / 1e3, "share": med[c] / total, "floor_ms": floor_med[c] / 1e3,
+                      "ms_iqr": [v / 1e3 for v in spread.iqr([p.us[c] for p in per])],
+                      "share_iqr": spread.iqr([s[c] for s in shares])} for c in CATEGORIES}
+    walls = [p.wall_us / 1e3 for p in per]
     return {
         # floor_ms: the part of a category's time that is each operator's fixed cost (CPU only).
-        "categories": {c: {"ms": by_cat[c] / n_steps / 1e3, "share": by_cat[c] / total,
-                           "floor_ms": floor_cat[c] / n_steps / 1e3} for c in CATEGORIES},
-        "step_ms": total / n_steps / 1e3,
-        "wall_step_ms": step_us / n_steps / 1e3,
-        "ops_per_step": sum(o.calls for o in ops.values() if o.category != IDLE) / n_steps,
+        "categories": categories,
+        "step_ms": total / 1e3,
+        "wall_step_ms": statistics.median(walls),
+        "ops_per_step": statistics.median(p.ops for p in per),
         # The fixed per-operator cost, summed: with the gaps, what a faster device would not shorten.
-        "floor_share": floors / total,
-        "ops_ms": {o.name: o.us / n_steps / 1e3 for o in top},
-        "top_ops": [{"name": o.name, "category": o.category, "calls": o.calls // n_steps,
-                     "ms_per_step": o.us / n_steps / 1e3, "share": o.us / total} for o in top[:15]],
+        "floor_share": sum(floor_med.values()) / total,
+        "per_step": [{"wall_ms": p.wall_us / 1e3, "ops": p.ops, "ms": {c: v / 1e3 for c, v in p.us.items()},
+                      "floor_ms": {c: v / 1e3 for c, v in p.floor_us.items()}} for p in per],
+        "spread_basis": spread.SPREAD_BASIS,
+        "outlier_steps": spread.outliers(walls),
+        "outlier_rule": spread.OUTLIER_RULE,
+        **_operators(ops, per, n, med, total),
+    }
+
+
+def _operators(ops: dict[str, OpTime], per: list[StepTimes], n: int, med: dict[str, float], total: float) -> dict:
+    """Every operator's median time per step, the largest ones, and the roofline figures."""
+    op_med = spread.medians([p.op_us for p in per])
+    top = sorted(ops.values(), key=lambda o: op_med.get(o.name, 0.0), reverse=True)
+    mm_flops = sum(o.flops for o in ops.values() if o.category == "matmul") / n
+    mem = [o for o in ops.values() if o.bytes]  # bytes are counted only for calls in a memory category
+    mem_bytes, mem_us = sum(o.bytes for o in mem), sum(o.bytes_us for o in mem)
+    mem_all = sum(p.us[c] for p in per for c in MEMORY_CATEGORIES)
+    return {
+        "ops_ms": {o.name: op_med.get(o.name, 0.0) / 1e3 for o in top},
+        "top_ops": [{"name": o.name, "category": o.category, "calls": o.calls // n,
+                     "ms_per_step": op_med.get(o.name, 0.0) / 1e3, "share": op_med.get(o.name, 0.0) / total}
+                    for o in top[:15]],
         # Roofline context: what the matmuls achieved, and what the memory-bound operators moved per second.
-        "matmul_tflops": mm_flops / (mm_us * 1e-6) / 1e12 if mm_us > 0 and mm_flops else None,
+        "matmul_tflops": mm_flops / (med["matmul"] * 1e-6) / 1e12 if med["matmul"] > 0 and mm_flops else None,
         "memory_gbps": mem_bytes / (mem_us * 1e-6) / 1e9 if mem_us > 0 else None,
-        "memory_counted_share": mem_us / max(sum(by_cat[c] for c in MEMORY_CATEGORIES), 1e-9),
+        "memory_counted_share": mem_us / max(mem_all, 1e-9),
     }
 
 
@@ -194,8 +252,8 @@ def _scope(e) -> str | None:
 REGIMES = ("compute-bound", "memory-bound", "overhead-bound")
 
 
-def regime(b: dict) -> tuple[str, str, dict[str, float]]:
-    """The largest of three buckets of the step names the regime.
+def buckets(shares: dict[str, float], floor_share: float) -> dict[str, float]:
+    """The compute, memory and overhead buckets of a step, from its category shares and its fixed-cost share.
 
     overhead: the device waiting on the host, plus each operator's fixed cost
     (a CPU's dispatch floor); compute: matmuls and attention kernels beyond
@@ -203,20 +261,63 @@ def regime(b: dict) -> tuple[str, str, dict[str, float]]:
     copies, the optimizer's element-wise update), whose speed is set by bytes
     moved, not FLOPs. "other" counts in none.
     """
-    s = {c: v["share"] for c, v in b["categories"].items()}
-    floor = b["floor_share"]
+    s = shares
     compute = s["matmul"] + s["attention"]
     memory = s["elementwise & norm"] + s["reductions & softmax"] + s["copies & H2D"] + s["optimizer"]
-    overhead = s[IDLE] + floor
+    overhead = s[IDLE] + floor_share
     # The floor was counted inside each operator's category; take it out of compute and memory in proportion.
     busy = compute + memory
     if busy > 0:
-        compute -= floor * compute / busy
-        memory -= floor * memory / busy
-    buckets = {"compute-bound": compute, "memory-bound": memory, "overhead-bound": overhead}
-    name = max(buckets, key=buckets.get)
-    evidence = (f"matmul+attention {compute:.0%}, memory-bound ops {memory:.0%} (elementwise & norm "
+        compute -= floor_share * compute / busy
+        memory -= floor_share * memory / busy
+    return {"compute": compute, "memory": memory, "overhead": overhead}
+
+
+def step_buckets(b: dict) -> list[dict[str, float]]:
+    """The buckets of each profiled step alone (b["per_step"], as breakdown() keeps them)."""
+    out = []
+    for p in b.get("per_step") or []:
+        total = sum(p["ms"].values()) or 1.0
+        out.append(buckets({c: v / total for c, v in p["ms"].items()}, sum(p["floor_ms"].values()) / total))
+    return out
+
+
+def regime(b: dict) -> tuple[str, str, dict[str, float]]:
+    """The largest of three buckets of the (median) step names the regime: (regime, evidence line, buckets)."""
+    s = {c: v["share"] for c, v in b["categories"].items()}
+    floor = b["floor_share"]
+    bk = buckets(s, floor)
+    name = f"{max(bk, key=bk.get)}-bound"  # type: ignore[arg-type]
+    rng = {k: spread.iqr([p[k] for p in step_buckets(b)]) for k in bk} if b.get("per_step") else {}
+
+    def show(k: str) -> str:  # a bucket's share, and the quartiles of each step's own share where kept
+        return f"{bk[k]:.0%}" + (f" (steps {rng[k][0]:.0%}–{rng[k][1]:.0%})" if k in rng else "")
+
+    evidence = (f"matmul+attention {show('compute')}, memory-bound ops {show('memory')} (elementwise & norm "
                 f"{s['elementwise & norm']:.0%}, reductions {s['reductions & softmax']:.0%}, optimizer "
-                f"{s['optimizer']:.0%}), host overhead {overhead:.0%} "
+                f"{s['optimizer']:.0%}, copies {s['copies & H2D']:.0%}), host overhead {show('overhead')} "
                 f"({s[IDLE]:.0%} between ops + {floor:.0%} per-op floor, {b['ops_per_step']:.0f} ops/step)")
-    return name, evidence, {"compute": compute, "memory": memory, "overhead": overhead}
+    return name, evidence, bk
+
+
+def classify(b: dict) -> dict:
+    """The regime of the median step, and whether its margin over the runner-up is inside the spread.
+
+    Returns the fields the profile keeps: regime (one of REGIMES, as ever),
+    evidence, buckets, bucket_iqr, unsteady (the steps' wall times spread widely:
+    a busy machine, said in the notes), starved (a multi-threaded step's threads
+    waited too long for a core), borderline (the two regimes the margin
+    cannot tell apart, or empty) and regime_label ("borderline (compute /
+    memory)" or the regime). The rules are in profile/spread.py.
+    """
+    name, evidence, bk = regime(b)
+    per = step_buckets(b)
+    steps = b.get("per_step") or []
+    walls = [p["wall_ms"] for p in steps]
+    starved = spread.starved([p["wait_share"] for p in steps if "wait_share" in p], b.get("threads"))
+    pair = spread.borderline(bk, per, starved)
+    return {"regime": name, "evidence": evidence, "buckets": bk,
+            "bucket_iqr": {k: spread.iqr([p[k] for p in per]) for k in bk} if per else {},
+            "unsteady": spread.unsteady(walls), "starved": starved,
+            "borderline": [f"{k}-bound" for k in pair],
+            "regime_label": f"borderline ({pair[0]} / {pair[1]})" if pair else name}

@@ -9,6 +9,7 @@ that process has ended.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
@@ -23,7 +24,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from speedladder.measure import stepper, sync
-from speedladder.profile.categories import STEP_MARK, breakdown, regime
+from speedladder.models.user import LIVE
+from speedladder.profile.categories import STEP_MARK, breakdown, classify
 from speedladder.profile.facts import copy_gbps, matmul_facts, op_floor_us
 from speedladder.rungs import StepSpec, compose
 from speedladder.step import matmul_precision
@@ -35,7 +37,7 @@ FILENAME = "profile.json"  # what `speedladder profile` writes; `run` keeps the 
 
 def profile_step(step: Callable[[], object], device: torch.device, steps: int, warmup: int,
                  trace_path: Path | None = None) -> dict:
-    """Warm up, then profile `steps` steps (each synchronized at its end) and break them down."""
+    """Warm up, then profile `steps` steps (each synchronized at its end) and break them down step by step."""
     for _ in range(warmup):
         step()
     sync(device)
@@ -43,19 +45,35 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
     device_time = device.type == "cuda"
     if device_time:
         activities.append(ProfilerActivity.CUDA)
+    faults, waits = [], []
     with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
         for _ in range(steps):
+            before, wait = _minor_faults(), _run_queue_wait_s()
             with record_function(STEP_MARK):
                 step()
                 sync(device)
+            faults.append(_minor_faults() - before)
+            after = _run_queue_wait_s()
+            waits.append(None if wait is None or after is None else after - wait)
     events = list(prof.events())
-    marks = [e for e in events if e.name == STEP_MARK]
-    spans = [(e.time_range.start, e.time_range.end) for e in marks]
-    inside = [e for e in events if e.name != STEP_MARK and e.device_type == torch.autograd.DeviceType.CPU
-              and any(s <= e.time_range.start < t for s, t in spans)]
-    step_us = sum(t - s for s, t in spans)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP_MARK)
+    per_step: list[list] = [[] for _ in spans]
+    for e in events:
+        if e.name == STEP_MARK or e.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        i = bisect.bisect_right(spans, (e.time_range.start, float("inf"))) - 1  # the last step starting before it
+        if i >= 0 and e.time_range.start < spans[i][1]:
+            per_step[i].append(e)
     floor = 0.0 if device_time else op_floor_us(device)
-    b = breakdown(inside, len(spans), step_us, device_time, floor)
+    b = breakdown(per_step, [t - s for s, t in spans], device_time, floor)
+    # The intra-op threads a CPU step asks for; None elsewhere (a GPU step's host time is not its device time).
+    b["threads"] = torch.get_num_threads() if device.type == "cpu" else None
+    for p, n, w in zip(b["per_step"], faults, waits, strict=False):
+        p["minor_faults"] = n  # pages the kernel mapped for the step: a cost that can make one step an outlier
+        if w is not None:
+            # The time this process's threads were ready to run but waited for a core another process held, over
+            # the core time the step asked for (wall x threads).
+            p["wait_share"] = w / max(p["wall_ms"] / 1e3 * (b["threads"] or 1), 1e-9)
     b["op_floor_us"] = floor
     b["steps"] = len(spans)
     b["time_basis"] = ("CUDA kernel time per operator; idle is the GPU waiting on the host" if device_time else
@@ -63,12 +81,31 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
                        "bookkeeping between operators")
     sort = "self_device_time_total" if device_time else "self_cpu_time_total"
     b["top_table"] = prof.key_averages().table(sort_by=sort, row_limit=12, max_name_column_width=40)
-    name, evidence, buckets = regime(b)
-    b.update(regime=name, evidence=evidence, buckets=buckets)
+    b.update(classify(b))
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
         b["trace"] = trace_path.name
     return b
+
+
+def _run_queue_wait_s() -> float | None:
+    """Seconds this process's threads have waited, runnable, for a core (Linux schedstat); None elsewhere."""
+    total = 0
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            total += int((task / "schedstat").read_text().split()[1])  # on-cpu ns, run-queue wait ns, slices
+    except (OSError, IndexError, ValueError):  # not Linux, or a thread ended while read: no figure this step
+        return None
+    return total / 1e9
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process so far (0 where the platform does not count them)."""
+    if sys.platform == "win32":
+        return 0
+    import resource  # Unix only
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def profile_workload(run_cfg, rungs: tuple[str, ...], trace_path: Path | None) -> dict:
@@ -83,10 +120,14 @@ def profile_workload(run_cfg, rungs: tuple[str, ...], trace_path: Path | None) -
         b = profile_step(stepper(step, work.stream(spec)), work.device, cfg.run.profile.steps, warmup, trace_path)
         del step
         cuda = work.device.type == "cuda"
+        # The matmul facts need the architecture in our GPT's terms (ours, Hugging Face GPT-2); for any other
+        # there are none, and the predictions that need them say so (profile/predict.py).
+        shapes = work.model.shapes
         b.update(spec=spec.to_dict(), rungs=list(rungs), device_type=work.device.type,
-                 tokens_per_step=spec.tokens_per_step, params=work.params, model=dataclasses.asdict(cfg.model),
-                 matmuls=matmul_facts(cfg.model, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
-                                      work.device, ceiling_n=4096 if cuda else 512),
+                 tokens_per_step=spec.tokens_per_step, params=work.params,
+                 model=dataclasses.asdict(shapes) if shapes else None,
+                 matmuls=matmul_facts(shapes, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
+                                      work.device, ceiling_n=4096 if cuda else 512) if shapes else {},
                  copy_gbps=copy_gbps(work.device, (1 << 30) if cuda else (1 << 26)))
     return b
 
@@ -99,6 +140,9 @@ def run_in_child(run_cfg, rungs: tuple[str, ...] = (), trace_path: Path | None =
     __main__ is (a script, a notebook, pytest). Its stderr (the profiler's own
     chatter) is kept and shown only when it fails.
     """
+    if (run_cfg.model_source or "").startswith(LIVE):  # from the Python API: nothing to import in the child
+        raise RuntimeError("the model was given as a Python object, which the profiling process cannot build "
+                           "again: no profile and no predictions (give the model as FILE.py:NAME to get them)")
     with tempfile.TemporaryDirectory(prefix="speedladder-profile-") as tmp:
         request, answer = Path(tmp) / "request.pkl", Path(tmp) / "profile.json"
         request.write_bytes(pickle.dumps((run_cfg, tuple(rungs), str(trace_path) if trace_path else None)))

@@ -28,9 +28,15 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from speedladder.profile import spread
 from speedladder.profile.categories import IDLE
 from speedladder.records import ProfileSummary
 from speedladder.rungs import RUNGS, Env, StepSpec
+
+# Rungs whose prediction reads this model's own matmul shapes (profile.matmul_facts) or its GPT sizes: for an
+# architecture whose shapes are unknown there is no prediction, rather than an invented one.
+NEEDS_SHAPES = ("bf16", "batch", "sdpa", "pad-vocab", "muon")
+NO_MODEL = "no prediction model for this architecture (its matmul shapes are unknown)"
 
 PARTS: tuple[str, ...] = ("matmul", "attn_matmul", "attention", "attn_tail", "tail", "copies", "optimizer",
                           "overhead", "other")
@@ -57,6 +63,8 @@ class Prediction:
     reason: str
     parts_ms: dict[str, float]  # the predicted step, per part, after this rung (profiled ms, inflated alike)
     tokens_per_step: int
+    # The same prediction made from each profiled step alone: its interquartile range (None: no steps kept)
+    speedup_iqr: list[float] | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -257,16 +265,52 @@ PREDICTORS: dict[str, Predictor] = {
 
 
 def chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: StepSpec, env: Env) -> list[Prediction]:
-    """Predictions for rungs applied in order from the profiled baseline, each on the one before."""
+    """Predictions for rungs applied in order from the profiled baseline, each on the one before.
+
+    Each carries the interquartile range of the same prediction made from every
+    profiled step alone (where the profile kept its steps); when the regime is
+    borderline, the reason says so and gives that range.
+    """
+    preds = _chain(profile, names, base, env)
+    per_step = [_chain(p, names, base, env) for p in _step_profiles(profile)]
+    if not per_step:
+        return preds
+    out = []
+    for i, p in enumerate(preds):
+        xs = [s[i].speedup for s in per_step if s[i].speedup is not None]
+        if p.speedup is None or not xs:
+            out.append(p)
+            continue
+        lo, hi = spread.iqr(xs)
+        reason = p.reason
+        if profile.borderline and hi - lo >= 0.005:  # a rung the shares do not move (eager) has nothing to add
+            reason += f"; {profile.label}: {lo:.2f}–{hi:.2f}x over the profiled steps' quartiles"
+        out.append(dataclasses.replace(p, reason=reason, speedup_iqr=[lo, hi]))
+    return out
+
+
+def _step_profiles(profile: ProfileSummary) -> list[ProfileSummary]:
+    """The profile as each profiled step alone would have it: that step's categories, every other fact kept."""
+    out = []
+    for step in profile.per_step:
+        total = sum(step["ms"].values()) or 1.0
+        cats = {c: {"ms": v, "share": v / total, "floor_ms": step["floor_ms"].get(c, 0.0)}
+                for c, v in step["ms"].items()}
+        out.append(dataclasses.replace(profile, categories=cats, per_step=[]))
+    return out
+
+
+def _chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: StepSpec, env: Env) -> list[Prediction]:
     parts = baseline_parts(profile)
     spec = base
     out = []
     for name in names:
         after = RUNGS[name].transform(spec, env)
         predictor = PREDICTORS.get(name)
-        if predictor is None:
-            out.append(Prediction(name, None, "no prediction model for this rung", dict(parts),
-                                  after.tokens_per_step))
+        unknown = name in NEEDS_SHAPES and not profile.matmuls
+        if predictor is None or unknown:
+            out.append(Prediction(name, None, NO_MODEL if unknown else "no prediction model for this rung",
+                                  dict(parts), after.tokens_per_step))
             spec = after
             continue
         new, why = predictor(Context(parts, spec, after, profile))

@@ -32,7 +32,15 @@ def label(r: RungResult) -> str:
         return f"┊ {r.name} beside {r.built_on or 'the top'}"
     if r.role == "candidate":
         return f"◆ {r.name}"
+    if r.role == "final":  # tune's finalist, measured again beside eager
+        return f"★ {r.name}"
     return r.name
+
+
+def model_label(config: dict, model: dict | None) -> str:
+    """The preset for our GPT (and in files from before other models); the model's name otherwise."""
+    model = model or {}
+    return config.get("preset") if model.get("kind", "speedladder") == "speedladder" else model.get("name")
 
 
 def pct(x: float) -> str:

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from speedladder.records import Results, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
-from speedladder.report.common import label
+from speedladder.report.common import label, model_label
 from speedladder.report.htmlkit import (
     _figure,
     esc,
+    flatten,
     human_bytes,
     inline_svg,
     kv,
@@ -78,7 +79,9 @@ def header(results: dict) -> str:
     pairs = [
         ("command", shlex.join(command) if isinstance(command, list) else command),
         ("kind", kind(results)), ("status", results.get("status")),
-        ("model", f"{c.get('preset')} · {model.get('params', 0):,} parameters"),
+        ("model", f"{model_label(c, model)} · {model.get('params', 0):,} parameters"
+                  + (f" · {model['convention_means']}; FLOPs {model['flops_method']}; dropout {model['dropout']}"
+                     if "convention_means" in model else "")),
         ("shape", f"B={c.get('batch_size')} T={c.get('seq_len')} (batch-up ×{c.get('batch_multiplier')})"),
         ("corpus", f"{corpus.get('source')} · {corpus.get('tokenizer')} tokenizer · {corpus.get('tokens', 0):,} tokens"),
         ("device", f"{e.get('device_name')} ({e.get('device')})"),
@@ -86,7 +89,7 @@ def header(results: dict) -> str:
         ("date", f"{results.get('created')} (last written {results.get('updated')})"),
         ("git commit", e.get("git_commit") or "unknown (not run from a speedladder checkout)"),
     ]
-    title = f"speedladder {kind(results)} · {c.get('preset')} on {e.get('device_name')}"
+    title = f"speedladder {kind(results)} · {model_label(c, model)} on {e.get('device_name')}"
     return f'<header id="header">\n<h1>{esc(title)}</h1>\n{kv(pairs)}\n</header>'
 
 
@@ -290,7 +293,7 @@ def profile_section(results: dict) -> str:
     ax.barh(range(len(names)), [100 * cats[n]["share"] for n in names], color="#1f6fb4")
     ax.set_yticks(range(len(names)), names)
     ax.invert_yaxis()
-    ax.set(xlabel="share of one step, %", title=f"where the baseline's time goes ({b['regime']})")
+    ax.set(xlabel="share of one step, %", title=f"where the baseline's time goes ({b.get('regime_label') or b['regime']})")
     preds = [r for r in results.get("rungs") or []
              if r["role"] != "control" and (r.get("predicted") or {}).get("speedup") is not None and r.get("built_on")]
     if preds:
@@ -316,7 +319,7 @@ def profile_section(results: dict) -> str:
     pred_table = (table(["rung", "predicted ×", "measured ×", "error", "why"], pred_rows, left=("rung", "why"),
                         wrap=("why",))
                   if preds else missing("no rung above the baseline carries a prediction."))
-    regime = f"regime: {b['regime']} — {b['evidence']}."
+    regime = f"regime: {b.get('regime_label') or b['regime']} — {b['evidence']}."
     return "\n".join([f"<p>{esc(regime)}</p>", svg(fig, "profile"),
                       cat_table, pred_table, notes([ln for ln in [roofline_line(_typed(results))] if ln]),
                       *explanation_html(_typed(results))])  # each miss beyond the limit, profiled beside its base
@@ -346,16 +349,6 @@ def parallel_section(results: dict) -> str:
     return "\n".join([chart, k_table, notes(parallel_report.notes(_typed(results)))])
 
 
-def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
-    out: list[tuple[str, object]] = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.extend(_flatten(v, f"{prefix}{k}."))
-        else:
-            out.append((f"{prefix}{k}", ",".join(map(str, v)) if isinstance(v, list) else v))
-    return out
-
-
 def environment_section(results: dict) -> str:
     env = results.get("environment")
     if not env:
@@ -364,7 +357,7 @@ def environment_section(results: dict) -> str:
     if results.get("corpus"):
         parts.append("<h3>corpus</h3>" + kv(results["corpus"].items()))
     if results.get("config"):
-        fields = _flatten(results["config"])
+        fields = flatten(results["config"])
         # Folded (a <details> element opens without any script): long, and the header already names the key values.
         parts.append(f"<details><summary>resolved configuration ({len(fields)} fields)</summary>{kv(fields)}</details>")
     return "\n".join(parts)
@@ -388,7 +381,8 @@ def build(saved: Results | dict) -> str:
     for sid, title in SECTIONS[1:]:
         body.append(section(sid, title, BUILDERS[sid](results)))
     c, e = results.get("config") or {}, results.get("environment") or {}
-    return page(f"speedladder {kind(results)} · {c.get('preset')} · {e.get('device_name')}", body)
+    label_ = model_label(c, results.get("model"))
+    return page(f"speedladder {kind(results)} · {label_} · {e.get('device_name')}", body)
 
 
 def write(results: Results | dict, run_dir: Path) -> Path:

@@ -136,3 +136,14 @@ def page(title: str, body: Iterable[str]) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
             + "\n".join(body) + "\n</body>\n</html>\n")
+
+
+def flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """A nested dict as dotted keys and printable values (a config, an environment)."""
+    out: list[tuple[str, object]] = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.extend(flatten(v, f"{prefix}{k}."))
+        else:
+            out.append((f"{prefix}{k}", ",".join(map(str, v)) if isinstance(v, list) else v))
+    return out

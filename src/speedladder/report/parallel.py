@@ -71,13 +71,14 @@ def notes(saved: Results) -> list[str]:
     single = p.single
     if single:
         who = f"one process with {single['threads']} thread(s)" if single["threads"] else f"one {single['device']}"
+        how = single.get("via", "in the parent process, no process group")  # schema 1 measured it in the parent
         s = single["tokens_per_s"]
-        out.append(f"t_compute: {who}, no process group: {s['median']:,.0f} tokens/s "
+        out.append(f"t_compute: {who}, {how}: {s['median']:,.0f} tokens/s "
                    f"(min {s['min']:,.0f}, max {s['max']:,.0f}), {single['step_ms']:.1f} ms a step.")
     bw = p.bandwidth
     if bw and bw["source"] == "measured" and len(p.probes) > 1:
-        out.append(f"bandwidth (measured): {bw['note']}; each k is priced with its own probe's busbw (at the largest "
-                   "message) and latency (the smallest message's time): "
+        out.append(f"bandwidth (measured): {bw['note']}; each k is priced with its own probe's busbw and latency "
+                   "(fitted over every message size, the DDP buckets' included): "
                    + ", ".join(f"k={q['k']}: {q['busbw_GBps']:.3f} GB/s, {q['latency_us']:,.0f} µs"
                                for q in p.probes) + ".")
     elif bw and bw["busbw_GBps"] is not None:
@@ -116,6 +117,7 @@ def notes(saved: Results) -> list[str]:
         c = m["param_check"]
         out.append(f"parameters after the steps: {'identical on every rank' if c['identical'] else 'DIFFER'} "
                    f"(largest difference from rank 0: {c['max_abs_diff']:.3g} over {c['params']:,} values).")
+        out.extend(f"measured k={m['k']}: FLAG — {flag}" for flag in m.get("flags") or [])
     return out
 
 

@@ -2,16 +2,58 @@
 
 from __future__ import annotations
 
+import statistics
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from speedladder.profile.spread import iqr
 from speedladder.records import ProfileSummary, Results
-from speedladder.report.common import console, label, pct, times
+from speedladder.report.common import console, label, model_label, pct, times
+
+
+def share_range(v: dict) -> str:
+    """A category's share of the median step, and the quartiles of each step's own share where kept."""
+    rng = v.get("share_iqr")
+    return pct(v["share"]) + (f" (steps {pct(rng[0])}–{pct(rng[1])})" if rng else "")
+
+
+def iqr_text(xs: list[float]) -> str:
+    lo, hi = iqr(xs)
+    return f"{lo:.1f}–{hi:.1f}"
 
 
 def category_line(b: ProfileSummary) -> str:
-    return ", ".join(f"{c} {pct(v['share'])}" for c, v in b.categories.items() if v["share"] >= 0.005)
+    return ", ".join(f"{c} {share_range(v)}" for c, v in b.categories.items() if v["share"] >= 0.005)
+
+
+def spread_lines(b: ProfileSummary) -> list[str]:
+    """What the steps' spread says: a borderline regime, and the steps far outside the others."""
+    out = []
+    if b.borderline:
+        first, second = (k.removesuffix("-bound") for k in b.borderline)
+        iqr = b.bucket_iqr
+        ranges = "; ".join(f"{k} {pct(b.buckets[k])} ({pct(iqr[k][0])}–{pct(iqr[k][1])})" for k in (first, second)
+                           if k in iqr and k in b.buckets)
+        out.append(f"regime {b.label}: the margin between {first} and {second} is inside their spread across the "
+                   f"steps ({ranges or 'no per-step spread kept'}), so the predictions that rest on their shares are "
+                   "uncertain by as much; each prediction gives its range.")
+    walls = [s["wall_ms"] for s in b.per_step]
+    if b.unsteady and walls:
+        out.append(f"unsteady steps: wall times {min(walls):.1f}–{max(walls):.1f} ms, interquartile range "
+                   f"{iqr_text(walls)} ms around a median of {statistics.median(walls):.1f} ms: the machine was busy "
+                   "while profiling; the median of each category leaves out what landed in single steps.")
+    waits = [s["wait_share"] for s in b.per_step if "wait_share" in s]
+    if b.starved and waits:
+        out.append(f"starved: the {b.threads} threads waited for a core another process held for "
+                   f"{pct(statistics.median(waits))} of the core time the median step asked for; a parallel operator "
+                   "waits for its missing thread, so the shares show the contention more than the workload.")
+    if b.outlier_steps and walls:
+        median = statistics.median(walls)
+        steps = ", ".join(f"#{i} {b.per_step[i]['wall_ms']:.1f} ms" for i in b.outlier_steps if i < len(b.per_step))
+        out.append(f"outlier steps (median {median:.1f} ms; {b.outlier_rule}): {steps}; the median step ignores them.")
+    return out
 
 
 def roofline_line(results: Results) -> str | None:
@@ -41,8 +83,9 @@ def profile_notes(results: Results) -> list[str]:
         return []
     if b.error:
         return [f"profile: failed ({b.error}); no predictions."]
-    out = [f"profile of the baseline ({b.steps} steps, {b.time_basis}): {category_line(b)}.",
-           f"regime: {b.regime} — {b.evidence}."]
+    steps = f"the median of {b.steps} steps" if b.per_step else f"{b.steps} steps"
+    out = [f"profile of the baseline ({steps}, {b.time_basis}): {category_line(b)}.",
+           f"regime: {b.label} — {b.evidence}.", *spread_lines(b)]
     if b.memory_gbps:
         out.append(f"memory-bound operators moved {b.memory_gbps:.1f} GB/s (counted from shapes for "
                    f"{pct(b.memory_counted_share or 0.0)} of their time); a large copy runs at "
@@ -56,7 +99,7 @@ def profile_notes(results: Results) -> list[str]:
             continue
         measured = "not measured" if not r.ok or r.speedup_prev is None else (
             f"measured {r.speedup_prev:.2f}× ({100 * (r.prediction_error or 0.0):+.0f}%)")
-        out.append(f"predicted {label(r).lstrip('┊◆ ')}: {p.reason}; {measured}.")
+        out.append(f"predicted {label(r).lstrip('┊◆★ ')}: {p.reason}; {measured}.")
     return out
 
 
@@ -78,14 +121,19 @@ def _facts_line(b: ProfileSummary) -> str:
 
 
 def category_table(b: ProfileSummary) -> Table:
-    t = Table(title=escape(f"one step, {b.wall_step_ms or 0.0:.2f} ms under the profiler: {b.time_basis}"),
+    steps = f"the median of {b.steps} steps" if b.per_step else "one step"
+    t = Table(title=escape(f"{steps}, {b.wall_step_ms or 0.0:.2f} ms under the profiler: {b.time_basis}"),
               title_justify="left")
-    for col in ("category", "ms/step", "share", "of which per-op floor"):
+    spread = any(v.get("share_iqr") for v in b.categories.values())  # a profile saved before issue 16 has none
+    for col in ("category", "ms/step", "share", *(["steps' IQR"] if spread else []), "of which per-op floor"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for c, v in b.categories.items():
-        t.add_row(escape(c), f"{v['ms']:.3f}", pct(v["share"]), f"{v['floor_ms']:.3f}" if v["floor_ms"] else "—")
+        rng = v.get("share_iqr")
+        t.add_row(escape(c), f"{v['ms']:.3f}", pct(v["share"]),
+                  *([f"{pct(rng[0])}–{pct(rng[1])}" if rng else "—"] if spread else []),
+                  f"{v['floor_ms']:.3f}" if v["floor_ms"] else "—")
     t.add_row("total", f"{sum(v['ms'] for v in b.categories.values()):.3f}",
-              pct(sum(v["share"] for v in b.categories.values())), "")
+              pct(sum(v["share"] for v in b.categories.values())), *([""] if spread else []), "")
     return t
 
 
@@ -94,18 +142,32 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     out = out or console()
     b = saved.profile or ProfileSummary()
     spec = b.spec
-    out.print(escape(f"speedladder profile · {saved.config['preset']} on {saved.environment['device_name']} · "
+    out.print(escape(f"speedladder profile · {model_label(saved.config, saved.model)} on {saved.environment['device_name']} · "
                      f"B={spec['batch_size']} T={spec['seq_len']} · {'+'.join(b.rungs) or 'baseline (eager fp32)'} · "
                      f"{b.steps} steps"))
     out.print(escape(f"top operators by {'CUDA' if b.device_type == 'cuda' else 'CPU'} self time "
                      "(torch.profiler, all profiled steps):"))
     out.print(escape(b.top_table.rstrip()), soft_wrap=True)
     out.print(category_table(b))
-    out.print(escape(f"regime: {b.regime} — {b.evidence}"), soft_wrap=True)
+    if b.per_step:
+        out.print(escape(f"steps' IQR: each step's own share, {b.spread_basis}; ops/step: {_ops_line(b)}"),
+                  soft_wrap=True)
+    out.print(escape(f"regime: {b.label} — {b.evidence}"), soft_wrap=True)
+    for line in spread_lines(b):
+        out.print(escape(line), soft_wrap=True)
     out.print(escape(_facts_line(b)), soft_wrap=True)
     t = Table(title="predictions (each on the rung before it)", title_justify="left")
-    for col in ("rung", "pred ×", "why"):
-        t.add_column(col, justify="right" if col == "pred ×" else "left")
+    spread = any(p.get("speedup_iqr") for p in saved.predictions or [])
+    for col in ("rung", "pred ×", *(["steps' IQR"] if spread else []), "why"):
+        t.add_column(col, justify="left" if col in ("rung", "why") else "right")
     for p in saved.predictions or []:
-        t.add_row(escape(p["rung"]), times(p["speedup"]), escape(p["reason"]))
+        rng = p.get("speedup_iqr")
+        t.add_row(escape(p["rung"]), times(p["speedup"]),
+                  *([f"{rng[0]:.2f}–{rng[1]:.2f}" if rng else "—"] if spread else []), escape(p["reason"]))
     out.print(t)
+
+
+def _ops_line(b: ProfileSummary) -> str:
+    """Operators per step: one number when every step ran the same, else the range (and it is worth a look)."""
+    ops = sorted({s["ops"] for s in b.per_step})
+    return f"{ops[0]} in every step" if len(ops) == 1 else f"{ops[0]}–{ops[-1]} (differs between steps)"

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.records import Results, RungResult
-from speedladder.report.common import STATUS_LABEL, console, gib, label, times
+from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, times
 from speedladder.report.memory import (
     explanation_notes,
     explanation_tables,
@@ -65,7 +65,7 @@ def rows(results: Results) -> list[dict[str, str]]:
 
 def title(results: Results) -> str:
     c, e = results.config, results.environment
-    return (f"speedladder · {c['preset']} on {e['device_name']} ({e['device_type']}) · "
+    return (f"speedladder · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
             f"{(results.corpus or {}).get('source')} · B={c['batch_size']} T={c['seq_len']} · torch {e['torch']}")
 
 
@@ -126,9 +126,14 @@ def _learns_note(lc: dict | None) -> list[str]:
         return []
     if lc.get("skipped"):
         return [f"learns-check skipped ({lc['detail']})."]
-    if "drop" in lc:
+    if "eager_final_loss" in lc:
         return [(f"learns-check ({lc['rung']}, {lc['steps']} steps): loss {lc['first_loss']:.3f} → "
-                f"{lc['final_loss']:.3f} ({-100 * lc['drop']:.0f}%): {'passed' if lc['passed'] else 'FAILED'}.")]
+                 f"{lc['final_loss']:.3f}; eager fp32 over the same batches {lc['eager_final_loss']:.3f} (band "
+                 f"{lc['band']:.0%}); unigram entropy {lc['unigram_entropy']:.3f}: "
+                 f"{'passed' if lc['passed'] else 'FAILED — ' + lc['detail']}.")]
+    if "drop" in lc:  # schema 1: a drop of the loss was the check
+        return [(f"learns-check ({lc['rung']}, {lc['steps']} steps): loss {lc['first_loss']:.3f} → "
+                 f"{lc['final_loss']:.3f} ({-100 * lc['drop']:.0f}%): {'passed' if lc['passed'] else 'FAILED'}.")]
     return [f"learns-check ({lc['rung']}): FAILED — {lc['detail']}"]
 
 
@@ -144,6 +149,8 @@ def notes(results: Results) -> list[str]:
         elif r.gate is not None and not r.gate.passed:
             out.append(f"{r.name}: gate failed — {r.gate.detail}")
         out.extend(f"{r.name}: warning — {w}" for w in r.warnings)
+        if r.verdict == "inconclusive":
+            out.append(f"{r.name}: verdict inconclusive — {r.verdict_detail}")
         out.extend(_rung_notes(r, by_name))
         if r.role == "control":
             out.append(f"{r.rung}: " + _control_note(by_name[r.rung], r))
@@ -164,6 +171,9 @@ def notes(results: Results) -> list[str]:
                    f"({fastest.tokens_per_s.median:,.0f} tokens/s).")
     elif results.status == "complete":
         out.append("no rung passed every gate.")
+    if any(r.base_tokens_per_s is not None for r in results.rungs):
+        out.append("× prev: each rung against the rung it built on, re-timed beside it with windows interleaved; "
+                   "× cum is the product of the × prev below it.")
     if results.status == "interrupted":
         out.append("run interrupted: the rungs above were measured before the stop.")
     return out

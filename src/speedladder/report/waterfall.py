@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedladder.records import Results, RungResult
-from speedladder.report.common import STATUS_LABEL
+from speedladder.report.common import STATUS_LABEL, model_label
 from speedladder.report.memory import bar_label
 
 WATERFALL = "waterfall.png"
@@ -21,11 +21,6 @@ def waterfall(results: Results, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def _baseline_median(results: Results) -> float:
-    base = results.baseline
-    return base.tokens_per_s.median if base is not None and base.tokens_per_s is not None else 1.0
 
 
 def _predicted_level(r: RungResult, by_name: dict[str, RungResult]) -> float | None:
@@ -47,8 +42,8 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
     lo, hi = sorted((start, level))
     ax.bar(i, hi - lo, bottom=lo, width=0.6, color=COLOURS.get(r.verdict or "", "#cccccc"),
            hatch="///" if failed else None, edgecolor="black" if failed else "none", linewidth=0.8, gid=r.name)
-    base_med = _baseline_median(results)
-    ax.errorbar(i, level, yerr=[[level - r.tokens_per_s.min / base_med], [r.tokens_per_s.max / base_med - level]],
+    t = r.tokens_per_s  # the whisker: the rung's own windows, as fractions of its median, at its level
+    ax.errorbar(i, level, yerr=[[level * (1 - t.min / t.median)], [level * (t.max / t.median - 1)]],
                 color="black", capsize=3, linewidth=1)
     text = f"{level:.2f}×"
     if bar_label(r):  # saved activations and the measured peak (the CUDA allocator's, or a CPU's resident rise)
@@ -77,8 +72,8 @@ def waterfall_figure(results: Results):
 
     rungs = [r for r in results.rungs if r.role in ("rung", "beside")]
     by_name = {r.name: r for r in results.rungs}
-    base_med = _baseline_median(results)
-    top = max([r.tokens_per_s.max / base_med for r in results.rungs if r.ok and r.tokens_per_s is not None]
+    top = max([(r.speedup_cum or 0.0) * r.tokens_per_s.max / r.tokens_per_s.median
+               for r in results.rungs if r.ok and r.tokens_per_s is not None]
               + [_predicted_level(r, by_name) or 0.0 for r in rungs if r.ok] + [1.0])
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rungs) + 2), 4.8))
     for i, r in enumerate(rungs):
@@ -93,7 +88,7 @@ def waterfall_figure(results: Results):
     ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
-    ax.set_title(f"{c['preset']} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
+    ax.set_title(f"{model_label(c, results.model)} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
     handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
     if any(r.predicted and r.predicted.speedup for r in rungs):

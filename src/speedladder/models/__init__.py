@@ -1,0 +1,106 @@
+"""Any PyTorch language model as one ModelDef: ours, a Hugging Face causal LM, or the user's own (docs/models.md).
+
+`define` turns the resolved configuration (and, from the Python API, an object)
+into a ModelDef and its initial weights; everything downstream (steps, gates,
+FLOPs, the profile, training, data parallelism) reads the model through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from speedladder.config import Resolved, RunConfig
+from speedladder.errors import UsageError
+from speedladder.models import hf, user
+from speedladder.models.base import CONVENTIONS, ModelDef, count_flops
+from speedladder.models.ours import ours
+
+__all__ = ["CONVENTIONS", "ModelDef", "count_flops", "define", "generate", "initial_state", "model_flags", "ours",
+           "rebuild", "source_of"]
+
+
+def source_of(run: RunConfig) -> str | None:
+    """Check the model flags; a FILE.py:NAME is made absolute, so a child process or a rank finds the same file."""
+    if run.model_source and run.hf:
+        raise UsageError("give --model or --hf, not both")
+    if run.hf_set and not run.hf:
+        raise UsageError("--hf-set changes a Hugging Face config: it needs --hf")
+    if run.vocab_size is not None and run.vocab_size <= 0:
+        raise UsageError(f"vocabulary size must be positive, got {run.vocab_size}")
+    where, colon, name = (run.model_source or "").rpartition(":")
+    if colon and where.endswith(".py"):
+        return f"{Path(where).expanduser().resolve()}:{name}"
+    return run.model_source
+
+
+def initial_state(model_def: ModelDef, seed: int) -> dict[str, torch.Tensor]:
+    """The weights every rung starts from, on the host: the same on any device for a seed."""
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = model_def.factory()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def define(cfg: Resolved, vocab: int | None, obj: Any = None) -> tuple[Resolved, ModelDef, dict[str, torch.Tensor]]:
+    """The model a run climbs and its initial weights; `vocab` is the data's (None: the model's).
+
+    `obj` is a model given to the Python API as an object (an nn.Module, a class, a function).
+    """
+    run = cfg.run
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(run, model_source=source_of(run)))
+    run = cfg.run
+    vocab = run.vocab_size or vocab
+    if run.hf:
+        d, init = hf.define(run.hf, run.hf_set, vocab, cfg.seq_len, run.seed)
+    elif run.model_source or obj is not None:
+        found = obj if obj is not None else user.load(run.model_source)  # type: ignore[arg-type]
+        name = run.model_source or getattr(found, "__qualname__", type(found).__name__)
+        d, init = user.define(found, name, {"model": run.model_source}, vocab, cfg.seq_len, run.seed)
+    else:
+        cfg = cfg.with_vocab(vocab) if vocab else cfg
+        d = ours(cfg.model, run.preset)  # type: ignore[arg-type]
+        init = initial_state(d, run.seed)
+    return cfg, d, init
+
+
+def rebuild(record: dict[str, Any]) -> torch.nn.Module:
+    """A Hugging Face or user model again, random weights, from its record (ModelDef.record, as `train` saves it);
+    load a checkpoint's weights into it. A user's model is built from the same file, with the same arguments."""
+    source = record["source"]
+    if record["kind"] == "hf":
+        return hf.build(hf.config(source["hf"], tuple(source["hf_set"]), record["vocab_size"])[0])
+    if record["kind"] == "user":
+        return user.build_checked(functools.partial(user.load(source["model"]), **source["arguments"]), record["name"])
+    raise UsageError(f"no way to rebuild a model of kind {record['kind']!r}")
+
+
+def model_flags(run: RunConfig) -> str:
+    """The command-line flags that choose a run's model and vocabulary (empty for the preset's GPT)."""
+    out = [f"--model {run.model_source}" if run.model_source else "", f"--hf {run.hf}" if run.hf else "",
+           *(f"--hf-set {kv}" for kv in run.hf_set), f"--vocab-size {run.vocab_size}" if run.vocab_size else ""]
+    return " ".join(x for x in out if x)
+
+
+@torch.no_grad()
+def generate(model_def: ModelDef, model: torch.nn.Module, idx: torch.Tensor, new_tokens: int, temperature: float,
+             top_k: int, context: int, generator: torch.Generator | None = None) -> torch.Tensor | None:
+    """Extend idx (B, T) by new_tokens sampled one at a time through the model's convention; None when its forward
+    returns no logits. top_k 0 samples from the whole vocabulary."""
+    adapted = model_def.adapter(model)
+    for _ in range(new_tokens):
+        window = idx[:, -context:]
+        logits, _ = adapted(window, window)  # the targets only make a nanoGPT-style forward return every position
+        if logits is None:
+            return None
+        logits = logits[:, -1, : model_def.vocab_size] / temperature  # (B, V)
+        if top_k:
+            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx

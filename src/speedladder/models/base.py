@@ -1,0 +1,214 @@
+"""What speedladder needs of a language model, whoever wrote it: one ModelDef.
+
+Our GPT, a Hugging Face causal LM and a module of the user's own all reach the
+ladder through this record (docs/models.md): a zero-argument factory, the
+forward convention (detected), one loss computed the same way for every model,
+the vocabulary, parameter counts, FLOPs per token (a formula where the
+architecture is known, else counted once by torch), the repeated blocks that
+checkpointing wraps, the model transforms the rungs apply, and, for each
+capability a rung needs and this model lacks, why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from speedladder import measure
+from speedladder.model import GPTConfig
+from speedladder.rungs import MODEL_TRANSFORMS, Checkpointed
+
+# How the ladder calls a model and reads its loss. x is (B, T) token ids, y the same shifted by one.
+CONVENTIONS: dict[str, str] = {
+    "logits_loss": "forward(x, y) -> (logits, loss), nanoGPT's",
+    "loss": "forward(x, y) -> loss",
+    "logits": "forward(x) -> logits, the loss computed here",
+    "hf": "forward(x) -> an output with .logits (Hugging Face), the loss computed here",
+}
+
+# The model capability each model transform needs (rungs.Requirement.model names the same ones).
+CAPABILITY: dict[str, str] = {"activation-checkpointing": "blocks", "float8": "blocks", "sdpa": "sdpa",
+                              "pad-vocab": "pad-vocab"}
+
+# The hooks a module of the user's own may define (docs/models.md, "Hooks").
+SDPA_HOOK = "speedladder_sdpa"  # method(): attention through F.scaled_dot_product_attention, in place
+PAD_VOCAB_HOOK = "speedladder_pad_vocab"  # method(multiple): vocabulary rows grown in place to a multiple
+BLOCKS_HOOK = "speedladder_blocks"  # attribute: the dotted path of the repeated blocks, when the search would miss
+
+DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+
+
+def next_token_loss(logits: torch.Tensor, y: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Cross-entropy of every position's next token, as our GPT computes it: in fp32, over the real vocabulary.
+
+    Hugging Face models shift their labels inside and drop the last position; here the targets are already
+    the next tokens, so every position counts, as in our GPT, and losses compare across models. A padded
+    head's extra columns are left out.
+    """
+    return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1))
+
+
+class Adapted(nn.Module):
+    """A model called in its own convention, answering (logits or None, loss) as our GPT does."""
+
+    def __init__(self, model: nn.Module, convention: str, vocab: int) -> None:
+        super().__init__()
+        self.model = model
+        self.convention = convention
+        self.vocab = vocab
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if self.convention == "logits_loss":
+            out = self.model(x, y)
+            return out[0], out[1]
+        if self.convention == "loss":
+            return None, self.model(x, y)  # no logits: the gates compare the loss and the gradients
+        out = self.model(x)
+        logits = out if self.convention == "logits" else out.logits  # (B, T, V)
+        return logits, next_token_loss(logits, y, self.vocab)
+
+
+def dropout_off(model: nn.Module, whole: bool = False) -> int:
+    """Dropout off for measuring, gating and training: two runs of one step must compute the same thing.
+
+    Only the dropout modules are switched to eval mode (the rest stays in training mode, which, for
+    example, Hugging Face's checkpointing needs), or the whole model when its randomness lives elsewhere.
+    Returns how many dropout modules had a rate above zero.
+    """
+    if whole:
+        model.eval()
+    active = 0
+    for m in model.modules():
+        if isinstance(m, DROPOUT_MODULES):
+            active += m.p > 0
+            m.eval()
+    return active
+
+
+def find_blocks(model: nn.Module) -> str | None:
+    """The dotted path of the model's repeated blocks: its hook, else the nn.ModuleList or nn.Sequential of
+    same-typed modules holding the most parameters; None when there is none."""
+    hinted = getattr(model, BLOCKS_HOOK, None)
+    if isinstance(hinted, str):
+        return hinted
+    best, size = None, 0
+    for name, m in model.named_modules():
+        if name and isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) and len({type(c) for c in m}) == 1:
+            n = sum(p.numel() for p in m.parameters())
+            if n > size:
+                best, size = name, n
+    return best
+
+
+def checkpoint_each(model: nn.Module, path: str) -> nn.Module:
+    """Activation checkpointing around each of the repeated blocks, in place: the same parameter objects."""
+    blocks = model.get_submodule(path)
+    for i, block in enumerate(blocks):
+        blocks[i] = Checkpointed(block)
+    return model
+
+
+def call_hook(name: str, *args: Any) -> Callable[[nn.Module], nn.Module]:
+    """A model transform that calls the model's own hook method (it changes the model in place)."""
+    def apply(model: nn.Module) -> nn.Module:
+        getattr(model, name)(*args)
+        return model
+    return apply
+
+
+@dataclass
+class ModelDef:
+    """A model the ladder can climb: how to build it, call it, count it and change it."""
+
+    kind: str  # "speedladder" (our GPT), "hf" (Hugging Face) or "user"
+    name: str  # as results.json and the reports name it
+    factory: Callable[[], nn.Module]  # a fresh model, random weights, on the current default device
+    convention: str  # a key of CONVENTIONS
+    vocab_size: int  # the real vocabulary: the logits' width before any padding
+    params: int  # every parameter once (a tied matrix counts once)
+    matmul_params: int | None = None  # N of the 6N rule, where the architecture is known
+    attention: tuple[int, int, int] | None = None  # (layers, heads, head size) of the formula's attention term
+    blocks: str | None = None  # dotted path of the repeated blocks
+    dropout: str = "none"  # what was done about dropout, in words
+    whole_eval: bool = False  # the whole model in eval mode (its randomness is outside the dropout modules)
+    transforms: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)  # over rungs' own
+    lacks: dict[str, str] = field(default_factory=dict)  # capability -> why a rung needing it does not apply
+    shapes: GPTConfig | None = None  # the architecture in our GPT's terms, for the prediction model; None: unknown
+    source: dict[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
+    counted: dict[int, int] = field(default_factory=dict)  # FLOPs per token counted by torch, by sequence length
+
+    @property
+    def flops_method(self) -> str:
+        return "formula" if self.matmul_params is not None and self.attention is not None else "counted"
+
+    @property
+    def convention_line(self) -> str:
+        """The detected convention, the FLOPs method and the dropout handling, in one line for the progress."""
+        return f"{CONVENTIONS[self.convention]}; FLOPs per token by {self.flops_method}; dropout {self.dropout}"
+
+    @property
+    def blocks_prefix(self) -> str | None:
+        return f"{self.blocks}." if self.blocks else None
+
+    def build(self, device: torch.device) -> nn.Module:
+        """A fresh model on a device, dropout off."""
+        with torch.device(device):
+            model = self.factory()
+        model.to(device)
+        dropout_off(model, self.whole_eval)
+        return model
+
+    def adapter(self, model: nn.Module) -> Adapted:
+        return Adapted(model, self.convention, self.vocab_size)
+
+    def transform(self, name: str) -> Callable[[nn.Module], nn.Module]:
+        """The model transform of that name for this model: its own, else the rungs' (written for our GPT)."""
+        why = self.lacks.get(CAPABILITY.get(name, ""))
+        if why:
+            raise RuntimeError(f"{name}: {why}")
+        return self.transforms.get(name) or MODEL_TRANSFORMS[name]
+
+    def blocks_of(self, model: nn.Module) -> list[nn.Module]:
+        """The repeated blocks of a built model (after the transforms: a checkpointed block is still one)."""
+        return list(model.get_submodule(self.blocks)) if self.blocks else []
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token: PaLM's formula where the architecture is known, else counted once by torch."""
+        if self.flops_method == "formula":
+            return measure.flops_per_token(self.matmul_params, *self.attention, seq_len)  # type: ignore[arg-type, misc]
+        if seq_len not in self.counted:
+            self.counted[seq_len] = count_flops(self, seq_len)
+        return self.counted[seq_len]
+
+    def record(self) -> dict[str, Any]:
+        """What results.json keeps about the model, beside its parameter counts."""
+        return {"kind": self.kind, "name": self.name, "source": self.source, "convention": self.convention,
+                "convention_means": CONVENTIONS[self.convention], "vocab_size": self.vocab_size,
+                "flops_method": self.flops_method, "blocks": self.blocks, "dropout": self.dropout,
+                "not_applicable": dict(self.lacks)}
+
+
+def count_flops(model_def: ModelDef, seq_len: int) -> int:
+    """FLOPs per token of one forward and backward at batch 1, counted by torch's FlopCounterMode.
+
+    On the meta device where the model builds there (no arithmetic is done), else on the CPU. Like the
+    formula, it counts the matmuls (attention's included, no credit for the causal mask) and no recomputation.
+    """
+    for device in (torch.device("meta"), torch.device("cpu")):
+        try:
+            model = model_def.build(device)
+            x = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+            with FlopCounterMode(display=False) as counter:
+                _, loss = model_def.adapter(model)(x, x)
+                loss.backward()
+            return int(counter.get_total_flops()) // seq_len
+        except Exception:
+            if device.type == "cpu":
+                raise
+    raise AssertionError("unreachable")

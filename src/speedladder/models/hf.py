@@ -1,0 +1,179 @@
+"""Hugging Face causal LMs, built offline from a config with random weights: `--hf gpt2|llama|PATH/config.json`.
+
+transformers is an optional extra (`pip install speedladder[hf]`). Nothing is
+downloaded: the config is transformers' own default for gpt2 and llama, or a
+local config.json, changed by `--hf-set KEY=VALUE`. The rungs map onto the
+library's own switches: sdpa is attn_implementation "eager" -> "sdpa", ckpt
+is gradient_checkpointing_enable(), pad-vocab is resize_token_embeddings(
+pad_to_multiple_of=64) with the padding's logits left out of the loss.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from speedladder.errors import UsageError, one_line
+from speedladder.model import GPTConfig
+from speedladder.models.base import ModelDef, find_blocks
+from speedladder.models.detect import convention
+from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab
+
+NAMED = {"gpt2": "GPT2Config", "llama": "LlamaConfig"}
+# GPT-2's names for Llama-style configs, so that the same --hf-set works for both.
+ALIASES = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
+           "n_positions": "max_position_embeddings", "n_inner": "intermediate_size"}
+
+
+def transformers() -> Any:
+    """The transformers module, offline; without it, one line that says how to get it."""
+    if importlib.util.find_spec("transformers") is None:
+        raise UsageError("--hf needs Hugging Face transformers: pip install speedladder[hf]")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a config: nothing may be downloaded
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()  # config warnings (e.g. a tiny vocabulary's token ids) are not ours to print
+    return tf
+
+
+def _value(text: str) -> Any:
+    """An --hf-set value as JSON (numbers, true/false, null), else the string itself."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def config(name: str, overrides: tuple[str, ...], vocab: int | None) -> tuple[Any, list[str]]:
+    """The model's config, with the workload's vocabulary, the overrides and every dropout at 0."""
+    tf = transformers()
+    if name in NAMED:
+        cls, base = getattr(tf, NAMED[name]), {}
+    else:
+        path = Path(name).expanduser()
+        path = path / "config.json" if path.is_dir() else path
+        if not path.is_file():
+            raise UsageError(f"--hf wants {', '.join(NAMED)} or a path to a config.json; {name} is neither")
+        base = json.loads(path.read_text())
+        kind = base.pop("model_type", None)
+        if kind is None:
+            raise UsageError(f"{path} has no model_type: not a Hugging Face config.json")
+        cls = type(tf.AutoConfig.for_model(kind))
+    probe = cls()
+    values: dict[str, Any] = dict(base, **({"vocab_size": vocab} if vocab else {}))
+    for item in overrides:
+        key, eq, text = item.partition("=")
+        key = cls.attribute_map.get(key, key) if hasattr(cls, "attribute_map") else key
+        key = key if hasattr(probe, key) else ALIASES.get(key, key)
+        if not eq or not hasattr(probe, key):
+            raise UsageError(f"--hf-set {item!r}: {cls.__name__} has no field {item.partition('=')[0]!r}"
+                             if eq else f"--hf-set wants KEY=VALUE, got {item!r}")
+        values[key] = _value(text)
+    dropped = [k for k, v in {**probe.to_dict(), **values}.items() if "drop" in k and isinstance(v, float) and v]
+    values.update({k: 0.0 for k in dropped}, use_cache=False)
+    try:
+        cfg = cls(**values)
+    except Exception as e:  # noqa: BLE001 -- e.g. a width the heads do not divide: one line
+        raise UsageError(f"{cls.__name__} refused the settings: {one_line(e)}") from None
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # a tiny vocabulary has no room for GPT-2's
+        if isinstance(getattr(cfg, key, None), int) and getattr(cfg, key) >= cfg.vocab_size:
+            setattr(cfg, key, None)
+    return cfg, dropped
+
+
+def build(cfg: Any) -> nn.Module:
+    """A random-weight model from the config, plain attention (the sdpa rung switches it), fp32.
+
+    Each model gets a copy of the config: the rungs change the model's own (pad-vocab its vocab_size, sdpa its
+    attention), and the next model built must not see that.
+    """
+    model = transformers().AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="eager")
+    return model.to(torch.float32)
+
+
+def use_sdpa(model: nn.Module) -> nn.Module:
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def checkpointing(model: nn.Module) -> nn.Module:
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def pad_vocab(model: nn.Module) -> nn.Module:
+    """resize_token_embeddings(pad_to_multiple_of=64), keeping the parameter objects the step holds.
+
+    The padding's logits are not masked in the model: the loss (models.base.next_token_loss) and the gates
+    read the real vocabulary only, so the padded head computes the same function.
+    """
+    vocab = model.config.vocab_size
+    if padded_vocab(vocab) == vocab:
+        return model
+    old = {"in": model.get_input_embeddings().weight, "out": model.get_output_embeddings().weight}
+    model.resize_token_embeddings(vocab, pad_to_multiple_of=VOCAB_MULTIPLE, mean_resizing=False)
+    for side, module in (("in", model.get_input_embeddings()), ("out", model.get_output_embeddings())):
+        if module.weight is not old[side]:  # a new Parameter: give its rows to the old one, and put it back
+            old[side].data = module.weight.data
+            module.weight = old[side]
+    return model
+
+
+def _formula(model: nn.Module, kind: str, cfg: Any) -> tuple[int | None, tuple[int, int, int] | None]:
+    """N and the attention term for GPT-2 and Llama; (None, None) for any other architecture (counted)."""
+    params = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight is emb
+    lookups = (0 if tied else emb.numel())  # an untied token table does no arithmetic; tied, it is the head
+    if kind == "gpt2":
+        lookups += model.transformer.wpe.weight.numel()  # the learned position table
+        return params - lookups, (cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head)
+    if kind == "llama":
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return params - lookups, (cfg.num_hidden_layers, cfg.num_attention_heads, head_dim)
+    return None, None
+
+
+def _shapes(kind: str, cfg: Any) -> GPTConfig | None:
+    """GPT-2 in our GPT's terms (the same matmuls), for the prediction model; None for other architectures."""
+    if kind != "gpt2":
+        return None
+    return GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.n_positions, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                     n_embd=cfg.n_embd, mlp_hidden=cfg.n_inner or 4 * cfg.n_embd,
+                     tie_embeddings=bool(cfg.tie_word_embeddings), activation="gelu")
+
+
+def define(name: str, overrides: tuple[str, ...], vocab: int | None, seq_len: int,
+           seed: int) -> tuple[ModelDef, dict[str, torch.Tensor]]:
+    """The ModelDef of a Hugging Face model, and its initial weights (seeded, on the host)."""
+    cfg, dropped = config(name, overrides, vocab)
+    factory = functools.partial(build, cfg)
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = factory()
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    label = f"Hugging Face {type(model).__name__}"
+    conv, seen_vocab = convention(model, seq_len, label, targets=False)  # the logits' width, and that it runs at this length
+    kind = cfg.model_type
+    matmul, attention = _formula(model, kind, cfg)
+    d = ModelDef(kind="hf", name=label, factory=factory, convention=conv, vocab_size=seen_vocab or cfg.vocab_size,
+                 params=sum(p.numel() for p in model.parameters()), matmul_params=matmul, attention=attention,
+                 blocks=find_blocks(model), shapes=_shapes(kind, cfg),
+                 dropout=("off: config " + ", ".join(f"{k}=0" for k in dropped)) if dropped else "none: its config "
+                         "sets no dropout",
+                 transforms={"activation-checkpointing": checkpointing, "sdpa": use_sdpa, "pad-vocab": pad_vocab},
+                 source={"hf": name, "hf_set": list(overrides), "model_type": kind,
+                         "config": json.loads(cfg.to_json_string())})
+    if d.blocks:
+        d.transforms["float8"] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
+    else:
+        d.lacks["blocks"] = "not applicable to this model: no repeated blocks found"
+    return d, init

@@ -1,0 +1,166 @@
+"""A model of the user's own: `--model FILE.py:NAME` or `--model package.module:NAME`, or a Python object.
+
+NAME is an nn.Module class or a callable that returns a module. Arguments it
+takes named vocab_size, block_size or seq_len get the workload's values, and
+one named dropout gets 0.0 (dropout is off for measuring: docs/models.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from speedladder.errors import UsageError, one_line
+from speedladder.models.base import (
+    BLOCKS_HOOK,
+    PAD_VOCAB_HOOK,
+    SDPA_HOOK,
+    ModelDef,
+    call_hook,
+    checkpoint_each,
+    find_blocks,
+)
+from speedladder.models.detect import convention, dropout_handled
+from speedladder.rungs import VOCAB_MULTIPLE, float8_linears
+
+LIVE = "<python object>"  # the source of a model given as an object: no other process can build it again
+_FILES: dict[tuple[str, float], Any] = {}  # modules loaded from files, by path and modification time
+
+
+def _load_file(path: Path) -> Any:
+    if not path.is_file():
+        raise UsageError(f"model file not found: {path}")
+    key = (str(path), path.stat().st_mtime)
+    if key not in _FILES:
+        name = f"speedladder_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[name] = module  # dataclasses and pickling look their module up by name
+        if str(path.parent) not in sys.path:
+            sys.path.append(str(path.parent))  # the file's own imports of its neighbours
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001 -- the user's file: one line, exit 2
+            raise UsageError(f"importing {path} failed: {one_line(e)}") from None
+        _FILES[key] = module
+    return _FILES[key]
+
+
+def load(spec: str) -> Callable[..., Any]:
+    """The class or callable a `--model` spec names."""
+    if spec.startswith(LIVE):
+        raise UsageError("the model was given as a Python object, which another process cannot build again: "
+                         "give it as FILE.py:NAME or package.module:NAME")
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise UsageError(f"--model wants FILE.py:NAME or package.module:NAME, got {spec!r}")
+    if where.endswith(".py"):
+        module = _load_file(Path(where).expanduser().resolve())
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as e:  # noqa: BLE001 -- ImportError or the module's own error: one line
+            raise UsageError(f"cannot import {where} for --model: {one_line(e)}") from None
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{where} has no {name!r} (--model {spec})")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"--model {spec} names a {type(obj).__name__}, not an nn.Module class or a function")
+    return obj
+
+
+def portable(obj: Any) -> str | None:
+    """A spec another process can load the object by (package.module:NAME), or None."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if not isinstance(obj, type) and not inspect.isfunction(obj):
+        return None
+    if not module or module == "__main__" or "<" in qualname or module.startswith("speedladder_user_"):
+        return None
+    return f"{module}:{qualname}"
+
+
+def factory_of(obj: Any, vocab: int | None, seq_len: int) -> tuple[Callable[[], nn.Module], dict[str, Any]]:
+    """A zero-argument factory: a module given as an object is copied; a callable gets the workload's values."""
+    if isinstance(obj, nn.Module):
+        return (lambda: copy.deepcopy(obj)), {}
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        params = {}  # type: ignore[assignment]
+    given: dict[str, Any] = {}
+    if "vocab_size" in params and vocab:
+        given["vocab_size"] = vocab
+    given.update({k: seq_len for k in ("block_size", "seq_len") if k in params})
+    if "dropout" in params:
+        given["dropout"] = 0.0
+    return functools.partial(obj, **given), given
+
+
+def build_checked(factory: Callable[[], nn.Module], name: str) -> nn.Module:
+    try:
+        model = factory()
+    except Exception as e:  # noqa: BLE001 -- the user's code: one line, exit 2
+        raise UsageError(f"building {name} failed: {one_line(e)}") from None
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"{name} returned a {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def define(obj: Any, name: str, source: dict[str, Any], vocab: int | None, seq_len: int,
+           seed: int) -> tuple[ModelDef, dict[str, torch.Tensor]]:
+    """The ModelDef of a user's model, and its initial weights (seeded, on the host)."""
+    factory, given = factory_of(obj, vocab, seq_len)
+    torch.manual_seed(seed)
+    with torch.device("cpu"):
+        model = build_checked(factory, name)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    conv, seen_vocab = convention(model, seq_len, name)
+    vocab_size = seen_vocab or vocab or _embedding_rows(model)
+    if not vocab_size:
+        raise UsageError(f"{name} returns only a loss and has no nn.Embedding: give --vocab-size")
+    d = ModelDef(kind="user", name=name, factory=factory, convention=conv, vocab_size=vocab_size,
+                 params=sum(p.numel() for p in model.parameters()), source={**source, "arguments": given})
+    d.dropout, d.whole_eval = dropout_handled(model, d.adapter(model), seq_len, name)
+    if "dropout" in given and d.dropout == "none found":
+        d.dropout = f"off: dropout=0.0 given to {name}"
+    d.blocks = find_blocks(model)
+    _capabilities(d, model)
+    return d, init
+
+
+def _embedding_rows(model: nn.Module) -> int | None:
+    first = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return first.num_embeddings if first is not None else None
+
+
+def _capabilities(d: ModelDef, model: nn.Module) -> None:
+    """The transforms this model supports through its blocks and hooks; why the others do not apply."""
+    if d.blocks:
+        try:
+            model.get_submodule(d.blocks)
+        except AttributeError:
+            raise UsageError(f"{d.name}.{BLOCKS_HOOK} names {d.blocks!r}, which is not a submodule") from None
+        d.transforms["activation-checkpointing"] = functools.partial(checkpoint_each, path=d.blocks)
+        d.transforms["float8"] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
+    else:
+        d.lacks["blocks"] = ("not applicable to this model: no repeated blocks (an nn.ModuleList or nn.Sequential "
+                             "of same-typed modules holding parameters) to wrap")
+    for cap, hook, args in (("sdpa", SDPA_HOOK, ()), ("pad-vocab", PAD_VOCAB_HOOK, (VOCAB_MULTIPLE,))):
+        if callable(getattr(model, hook, None)):
+            d.transforms[cap] = call_hook(hook, *args)
+        else:
+            d.lacks[cap] = (f"not applicable to this model: neither speedladder's GPT nor a Hugging Face model, "
+                            f"and it defines no {hook}() hook (docs/models.md)")

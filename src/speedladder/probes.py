@@ -1,0 +1,142 @@
+"""Checks that can fail at any precision: a causality probe, and each rung against the rung it built on.
+
+Comparing a bf16 rung with eager fp32 allows bf16's whole rounding error, and a
+real bug (attention that sees the future, a wrong scale) can hide inside it. So
+two more checks run on every rung (docs/measurement.md, rule 7):
+
+- Causality: change the tokens after position t; the logits at positions up to
+  t must not move beyond the rung's own noise (running the same batch twice)
+  and a floor at its precision.
+- Differential: the rung against the rung it built on, at the same precision,
+  on the same weights and batch. The tolerance is measured, not assumed: a
+  correct rung re-rounds at the base's precision, so it may differ from the
+  base by at most DIFF_K times the distance the base itself has from eager fp32
+  (plus a floor at that precision). A wrong function moves by the size of the
+  logits, tens of times that.
+
+Both run at *probe weights*: the reference's trained weights with every matrix
+scaled by PROBE_AMPLIFY. Near initialization the attention scores are close to
+zero and the softmax is nearly uniform, so a wrong mask or scale barely moves
+the output; scaled weights make attention selective, and a correct transform
+computes the same function at any weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from speedladder.step import TrainStep
+
+PROBE_AMPLIFY = 3.0  # matrices x3: attention scores ~x9, softmax selective (a wrong scale moved gradients ~10x)
+DIFF_K = 4.0  # a correct rung differs from its base by ~1x the base's own distance from fp32 (measured: 0.7-1.1x)
+CAUSAL_NOISE_K = 4.0  # the past may move at most this many times the rung's own run-to-run noise ...
+# ... or this fraction of the logits' RMS, by precision (fp8's per-tensor scales see the whole sequence).
+CAUSAL_FLOOR = {"fp32": 1e-6, "tf32": 1e-5, "bf16": 1e-4, "fp8": 5e-2}
+# The smallest relative difference the differential check always allows, by precision: rounding-level.
+DIFF_FLOOR = {"fp32": 1e-4, "tf32": 2e-3, "bf16": 2e-3, "fp8": 2e-2}
+
+
+@dataclass
+class Probe:
+    """A step's logits (real vocabulary) and gradients at the probe weights, on the probe batch, on the host."""
+
+    logits: torch.Tensor  # (rows, T, V)
+    grads: dict[str, torch.Tensor]
+    curve: list[float] | None = None  # the step's training loss over the gate batches, when it has one
+    precision: str = "fp32"
+    shape: tuple[int, int] = (0, 0)
+
+
+def amplified(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The probe weights: every matrix (and embedding table) scaled; vectors (biases, norms) kept."""
+    return {n: w * PROBE_AMPLIFY if w.ndim >= 2 else w for n, w in weights.items()}
+
+
+def outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
+            rows: int) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+    """Logits of the first `rows` sequences (real vocabulary), loss and gradients of one batch at given weights."""
+    step.reset(weights)
+    x, y = (t.to(step.device) for t in batch)
+    logits, loss = step.forward_backward(x, y)
+    # A padded vocabulary is compared on the real one: its first rows and logits.
+    grads = {n: step.reference_part(n, p.grad).detach().float().cpu()
+             for n, p in step.params.items() if p.grad is not None}
+    if logits is None:  # a forward that returns a loss only (models/base.py): loss and gradients are compared
+        logits = torch.empty(rows, x.shape[1], 0)
+    return logits[:rows, :, :step.vocab_size].detach().float().cpu(), float(loss.detach()), grads
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def worst_grad(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> tuple[str, float]:
+    """The tensor whose gradient differs most from the reference's, relative to its own norm; a missing one is inf."""
+    errors = {n: rel(grads[n], g) if n in grads and grads[n].shape == g.shape else float("inf")
+              for n, g in ref.items()}
+    name = max(errors, key=errors.__getitem__)
+    return name, errors[name]
+
+
+def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
+              rows: int, vocab: int) -> dict:
+    """Change every token after the middle position; the logits up to it must stay within the noise."""
+    x, y = batch
+    t = x.shape[1] // 2
+    changed = x.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1) % vocab
+    a, _, _ = outputs(step, weights, (x, y), rows)
+    if a.numel() == 0:
+        return not_applicable("the forward returns a loss only: no logits per position to probe")
+    again, _, _ = outputs(step, weights, (x, y), rows)
+    b, _, _ = outputs(step, weights, (changed, y), rows)
+    noise = float((a - again).abs().max())
+    past = float((a[:, :t + 1] - b[:, :t + 1]).abs().max())
+    future = float((a[:, t + 1:] - b[:, t + 1:]).abs().max())
+    precision = step.spec.precision
+    allowed = max(CAUSAL_NOISE_K * noise, CAUSAL_FLOOR[precision] * float(a.pow(2).mean().sqrt()))
+    passed = past <= allowed and future > allowed  # the probe must move the future, or it tested nothing
+    detail = "" if passed else (
+        f"causality: changing tokens after position {t} moved the logits before it by {past:.2e} "
+        f"(allowed {allowed:.2e}): the rung lets a position see the future" if past > allowed else
+        f"causality: changing tokens after position {t} did not move the later logits: the probe is blind here")
+    return {"position": t, "past_max_abs": past, "future_max_abs": future, "noise_max_abs": noise,
+            "allowed": allowed, "passed": passed, "detail": detail,
+            "how": f"tokens after {t} changed; logits up to {t} compared, at weights x{PROBE_AMPLIFY:g}"}
+
+
+def differential(rung: Probe, base: Probe, eager: Probe, base_name: str) -> dict:
+    """The rung against the rung it built on (same precision and shape): within DIFF_K x the base's own
+    distance from eager fp32 at the probe weights, plus a floor at that precision."""
+    floor = DIFF_FLOOR[rung.precision]
+    noise_logits = rel(base.logits, eager.logits)
+    _, noise_grad = worst_grad(base.grads, eager.grads)
+    d_logits = rel(rung.logits, base.logits)
+    grad_name, d_grad = worst_grad(rung.grads, base.grads)
+    allowed_logits, allowed_grad = DIFF_K * noise_logits + floor, DIFF_K * noise_grad + floor
+    out = {"base": base_name, "precision": rung.precision, "logits_rel": d_logits, "logits_allowed": allowed_logits,
+           "grad_worst": grad_name, "grad_rel": d_grad, "grad_allowed": allowed_grad,
+           "base_logits_rel_to_fp32": noise_logits, "base_grad_rel_to_fp32": noise_grad, "k": DIFF_K,
+           "floor": floor, "applies": True}
+    problems = []
+    if not d_logits <= allowed_logits:
+        problems.append(f"logits differ from {base_name}'s by {d_logits:.2e} relative (allowed {allowed_logits:.2e})")
+    if not d_grad <= allowed_grad:
+        problems.append(f"gradient of {grad_name} differs from {base_name}'s by {d_grad:.2e} relative "
+                        f"(allowed {allowed_grad:.2e})")
+    if rung.curve is not None and base.curve is not None:
+        d_curve = max(abs(a - b) / abs(b) for a, b in zip(rung.curve, base.curve))
+        noise_curve = max(abs(a - b) / abs(b) for a, b in zip(base.curve, eager.curve or base.curve))
+        allowed_curve = DIFF_K * noise_curve + floor
+        out.update(curve_rel=d_curve, curve_allowed=allowed_curve)
+        if not d_curve <= allowed_curve:
+            problems.append(f"loss curve strays {d_curve:.2%} from {base_name}'s (allowed {allowed_curve:.2%})")
+    out["passed"] = not problems
+    out["detail"] = "differential: " + "; ".join(problems) if problems else ""
+    return out
+
+
+def not_applicable(why: str) -> dict:
+    return {"applies": False, "passed": True, "detail": f"not applicable: {why}"}

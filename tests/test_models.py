@@ -1,0 +1,260 @@
+"""Your model: three user model files climb the default ladder; conventions, hooks, FLOPs and dropout (docs/models.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from usermodels import write_models
+
+from speedladder import models, results, tune
+from speedladder.cli import main
+from speedladder.config import PRESETS, RunConfig
+from speedladder.errors import UsageError
+from speedladder.models import count_flops, ours
+from speedladder.profile.categories import IDLE
+from speedladder.profile.predict import NO_MODEL, chain
+from speedladder.records import ProfileSummary
+from speedladder.rungs import RUNGS
+from speedladder.train import load_checkpoint
+from speedladder.workload import prepare
+
+# Tiny and quick: two steps a window, gates over 4 batches, a 20-step learns-check; MFU against a stated peak.
+FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "20",
+        "--learns-min-drop", "0.02", "--no-profile", "--peak-tflops", "1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return write_models(tmp_path_factory.mktemp("usermodels"))
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def climb(model: str, out: Path, *extra: str) -> dict:
+    rc, stdout, stderr = cli("run", *FAST, "--model", model, "--out", str(out), *extra)
+    assert rc == 0, stderr[-2000:]
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    return {"res": json.loads((folder / "results.json").read_text()), "out": stdout, "folder": folder}
+
+
+# -- the default ladder on each of three user models ----------------------------------------------------
+
+@pytest.fixture(scope="module", params=["nano.py:GPT", "logits_only.py:make_lm", "noisy.py:Noisy"])
+def climbed(request, model_dir, tmp_path_factory) -> dict:
+    """The default ladder (compile included) on one user model file: one run that the tests below read."""
+    return {**climb(str(model_dir / request.param), tmp_path_factory.mktemp("climb")), "spec": request.param}
+
+
+def test_each_user_model_climbs_the_default_ladder_with_gates_and_counted_mfu(climbed):
+    res = climbed["res"]
+    assert res["status"] == "complete"
+    assert [r["name"] for r in res["rungs"]] == ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
+    for r in res["rungs"]:
+        assert r["status"] == "ok", r["detail"]
+        assert r["gate"]["passed"], (r["name"], r["gate"]["detail"])
+        assert r["flops_per_token"] > 0 and r["mfu"] == pytest.approx(r["tflops"] / 1.0)
+    assert res["model"]["flops_method"] == "counted" and res["model"]["matmul_params"] is None
+    assert res["model"]["blocks"] == "blocks" and res["model"]["kind"] == "user"
+    assert res["fastest"] is not None and res["learns_check"]["passed"]
+    assert (climbed["folder"] / "waterfall.png").exists() and (climbed["folder"] / "report.html").exists()
+    assert res["config"]["model_source"].endswith(climbed["spec"]) and res["config"]["model"] is None
+
+
+def test_the_convention_and_dropout_are_detected_and_recorded(climbed):
+    model = climbed["res"]["model"]
+    expected = {"nano.py:GPT": ("logits_loss", "off: dropout=0.0 given"),
+                "logits_only.py:make_lm": ("logits", "none"),
+                "noisy.py:Noisy": ("loss", "off: 2 dropout module(s)")}[climbed["spec"]]
+    assert model["convention"] == expected[0] and model["dropout"].startswith(expected[1])
+    assert model["source"]["arguments"] == {"nano.py:GPT": {"vocab_size": 28, "block_size": 32, "dropout": 0.0},
+                                            "logits_only.py:make_lm": {"vocab_size": 28},
+                                            "noisy.py:Noisy": {"vocab_size": 28}}[climbed["spec"]]
+    eq = next(r for r in climbed["res"]["rungs"] if r["name"] == "compile")["gate"]["equivalence"]
+    if model["convention"] == "loss":  # no logits to compare: loss and gradients are, and it says so
+        assert eq["logits_max_abs_err"] is None and "loss only" in eq["logits"] and eq["grad_rel_err"] < 1e-3
+    else:
+        assert eq["logits_max_abs_err"] is not None
+
+
+def test_the_rungs_skipped_on_a_user_model_say_why(model_dir, tmp_path):
+    """sdpa and pad-vocab apply to our GPT, Hugging Face's, or a model with hooks; elsewhere they are skipped."""
+    res = climb(str(model_dir / "nano.py:GPT"), tmp_path, "--rungs", "eager,sdpa,pad-vocab,muon")["res"]
+    rungs = {r["name"]: r for r in res["rungs"]}
+    for name in ("sdpa", "pad-vocab"):
+        assert rungs[name]["status"] == "skipped" and "not applicable to this model" in rungs[name]["detail"]
+        assert rungs[name]["requirement"]["model"] == name
+    assert rungs["muon"]["status"] == "ok" and rungs["muon"]["gate"]["passed"]  # hidden matrices: blocks.*
+
+
+def test_hooks_let_a_user_model_take_sdpa_and_pad_vocab(model_dir, tmp_path):
+    res = climb(str(model_dir / "hooked.py:make_hooked"), tmp_path, "--rungs", "eager,sdpa,pad-vocab")["res"]
+    rungs = {r["name"]: r for r in res["rungs"]}
+    assert res["model"]["not_applicable"] == {}
+    for name in ("sdpa", "pad-vocab"):
+        assert rungs[name]["status"] == "ok" and rungs[name]["gate"]["passed"], rungs[name]["detail"]
+    # pad-vocab grew the head to 64 rows; the loss reads the 28 real ones, so it equals eager's at the same weights.
+    eq = rungs["pad-vocab"]["gate"]["equivalence"]
+    assert eq["loss"] == pytest.approx(eq["loss_ref"], rel=1e-5)
+
+
+def test_a_model_without_repeated_blocks_skips_ckpt_with_the_reason(model_dir, tmp_path):
+    res = climb(str(model_dir / "flat.py:Bigram"), tmp_path, "--rungs", "eager,ckpt")["res"]
+    ckpt = res["rungs"][1]
+    assert ckpt["status"] == "skipped" and "no repeated blocks" in ckpt["detail"] and res["model"]["blocks"] is None
+
+
+def test_an_unknown_convention_is_one_line_naming_the_accepted_ones(model_dir, capsys):
+    assert main(["run", *FAST, "--model", str(model_dir / "odd.py:Odd"), "--out", "unused"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot tell how to call" in err
+    for convention in models.CONVENTIONS.values():
+        assert convention in err
+    assert not Path("unused").exists()
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("missing.py:GPT", "model file not found"),
+    ("nano.py:Nope", "has no 'Nope'"),
+    ("nano.py", "FILE.py:NAME"),
+    ("no.such.module:GPT", "cannot import no.such.module"),
+])
+def test_bad_model_specs_are_one_line(spec, message, model_dir, capsys):
+    where = spec if spec.startswith("no.such") else str(model_dir / spec)
+    assert main(["run", *FAST, "--model", where]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+# -- the parts, one by one -------------------------------------------------------------------------------
+
+def test_counted_flops_agree_with_the_formula_on_our_gpt():
+    for preset in ("tiny", "d2l-cpu"):
+        cfg = PRESETS[preset].model
+        d = ours(cfg)
+        assert d.flops_method == "formula"
+        formula, counted = d.flops_per_token(cfg.block_size), count_flops(d, cfg.block_size)
+        assert counted == pytest.approx(formula, rel=0.05)
+        assert counted != formula  # two ways of counting, not one number twice (biases and norms differ)
+
+
+def test_the_same_weights_give_the_same_loss_in_every_convention(model_dir):
+    """The loss is next-token cross-entropy over every position, whoever computes it: comparable across models."""
+    losses = []
+    for spec in ("nano.py:GPT", "logits_only.py:make_lm", "noisy.py:Noisy"):
+        work = prepare(RunConfig(preset="tiny", device="cpu", model_source=str(model_dir / spec)))
+        step = work.step(work.base_spec)
+        x, y = work.gate_batches(work.base_spec, 1)[0]
+        losses.append(float(step.forward_backward(x, y)[1].detach()))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6) and losses[0] == pytest.approx(losses[2], rel=1e-6)
+
+
+def test_dropout_outside_dropout_modules_puts_the_whole_model_in_eval_mode(model_dir):
+    class SDPADropout(torch.nn.Module):  # nanoGPT's flash path: dropout_p while self.training
+        def __init__(self, vocab_size):
+            super().__init__()
+            self.wte = torch.nn.Embedding(vocab_size, 8)
+            self.head = torch.nn.Linear(8, vocab_size)
+
+        def forward(self, idx):
+            q = self.wte(idx)[:, None]
+            y = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.5 if self.training else 0.0)
+            return self.head(y[:, 0])
+
+    work = prepare(RunConfig(preset="tiny", device="cpu"), SDPADropout)
+    assert work.model.whole_eval and "whole model in eval mode" in work.model.dropout
+    assert not work.step(work.base_spec).model.training
+
+    class Noise(SDPADropout):
+        def forward(self, idx):
+            return super().forward(idx) + torch.randn(())
+
+    with pytest.raises(UsageError, match="different on every forward"):
+        prepare(RunConfig(preset="tiny", device="cpu"), Noise)
+
+
+def test_rungs_that_need_what_a_model_lacks_are_unmet():
+    work = prepare(RunConfig(preset="tiny", device="cpu"), lambda vocab_size: torch.nn.Sequential(
+        torch.nn.Embedding(vocab_size, 8), torch.nn.Linear(8, vocab_size)))
+    assert work.model.convention == "logits" and work.model.blocks is None
+    for name in ("ckpt", "sdpa", "pad-vocab", "muon"):
+        assert "not applicable to this model" in RUNGS[name].requires.unmet(work.env)
+    for name in ("compile", "bf16", "batch", "fused-adamw"):
+        assert RUNGS[name].requires.unmet(work.env) is None
+
+
+def test_an_unknown_architecture_gets_no_invented_prediction():
+    names = ("matmul", "attention", "elementwise & norm", "reductions & softmax", "copies & H2D", "optimizer", IDLE,
+             "other")
+    profile = ProfileSummary(categories={n: {"ms": 1.0} for n in names},
+                             params=1000, copy_gbps=10.0, matmuls={}, model=None)
+    work = prepare(RunConfig(preset="tiny", device="cpu"))
+    preds = {p.rung: p for p in chain(profile, ["compile", "bf16", "batch", "ckpt", "sdpa", "fused-adamw"],
+                                      work.base_spec, work.env)}
+    for name in ("bf16", "batch", "sdpa"):
+        assert preds[name].speedup is None and preds[name].reason == NO_MODEL
+    for name in ("compile", "ckpt", "fused-adamw"):
+        assert preds[name].speedup is not None
+
+
+# -- the other commands on a user model ----------------------------------------------------------------
+
+def test_train_saves_a_checkpoint_that_loads_into_the_users_model(model_dir, tmp_path):
+    rc, out, err = cli("train", "--preset", "tiny", "--device", "cpu", "--model", str(model_dir / "nano.py:GPT"),
+                       "--rungs", "eager,bf16,ckpt", "--steps", "20", "--log-every", "10", "--sample-tokens", "8",
+                       "--out", str(tmp_path))
+    assert rc == 0, err
+    assert "forward(x, y) -> (logits, loss)" in out and "sample (8 tokens" in out
+    (path,) = tmp_path.glob("*/checkpoint.pt")
+    ckpt = torch.load(path, weights_only=True)
+    spec = importlib.util.spec_from_file_location("users_own_nano", model_dir / "nano.py")
+    theirs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(theirs)
+    model = theirs.GPT(vocab_size=28, block_size=32)  # the user's own class, built by the user
+    model.load_state_dict(ckpt["model"])  # strict: the reference names, no checkpoint wrappers
+    assert torch.equal(model.lm_head.weight, ckpt["model"]["lm_head.weight"])
+    again, _ = load_checkpoint(path)
+    assert type(again).__name__ == "GPT" and torch.equal(again.wte.weight, model.wte.weight)
+
+
+def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
+    spec = str(model_dir / "logits_only.py:make_lm")
+    rc, _, err = cli("tune", "--preset", "tiny", "--device", "cpu", "--model", spec, "--steps", "2",
+                     "--budget-minutes", "0.01", "--out", str(tmp_path), "--quiet")
+    assert rc == 0, err
+    saved = results.load(next(tmp_path.iterdir()))
+    assert saved.model["kind"] == "user" and saved.config["model_source"] == spec
+    skipped = {r.name: r.detail for r in saved.rungs if r.status == "skipped"}
+    assert len(skipped) == len(saved.rungs)  # 0.6 s: the profile alone spends the budget
+    assert "tune budget" in skipped["eager"] and "not applicable to this model" in skipped["sdpa"]
+    work = prepare(RunConfig(preset="tiny", device="cpu", model_source=spec))
+    cmds = tune.commands(("compile",), work.cfg, "runs/x")
+    assert f"--model {spec}" in cmds["run"] and f"--model {spec}" in cmds["train_rungs"]
+
+
+def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):
+    spec = str(model_dir / "nano.py:GPT")
+    rc, _, err = cli("profile", "--preset", "tiny", "--device", "cpu", "--model", spec, "--profile-steps", "2",
+                       "--out", str(tmp_path / "p"))
+    assert rc == 0, err
+    prof = json.loads(next((tmp_path / "p").glob("*/profile.json")).read_text())
+    assert prof["profile"]["model"] is None and prof["profile"]["matmuls"] == {}
+    preds = {p["rung"]: p for p in prof["predictions"]}
+    assert preds["bf16"]["speedup"] is None and preds["bf16"]["reason"] == NO_MODEL
+    assert preds["compile"]["speedup"] > 0
+    rc, _, err = cli("predict", "--preset", "tiny", "--device", "cpu", "--model", spec, "--rungs", "eager",
+                       "--steps", "2", "--nproc", "2", "--bandwidth", "10", "--out", str(tmp_path / "q"))
+    assert rc == 0, err
+    saved = json.loads(next((tmp_path / "q").glob("*/results.json")).read_text())
+    section = saved["parallel"]
+    assert section["grad_bytes"] == 4 * saved["model"]["params"] and len(section["unit_bytes"]) == 3  # root, 2 blocks

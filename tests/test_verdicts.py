@@ -1,0 +1,95 @@
+"""Verdicts that hold (docs/measurement.md, rule 8), on synthetic windows: no timing in these tests."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from speedladder import measure
+from speedladder.measure import Timing, Window
+
+RATE = 100_000.0  # tokens/s of both sides: the rung changes nothing
+NOISE = 0.01  # each window's own scatter (1% standard deviation)
+DRIFT = 0.05  # the machine's speed moves by +-5% over the comparison
+
+
+def window(rate: float, recompiles: int = 0) -> Window:
+    return Window(seconds=1000 / rate, steps=10, tokens=1000, recompiles=recompiles)
+
+
+def timing(rates: list[float]) -> Timing:
+    return Timing(0.0, [], [], [window(r) for r in rates])
+
+
+def machine(rng: random.Random, n: int):
+    """A speed factor for slot i of n: a drift from -5% to +5% (its direction drawn), times window noise."""
+    sign = rng.choice((-1, 1))
+    return lambda i: (1 + sign * DRIFT * (2 * i / (n - 1) - 1)) * (1 + rng.gauss(0, NOISE))
+
+
+def interleaved(seed: int, windows: int = 5) -> tuple[Timing, Timing]:
+    """Rung and base windows in the order measure.interleave runs them: A B, B A, A B, ..."""
+    rng = random.Random(seed)
+    speed = machine(rng, 2 * windows)
+    rung, base, slot = [], [], 0
+    for i in range(windows):
+        for side in ((rung, base) if i % 2 == 0 else (base, rung)):
+            side.append(RATE * speed(slot))
+            slot += 1
+    return timing(rung), timing(base)
+
+
+def one_after_the_other(seed: int, windows: int = 3) -> tuple[Timing, Timing]:
+    """The old way: the base's windows first, the rung's minutes later, the drift between them."""
+    rng = random.Random(seed)
+    speed = machine(rng, 2 * windows)
+    base = [RATE * speed(i) for i in range(windows)]
+    rung = [RATE * speed(windows + i) for i in range(windows)]
+    return timing(rung), timing(base)
+
+
+def verdicts(make, trials: int = 20) -> list[str]:
+    return [measure.judge(*make(seed))[0] for seed in range(trials)]
+
+
+def test_a_no_op_rung_is_noise_at_least_19_times_in_20_under_drift():
+    found = verdicts(interleaved)
+    assert sum(v in ("win", "loss") for v in found) <= 1, found
+
+
+def test_the_old_rule_is_fooled_by_the_same_drift():
+    """The check above can fail: three windows each, timed one after the other, call drift a win or a loss."""
+    found = verdicts(one_after_the_other)
+    assert sum(v in ("win", "loss") for v in found) >= 10, found
+
+
+def test_the_written_false_verdict_rate_for_five_windows():
+    # No change and exchangeable windows: all 5 rung windows above all 5 base windows with probability 1/C(10,5).
+    assert 2 / math.comb(10, 5) == pytest.approx(0.0079, abs=1e-4)
+    rng = random.Random(0)
+    false = 0
+    trials = 20_000
+    for _ in range(trials):
+        rung = timing([rng.gauss(RATE, RATE * NOISE) for _ in range(5)])
+        base = timing([rng.gauss(RATE, RATE * NOISE) for _ in range(5)])
+        false += measure.judge(rung, base)[0] in ("win", "loss")
+    assert false / trials == pytest.approx(2 / math.comb(10, 5), abs=0.003)
+
+
+def test_a_real_gain_is_still_a_win_under_the_same_drift():
+    wins = 0
+    for seed in range(20):
+        rung, base = interleaved(seed)
+        faster = timing([w.tokens_per_s * 1.25 for w in rung.windows])  # the rung 25% faster
+        wins += measure.judge(faster, base)[0] == "win"
+    assert wins == 20
+
+
+def test_fewer_than_three_clean_windows_is_inconclusive():
+    rung = Timing(0.0, [], [], [window(2e5), window(2e5, recompiles=1), window(2e5, recompiles=2)])
+    base = timing([1e5, 1e5, 1e5])
+    verdict, why = measure.judge(rung, base)
+    assert verdict == "inconclusive" and "the rung has 1" in why
+    assert measure.judge(timing([2e5] * 3), base) == ("win", "")
