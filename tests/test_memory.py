@@ -69,6 +69,7 @@ def test_prediction_says_checkpointing_keeps_several_times_less(tiny):
     ckpt, _ = memory.predicted_activation_bytes(tiny.cfg.model, compose(("ckpt",), tiny.base_spec, tiny.env))
     fp8, why = memory.predicted_activation_bytes(tiny.cfg.model, compose(("fp8",), tiny.base_spec, tiny.env))
     assert eager > 3 * ckpt and fp8 is None and why
+    assert memory.predicted_activation_bytes(None, tiny.base_spec)[0] is None  # not our GPT: no account
 
 
 def test_the_counter_sees_a_compiled_step_without_recompiling(tiny):

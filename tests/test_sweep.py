@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -70,6 +71,10 @@ def test_each_axis_changes_one_thing_and_keeps_the_head_size():
     assert point_config(base, "batch_size", 32, ("eager",)).batch_size == 32
     with pytest.raises(UsageError):
         point_config(base, "width", 100, ("eager",))  # not a multiple of the head size
+    theirs = dataclasses.replace(base, model=None)  # a Hugging Face or user model: only the batch can vary
+    assert point_config(theirs, "batch_size", 32, ("eager",)).batch_size == 32
+    with pytest.raises(UsageError):
+        point_config(theirs, "width", 256, ("eager",))
 
 
 def _folder(out: Path) -> Path:

@@ -106,7 +106,7 @@ INDEX_BYTES = 8  # token ids, positions and targets are int64
 FP32_BYTES = 4
 
 
-def predicted_activation_bytes(m: GPTConfig, spec: StepSpec) -> tuple[int | None, str]:
+def predicted_activation_bytes(m: GPTConfig | None, spec: StepSpec) -> tuple[int | None, str]:
     """What eager autograd saves in one forward of our GPT, from the shapes; None where the model has no account.
 
     Per block (B sequences of T tokens, width C, H heads, MLP width M; `a` the
@@ -125,6 +125,8 @@ def predicted_activation_bytes(m: GPTConfig, spec: StepSpec) -> tuple[int | None
     Compiled steps are predicted as eager: inductor's partitioner chooses its own saves (the measurement
     says what it chose).
     """
+    if m is None:
+        return None, "no account of this model's saves: it is not our GPT (the measurement stands alone)"
     if "float8" in spec.transforms:
         return None, "no account of float8's saved scales and casts"
     B, T, C, H, M = spec.batch_size, spec.seq_len, m.n_embd, m.n_head, m.mlp_hidden

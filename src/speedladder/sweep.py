@@ -50,6 +50,8 @@ def point_config(base: Resolved, axis: str, value: int, rungs: tuple[str, ...]) 
     m, run = base.model, base.run
     changes: dict[str, int] = dict(run.model_changes or {})
     point: dict = {}
+    if m is None and axis != "batch_size":  # a Hugging Face or user model: its shape is its own
+        raise UsageError(f"a {axis} sweep changes our GPT's shape; this model is not ours: sweep --batch-sizes")
     if axis == "width":
         # Heads scaled to keep the head size; the MLP keeps its ratio to the width.
         if value % m.head_dim or value < m.head_dim:
@@ -80,7 +82,8 @@ def times_over_eager(rung: RungResult, eager: RungResult) -> dict:
 def point_record(value: int, path: Path, res: Results, work: Workload) -> dict:
     """What the sweep keeps of one point's ladder: per rung its × over eager, spread, verdict and gate."""
     eager = res.rung("eager")
-    out: dict = {"value": value, "dir": path.name, "status": res.status, "model": dataclasses.asdict(work.cfg.model),
+    model = dataclasses.asdict(work.cfg.model) if work.cfg.model else {"name": work.model.name}
+    out: dict = {"value": value, "dir": path.name, "status": res.status, "model": model,
                  "batch_size": work.cfg.batch_size, "seq_len": work.cfg.seq_len, "rungs": {}}
     for r in res.rungs:
         rec: dict = {"status": r.status, "detail": r.detail, "verdict": None, "passed": r.passed,

@@ -38,7 +38,8 @@ def rows(saved: Results) -> tuple[list[str], list[list[str]]]:
         e = p["rungs"].get("eager") or {}
         t = e.get("tokens_per_s")
         m = p["model"]
-        out.append([str(p["value"]), f"w{m['n_embd']} L{m['n_layer']} B{p['batch_size']} T{p['seq_len']}",
+        shape = f"w{m['n_embd']} L{m['n_layer']}" if "n_embd" in m else m.get("name", "")
+        out.append([str(p["value"]), f"{shape} B{p['batch_size']} T{p['seq_len']}",
                     f"{t['median']:,.0f}" if t else e.get("status", "—"), short_bytes(e.get("saved_activation_bytes")),
                     *(cell(p["rungs"].get(r)) for r in others)])
     for sk in s.get("skipped", []):

@@ -50,7 +50,7 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
         text += f"\n{bar_label(r)}"
     pred_level = _predicted_level(r, by_name)
     # Above the bar, its fastest window and its predicted mark, so the label hides none of them.
-    ax.text(i, max(hi, r.tokens_per_s.max / base_med, pred_level or 0.0) + 0.03 * top, text, ha="center",
+    ax.text(i, max(hi, level * t.max / t.median, pred_level or 0.0) + 0.03 * top, text, ha="center",
             va="bottom", fontsize=9)
     if pred_level is not None:
         ax.plot([i - 0.3, i + 0.3], [pred_level] * 2, color=PREDICTED, linewidth=2.5, solid_capstyle="butt",
