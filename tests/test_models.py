@@ -121,13 +121,13 @@ def test_a_model_without_repeated_blocks_skips_ckpt_with_the_reason(model_dir, t
     assert ckpt["status"] == "skipped" and "no repeated blocks" in ckpt["detail"] and res["model"]["blocks"] is None
 
 
-def test_an_unknown_convention_is_one_line_naming_the_accepted_ones(model_dir, capsys):
-    assert main(["run", *FAST, "--model", str(model_dir / "odd.py:Odd"), "--out", "unused"]) == 2
+def test_an_unknown_convention_is_one_line_naming_the_accepted_ones(model_dir, tmp_path, capsys):
+    assert main(["run", *FAST, "--model", str(model_dir / "odd.py:Odd"), "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "cannot tell how to call" in err
+    assert len(err.splitlines()) == 1 and "cannot tell how to call" in err and "returned a dict" in err
     for convention in models.CONVENTIONS.values():
         assert convention in err
-    assert not Path("unused").exists()
+    assert not (tmp_path / "runs").exists()  # refused before any run folder
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -265,3 +265,14 @@ def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):
     saved = json.loads(next((tmp_path / "q").glob("*/results.json")).read_text())
     section = saved["parallel"]
     assert section["grad_bytes"] == 4 * saved["model"]["params"] and len(section["unit_bytes"]) == 3  # root, 2 blocks
+
+
+def test_ddp_shards_a_user_model_by_its_blocks(model_dir, tmp_path):
+    rc, _, err = cli("ddp", "--preset", "tiny", "--device", "cpu", "--model", str(model_dir / "nano.py:GPT"),
+                     "--rungs", "eager", "--nproc", "2", "--steps", "2", "--strategy", "fsdp", "--master-port", "29631",
+                     "--quiet", "--out", str(tmp_path))
+    assert rc == 0, err
+    saved = json.loads(next(tmp_path.glob("*/results.json")).read_text())
+    section = saved["parallel"]
+    assert len(section["unit_bytes"]) == 3  # one FSDP unit per block of the user's nn.ModuleList, and the root
+    assert section["measured"]["param_check"]["identical"]
