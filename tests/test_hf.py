@@ -122,7 +122,8 @@ def test_a_local_config_json_and_its_overrides(tmp_path, capsys):
     cfg = work.model.source["config"]
     assert (cfg["n_layer"], cfg["n_embd"], cfg["resid_pdrop"]) == (3, 64, 0.0)
     assert "resid_pdrop=0" in work.model.dropout
-    for bad, message in (("nope=1", "has no field 'nope'"), ("n_layer", "wants KEY=VALUE")):
+    for bad, message in (("nope=1", "has no field 'nope'"), ("n_layer", "wants KEY=VALUE"),
+                         ("n_head=5", "refused by the model")):  # 64 wide: 5 heads do not divide it
         assert main(["run", *FAST, "--hf", str(path), "--hf-set", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1

@@ -152,7 +152,8 @@ class ModelDef:
     @property
     def convention_line(self) -> str:
         """The detected convention, the FLOPs method and the dropout handling, in one line for the progress."""
-        return f"{CONVENTIONS[self.convention]}; FLOPs per token by {self.flops_method}; dropout {self.dropout}"
+        flops = "by formula" if self.flops_method == "formula" else "counted by torch"
+        return f"{CONVENTIONS[self.convention]}; FLOPs per token {flops}; dropout {self.dropout}"
 
     @property
     def blocks_prefix(self) -> str | None:
