@@ -69,6 +69,8 @@ def test_each_user_model_climbs_the_default_ladder_with_gates_and_counted_mfu(cl
     assert res["fastest"] is not None and res["learns_check"]["passed"]
     assert (climbed["folder"] / "waterfall.png").exists() and (climbed["folder"] / "report.html").exists()
     assert res["config"]["model_source"].endswith(climbed["spec"]) and res["config"]["model"] is None
+    assert f"model: {res['model']['name']}: {res['model']['convention_means']}; FLOPs per token counted by torch; " \
+           f"dropout {res['model']['dropout']}." in " ".join(climbed["out"].split())  # said in the notes
 
 
 def test_the_convention_and_dropout_are_detected_and_recorded(climbed):
