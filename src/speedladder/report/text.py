@@ -120,8 +120,8 @@ def _model_note(model: dict) -> list[str]:
     if model.get("kind", "speedladder") == "speedladder":
         return []
     flops = "by formula" if model["flops_method"] == "formula" else "counted by torch"
-    return [f"model: {model['name']}: {model['convention_means']}; FLOPs per token {flops}; "
-            f"dropout {model['dropout']}."]
+    return [(f"model: {model['name']}: {model['convention_means']}; FLOPs per token {flops}; "
+            f"dropout {model['dropout']}.")]
 
 
 def notes(results: Results) -> list[str]:
