@@ -30,9 +30,11 @@ ladder() {  # ladder NAME SECONDS ARGS...: one speedladder run, its log kept bes
 }
 
 if [[ "${1:-}" == "--smoke" ]]; then
-  ladder small 240 --preset tiny --steps 3 --windows 3 --loss-steps 5 --learns-steps 60
+  # No compile here (a cold compile costs ~20 s a rung on 2 CPU cores); the GPU run climbs the full ladder.
+  ladder small 240 --preset tiny --rungs eager,bf16,batch,ckpt --steps 3 --windows 3 --loss-steps 5 \
+    --learns-steps 60 --profile-steps 5
   ladder gpt2 240 --preset tiny --data tinyshakespeare --tokenizer gpt2 --rungs eager,bf16,batch,ckpt \
-    --steps 2 --windows 3 --loss-steps 5 --learns-steps 60
+    --steps 2 --windows 3 --loss-steps 5 --learns-steps 60 --no-profile
 else
   { nvidia-smi || true; "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } \
     > "$OUT/environment.txt" 2>&1
