@@ -276,7 +276,7 @@ class Peaks:
         """Measure the queued peaks in a background thread while the body runs; wait for them after it."""
         todo, self.todo = self.todo, []
         if todo:
-            say(f"memory: the resident peaks of {len(todo)} rungs, each in a child process, beside what follows")
+            say(f"the resident peaks of {len(todo)} rungs, each in a child process, beside what follows")
         thread = threading.Thread(target=lambda: [measure_peak(r, self.work, spec, lambda m: None)
                                                   for r, spec in todo], daemon=True)
         thread.start()
