@@ -13,7 +13,7 @@ from usermodels import write_models
 import speedladder
 from speedladder.records import Results
 
-GATES = {"loss_steps": 4, "learns_steps": 20, "learns_min_drop": 0.02}
+GATES = {"loss_steps": 4, "learns_steps": 60}
 
 
 class TinyLM(nn.Module):

@@ -25,8 +25,8 @@ from speedladder.train import load_checkpoint
 from speedladder.workload import prepare
 
 # Tiny and quick: two steps a window, gates over 4 batches, a 20-step learns-check; MFU against a stated peak.
-FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "20",
-        "--learns-min-drop", "0.02", "--no-profile", "--peak-tflops", "1"]
+FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "60",
+        "--no-profile", "--peak-tflops", "fp32=1,bf16=1"]
 
 
 @pytest.fixture(scope="module")
@@ -69,22 +69,31 @@ def test_each_user_model_climbs_the_default_ladder_with_gates_and_counted_mfu(cl
     assert res["fastest"] is not None and res["learns_check"]["passed"]
     assert (climbed["folder"] / "waterfall.png").exists() and (climbed["folder"] / "report.html").exists()
     assert res["config"]["model_source"].endswith(climbed["spec"]) and res["config"]["model"] is None
+    assert f"model: {res['model']['name']}: {res['model']['convention_means']}; FLOPs per token counted by torch; " \
+           f"dropout {res['model']['dropout']}." in " ".join(climbed["out"].split())  # said in the notes
 
 
 def test_the_convention_and_dropout_are_detected_and_recorded(climbed):
     model = climbed["res"]["model"]
     expected = {"nano.py:GPT": ("logits_loss", "off: dropout=0.0 given"),
                 "logits_only.py:make_lm": ("logits", "none"),
-                "noisy.py:Noisy": ("loss", "off: 2 dropout module(s)")}[climbed["spec"]]
+                "noisy.py:Noisy": ("logits", "off: 2 dropout module(s)")}[climbed["spec"]]
     assert model["convention"] == expected[0] and model["dropout"].startswith(expected[1])
     assert model["source"]["arguments"] == {"nano.py:GPT": {"vocab_size": 28, "block_size": 32, "dropout": 0.0},
                                             "logits_only.py:make_lm": {"vocab_size": 28},
                                             "noisy.py:Noisy": {"vocab_size": 28}}[climbed["spec"]]
     eq = next(r for r in climbed["res"]["rungs"] if r["name"] == "compile")["gate"]["equivalence"]
-    if model["convention"] == "loss":  # no logits to compare: loss and gradients are, and it says so
-        assert eq["logits_max_abs_err"] is None and "loss only" in eq["logits"] and eq["grad_rel_err"] < 1e-3
-    else:
-        assert eq["logits_max_abs_err"] is not None
+    assert eq["logits_max_abs_err"] is not None and eq["grad_rel_err"] < 1e-3
+
+
+def test_a_loss_only_model_is_gated_on_its_loss_and_gradients(model_dir, tmp_path):
+    res = climb(str(model_dir / "loss_only.py:LossOnly"), tmp_path, "--rungs", "eager,bf16,batch,ckpt")["res"]
+    assert res["model"]["convention"] == "loss"
+    for r in res["rungs"][1:]:
+        assert r["status"] == "ok" and r["gate"]["passed"], (r["name"], r["detail"], r["gate"]["detail"])
+        eq = r["gate"]["equivalence"]
+        if eq:  # the control is eager fp32 itself at its batch
+            assert eq["logits_max_abs_err"] is None and "loss only" in eq["logits"] and eq["grad_rel_err"] >= 0
 
 
 def test_the_rungs_skipped_on_a_user_model_say_why(model_dir, tmp_path):
@@ -114,13 +123,13 @@ def test_a_model_without_repeated_blocks_skips_ckpt_with_the_reason(model_dir, t
     assert ckpt["status"] == "skipped" and "no repeated blocks" in ckpt["detail"] and res["model"]["blocks"] is None
 
 
-def test_an_unknown_convention_is_one_line_naming_the_accepted_ones(model_dir, capsys):
-    assert main(["run", *FAST, "--model", str(model_dir / "odd.py:Odd"), "--out", "unused"]) == 2
+def test_an_unknown_convention_is_one_line_naming_the_accepted_ones(model_dir, tmp_path, capsys):
+    assert main(["run", *FAST, "--model", str(model_dir / "odd.py:Odd"), "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "cannot tell how to call" in err
+    assert len(err.splitlines()) == 1 and "cannot tell how to call" in err and "returned a dict" in err
     for convention in models.CONVENTIONS.values():
         assert convention in err
-    assert not Path("unused").exists()
+    assert not (tmp_path / "runs").exists()  # refused before any run folder
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -151,12 +160,12 @@ def test_counted_flops_agree_with_the_formula_on_our_gpt():
 def test_the_same_weights_give_the_same_loss_in_every_convention(model_dir):
     """The loss is next-token cross-entropy over every position, whoever computes it: comparable across models."""
     losses = []
-    for spec in ("nano.py:GPT", "logits_only.py:make_lm", "noisy.py:Noisy"):
+    for spec in ("nano.py:GPT", "logits_only.py:make_lm", "noisy.py:Noisy", "loss_only.py:LossOnly"):
         work = prepare(RunConfig(preset="tiny", device="cpu", model_source=str(model_dir / spec)))
         step = work.step(work.base_spec)
         x, y = work.gate_batches(work.base_spec, 1)[0]
         losses.append(float(step.forward_backward(x, y)[1].detach()))
-    assert losses[0] == pytest.approx(losses[1], rel=1e-6) and losses[0] == pytest.approx(losses[2], rel=1e-6)
+    assert losses == pytest.approx([losses[0]] * 4, rel=1e-6)
 
 
 def test_dropout_outside_dropout_modules_puts_the_whole_model_in_eval_mode(model_dir):
@@ -258,3 +267,14 @@ def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):
     saved = json.loads(next((tmp_path / "q").glob("*/results.json")).read_text())
     section = saved["parallel"]
     assert section["grad_bytes"] == 4 * saved["model"]["params"] and len(section["unit_bytes"]) == 3  # root, 2 blocks
+
+
+def test_ddp_shards_a_user_model_by_its_blocks(model_dir, tmp_path):
+    rc, _, err = cli("ddp", "--preset", "tiny", "--device", "cpu", "--model", str(model_dir / "nano.py:GPT"),
+                     "--rungs", "eager", "--nproc", "2", "--steps", "2", "--strategy", "fsdp", "--master-port", "29631",
+                     "--quiet", "--out", str(tmp_path))
+    assert rc == 0, err
+    saved = json.loads(next(tmp_path.glob("*/results.json")).read_text())
+    section = saved["parallel"]
+    assert len(section["unit_bytes"]) == 3  # one FSDP unit per block of the user's nn.ModuleList, and the root
+    assert section["measured"]["param_check"]["identical"]

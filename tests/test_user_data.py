@@ -19,7 +19,7 @@ from speedladder.workload import prepare
 
 CPU = torch.device("cpu")
 FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--no-profile", "--steps", "2",
-        "--loss-steps", "4", "--learns-steps", "20", "--learns-min-drop", "0"]
+        "--loss-steps", "4", "--learns-steps", "0"]
 
 
 def write_ids(path: Path, ids, dtype=np.uint16) -> Path:

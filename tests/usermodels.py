@@ -2,6 +2,9 @@
 
 They share one trunk (embeddings, an nn.ModuleList of blocks, a head) and differ in what a user's model
 differs in: the forward convention, how it is built, and dropout. Each is written to a file of its own.
+The three that climb the default ladder compute the same operations as each other (the nanoGPT one
+computes the loss as speedladder does for the others) and, at the tiny preset's sizes, as the bundled GPT,
+so compiled code is shared through inductor's cache with each other and with tests/test_ladder.py's climb.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-WIDTH, HEADS, LAYERS = 32, 2, 2
+WIDTH, HEADS, LAYERS, HIDDEN = 32, 2, 2, 64
 
 
 class Block(nn.Module):
@@ -25,19 +28,22 @@ class Block(nn.Module):
         self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
         self.proj = nn.Linear(WIDTH, WIDTH)
         self.ln_2 = nn.LayerNorm(WIDTH)
-        self.fc = nn.Linear(WIDTH, 4 * WIDTH)
-        self.out = nn.Linear(4 * WIDTH, WIDTH)
+        self.fc = nn.Linear(WIDTH, HIDDEN)
+        self.out = nn.Linear(HIDDEN, WIDTH)
         self.drop = nn.Dropout(p)
-        self.register_buffer("mask", torch.tril(torch.ones(block_size, block_size, dtype=torch.bool)),
-                             persistent=False)
+        mask = torch.tril(torch.ones(block_size, block_size, dtype=torch.bool))
+        self.register_buffer("mask", mask.view(1, 1, block_size, block_size), persistent=False)
+
+    def attend(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = self.drop(F.softmax(att.masked_fill(~self.mask[:, :, :T, :T], float("-inf")), dim=-1))
+        return self.drop(self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C)))
 
     def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in self.qkv(self.ln_1(x)).split(C, dim=2))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // HEADS)
-        att = self.drop(F.softmax(att.masked_fill(~self.mask[:T, :T], float("-inf")), dim=-1))
-        x = x + self.drop(self.proj((att @ v).transpose(1, 2).reshape(B, T, C)))
-        return x + self.drop(self.out(F.gelu(self.fc(self.ln_2(x)))))
+        x = x + self.attend(self.ln_1(x))
+        return x + self.drop(self.out(F.relu(self.fc(self.ln_2(x)))))
 
 
 class Trunk(nn.Module):
@@ -68,7 +74,7 @@ class GPT(Trunk):
         logits = self.logits(idx)
         if targets is None:
             return logits[:, [-1], :], None  # as nanoGPT: only the last position, for generation
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 '''
 
@@ -84,12 +90,23 @@ def make_lm(vocab_size):
     return LM(vocab_size, 32, 0.0)
 '''
 
-# forward(x, y) -> loss, dropout on (p=0.1, not an argument): speedladder switches it off.
+# forward(idx) -> logits with dropout on (p=0.1, not an argument): speedladder switches it off.
 DROPOUT = TRUNK + '''
 
 class Noisy(Trunk):
     def __init__(self, vocab_size):
         super().__init__(vocab_size, 32, 0.1)
+
+    def forward(self, idx):
+        return self.logits(idx)
+'''
+
+# forward(x, y) -> loss: no logits for the gates to compare.
+LOSS = TRUNK + '''
+
+class LossOnly(Trunk):
+    def __init__(self, vocab_size):
+        super().__init__(vocab_size, 32, 0.0)
 
     def forward(self, x, y):
         logits = self.logits(x)
@@ -100,12 +117,11 @@ class Noisy(Trunk):
 HOOKED = LOGITS + '''
 
 class Fused(Block):
-    def forward(self, x):
+    def attend(self, x):
         B, T, C = x.shape
-        q, k, v = (t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in self.qkv(self.ln_1(x)).split(C, dim=2))
+        q, k, v = (t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in self.qkv(x).split(C, dim=2))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.out(F.gelu(self.fc(self.ln_2(x))))
+        return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
 class Hooked(LM):
@@ -152,8 +168,8 @@ class Odd(nn.Module):
         return {"hidden": self.wte(idx)}
 '''
 
-FILES = {"nano.py": NANO, "logits_only.py": LOGITS, "noisy.py": DROPOUT, "hooked.py": HOOKED, "flat.py": FLAT,
-         "odd.py": ODD}
+FILES = {"nano.py": NANO, "logits_only.py": LOGITS, "noisy.py": DROPOUT, "loss_only.py": LOSS, "hooked.py": HOOKED,
+         "flat.py": FLAT, "odd.py": ODD}
 
 
 def write_models(folder: Path) -> Path:

@@ -167,10 +167,15 @@ class GPT(nn.Module):
         """Extend idx (B, T) by new_tokens sampled one at a time; top_k 0 samples from the whole vocabulary."""
         for _ in range(new_tokens):
             logits, _ = self(idx[:, -self.cfg.block_size:])
-            logits = logits[:, -1, :] / temperature  # (B, V)
-            if top_k:
-                kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)
-            idx = torch.cat([idx, nxt], dim=1)
+            idx = torch.cat([idx, sample_next(logits[:, -1, :], temperature, top_k, generator)], dim=1)
         return idx
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: int,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of the last position's logits (B, V): (B, 1); top_k 0 samples from the whole vocabulary."""
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)

@@ -58,6 +58,8 @@ class TrainStep:
         self.params = dict(model.named_parameters())
         # Their reference shapes: a transform may grow a parameter in place (pad-vocab adds rows at the end).
         self.shapes = {n: p.shape for n, p in self.params.items()}
+        # Every entry of the plain model's state dict (a tied matrix under each of its names), for checkpoints.
+        self.state = model.state_dict(keep_vars=True)
         self.model = model
         for name in spec.transforms:
             self.model = self.source.transform(name)(self.model)
@@ -102,8 +104,9 @@ class TrainStep:
         return t if rows is None or t.shape[0] == rows else t[:rows]
 
     def reference_state(self) -> dict[str, torch.Tensor]:
-        """The weights under the reference names and shapes, on the host: loadable into a plain GPT."""
-        return {n: self.reference_part(n, p).detach().cpu().clone() for n, p in self.params.items()}
+        """The state under the reference names and shapes, on the host: loadable into the plain model."""
+        return {k: (t[: self.init[k].shape[0]] if t.ndim and t.shape[0] != self.init[k].shape[0] else t)
+                .detach().cpu().clone() for k, t in self.state.items()}
 
     def reset(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Back to the initial weights (or the given ones) with a fresh optimizer; compiled code is kept."""

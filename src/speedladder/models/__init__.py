@@ -16,6 +16,7 @@ import torch
 
 from speedladder.config import Resolved, RunConfig
 from speedladder.errors import UsageError
+from speedladder.model import sample_next
 from speedladder.models import hf, user
 from speedladder.models.base import CONVENTIONS, ModelDef, count_flops
 from speedladder.models.ours import ours
@@ -97,10 +98,6 @@ def generate(model_def: ModelDef, model: torch.nn.Module, idx: torch.Tensor, new
         logits, _ = adapted(window, window)  # the targets only make a nanoGPT-style forward return every position
         if logits is None:
             return None
-        logits = logits[:, -1, : model_def.vocab_size] / temperature  # (B, V)
-        if top_k:
-            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)  # (B, 1)
+        nxt = sample_next(logits[:, -1, : model_def.vocab_size], temperature, top_k, generator)  # (B, 1)
         idx = torch.cat([idx, nxt], dim=1)
     return idx

@@ -51,7 +51,9 @@ def next_token_loss(logits: torch.Tensor, y: torch.Tensor, vocab: int) -> torch.
     the next tokens, so every position counts, as in our GPT, and losses compare across models. A padded
     head's extra columns are left out.
     """
-    return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), y.reshape(-1))
+    if logits.shape[-1] != vocab:  # a padded head (shapes are static: no slice in the graph otherwise)
+        logits = logits[..., :vocab]
+    return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1))
 
 
 class Adapted(nn.Module):
@@ -150,7 +152,8 @@ class ModelDef:
     @property
     def convention_line(self) -> str:
         """The detected convention, the FLOPs method and the dropout handling, in one line for the progress."""
-        return f"{CONVENTIONS[self.convention]}; FLOPs per token by {self.flops_method}; dropout {self.dropout}"
+        flops = "by formula" if self.flops_method == "formula" else "counted by torch"
+        return f"{CONVENTIONS[self.convention]}; FLOPs per token {flops}; dropout {self.dropout}"
 
     @property
     def blocks_prefix(self) -> str | None:

@@ -157,8 +157,11 @@ def define(name: str, overrides: tuple[str, ...], vocab: int | None, seq_len: in
     cfg, dropped = config(name, overrides, vocab)
     factory = functools.partial(build, cfg)
     torch.manual_seed(seed)
-    with torch.device("cpu"):
-        model = factory()
+    try:
+        with torch.device("cpu"):
+            model = factory()
+    except (ValueError, TypeError, AttributeError) as e:  # settings the model refuses, e.g. heads that do not divide
+        raise UsageError(f"{type(cfg).__name__} settings refused by the model: {one_line(e)}") from None
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     label = f"Hugging Face {type(model).__name__}"
     conv, seen_vocab = convention(model, seq_len, label, targets=False)  # the logits' width, and that it runs at this length

@@ -137,11 +137,21 @@ def _learns_note(lc: dict | None) -> list[str]:
     return [f"learns-check ({lc['rung']}): FAILED — {lc['detail']}"]
 
 
+def _model_note(model: dict) -> list[str]:
+    """For a model other than ours (docs/models.md): how it was called, FLOPs, dropout."""
+    if model.get("kind", "speedladder") == "speedladder":
+        return []
+    flops = "by formula" if model["flops_method"] == "formula" else "counted by torch"
+    return [(f"model: {model['name']}: {model['convention_means']}; FLOPs per token {flops}; "
+            f"dropout {model['dropout']}.")]
+
+
 def notes(results: Results) -> list[str]:
     """Plain sentences under the table: what was skipped and why, gates, controls, learns-check, winner."""
     out = []
     if results.config.get("preset_note"):
         out.append(results.config["preset_note"] + ".")
+    out.extend(_model_note(results.model))
     by_name = {r.name: r for r in results.rungs}
     for r in results.rungs:
         if not r.ok:
