@@ -42,6 +42,7 @@ class Ladder:
         # Each passing rung's outputs at the probe weights: what a rung built on it is checked against (probes.py).
         self.probes: dict[str, Probe] = {}
         self.finalists: list[str] | None = None  # set by tune: the learns-check tries these, in this order
+        self.peaks = memory.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
         self.save()
 
     def save(self) -> None:
@@ -95,7 +96,7 @@ class Ladder:
             if m.base_timing is not None:
                 r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
                 r.verdict, r.verdict_detail = measure.judge(m.timing, m.base_timing)
-            memory.record(r, w, spec, step, say)  # saved activations, predicted from shapes, the step's peak
+            memory.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
             fpt = w.flops_per_token(spec)
             peak = measure.peak_for(cfg.run.peak_tflops, results.device_name(w.device), w.device.type, spec.precision)
             r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
@@ -188,7 +189,8 @@ class Ladder:
                 after_climb()
             # Each prediction missed beyond the limit: the rung's step and its base's profiled side by side.
             explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget)
-            self._learns_check()
+            with self.peaks.beside(self.progress.scoped("memory")):  # children beside the untimed learns-check
+                self._learns_check()
             self.results.status = "complete"
         except KeyboardInterrupt:
             self.results.status = "interrupted"

@@ -26,6 +26,7 @@ Three figures per rung (docs/memory-sweep.md):
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import gc
@@ -36,7 +37,8 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,10 +221,12 @@ _SRC = str(Path(__file__).resolve().parents[1])  # the child imports the same sp
 # -- one rung ------------------------------------------------------------------------------
 
 
-def record(r: RungResult, work: Workload, spec: StepSpec, step: TrainStep, say: Callable[[str], None]) -> None:
-    """Fill a rung's memory figures: saved activations (here), predicted, and the step's peak off CUDA (a child).
+def record(r: RungResult, work: Workload, spec: StepSpec, step: TrainStep, say: Callable[[str], None],
+           peaks: Peaks | None = None) -> None:
+    """Fill a rung's memory figures: saved activations (here, now), predicted, and the step's peak off CUDA.
 
-    A meter that fails leaves its figure None and says why in r.memory_note; the rung itself stands.
+    The resident peak is queued on `peaks` (measured after the climb, beside the learns-check), or measured
+    now without it. A meter that fails leaves its figure None and says why in r.memory_note; the rung stands.
     """
     r.predicted_activation_bytes, why = predicted_activation_bytes(work.cfg.model, spec)
     notes = [f"predicted: {why}"]
@@ -231,20 +235,53 @@ def record(r: RungResult, work: Workload, spec: StepSpec, step: TrainStep, say: 
         r.saved_activation_bytes = step_saved(step, x, y).activation_bytes
     except Exception as e:  # noqa: BLE001 -- a meter that cannot run is reported, never guessed
         notes.append(f"saved activations not measured: {e}")
+    r.memory_note = "; ".join(notes)
     cfg = work.cfg.run.memory
     unsupported = process_peak_unsupported()
     if work.device.type == "cuda" or not cfg.process_peak or unsupported:
-        notes.append("step peak: the CUDA allocator's" if work.device.type == "cuda" else
-                     "step peak: off (--no-process-peak)" if not cfg.process_peak else unsupported or "")
+        r.memory_note += "; " + ("step peak: the CUDA allocator's" if work.device.type == "cuda" else
+                                 "step peak: off (--no-process-peak)" if not cfg.process_peak else unsupported or "")
+    elif peaks is not None:
+        peaks.todo.append((r, spec))
     else:
-        say(f"memory: the step's resident peak in a child process ({cfg.warmup} + {cfg.steps} steps)")
-        try:
-            run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
-            peak = peak_in_child(run, spec, cfg)
-            r.process_base_bytes, r.process_peak_bytes = peak["process_base_bytes"], peak["process_peak_bytes"]
-        except Exception as e:  # noqa: BLE001 -- recorded; the rung's speed and gates stand
-            notes.append(f"resident peak not measured: {e}")
-    r.memory_note = "; ".join(notes)
+        measure_peak(r, work, spec, say)
+
+
+def measure_peak(r: RungResult, work: Workload, spec: StepSpec, say: Callable[[str], None]) -> None:
+    """The rung's resident peak, from a child process; a failure is said in r.memory_note."""
+    cfg = work.cfg.run.memory
+    say(f"memory: {r.name}'s resident peak in a child process ({cfg.warmup} + {cfg.steps} steps)")
+    try:
+        run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
+        peak = peak_in_child(run, spec, cfg)
+        r.process_base_bytes, r.process_peak_bytes = peak["process_base_bytes"], peak["process_peak_bytes"]
+    except Exception as e:  # noqa: BLE001 -- recorded; the rung's speed and gates stand
+        r.memory_note += f"; resident peak not measured: {e}"
+
+
+class Peaks:
+    """The rungs whose resident peak is still to measure, and the thread that measures them.
+
+    A child process per rung costs seconds (a fresh Python, the step built and, if compiled, compiled again
+    from the cache). None of it is timed, and nothing timed may share the machine with it, so the children
+    wait for the climb and run beside the learns-check, which measures losses, not time.
+    """
+
+    def __init__(self, work: Workload) -> None:
+        self.work = work
+        self.todo: list[tuple[RungResult, StepSpec]] = []
+
+    @contextlib.contextmanager
+    def beside(self, say: Callable[[str], None]) -> Iterator[None]:
+        """Measure the queued peaks in a background thread while the body runs; wait for them after it."""
+        todo, self.todo = self.todo, []
+        if todo:
+            say(f"the resident peaks of {len(todo)} rungs, each in a child process, beside what follows")
+        thread = threading.Thread(target=lambda: [measure_peak(r, self.work, spec, lambda m: None)
+                                                  for r, spec in todo], daemon=True)
+        thread.start()
+        yield
+        thread.join()  # not reached on an interruption: the daemon thread and its child end with the process
 
 
 def _main(argv: list[str]) -> int:
