@@ -51,7 +51,7 @@ def climb(out, *args: str) -> dict:
     return json.loads((folder / "results.json").read_text())
 
 
-# The whole default ladder compiles five times per model, about two minutes each on 2 CPU cores: it runs where
+# The whole default ladder compiles five times per model (4.5 minutes each, cold, on a shared 2-core CPU): it runs where
 # this is set (.ci/run sets it, after the suite), and the suite climbs the same rungs without compile.
 LADDER = os.environ.get("SPEEDLADDER_HF_LADDER") == "1"
 DEFAULT = ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
