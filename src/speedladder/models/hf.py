@@ -4,7 +4,7 @@ transformers is an optional extra (`pip install speedladder[hf]`). Nothing is
 downloaded: the config is transformers' own default for gpt2 and llama, or a
 local config.json, changed by `--hf-set KEY=VALUE`. The rungs map onto the
 library's own switches: sdpa is attn_implementation "eager" -> "sdpa", ckpt
-is gradient_checkpointing_enable(), pad-vocab is resize_token_embeddings(
+is activation_checkpointing_enable(), pad-vocab is resize_token_embeddings(
 pad_to_multiple_of=64) with the padding's logits left out of the loss.
 """
 
@@ -105,7 +105,13 @@ def use_sdpa(model: nn.Module) -> nn.Module:
 
 
 def checkpointing(model: nn.Module) -> nn.Module:
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    """The library's own activation checkpointing of every decoder layer (gradient_checkpointing_enable in releases
+    without activation_checkpointing_enable)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     return model
 
 
