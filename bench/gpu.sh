@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Both reference setups (the small d2l-style GPT and GPT-2 124M) climb the full ladder (--ladder full: R0 -> compile -> bf16 -> sdpa ->
 # fused-adamw -> pad-vocab -> batch-up -> max-autotune -> fp8, checkpointing beside the top) on one CUDA GPU,
-# capped to fit 9 minutes with their clean-up (caps are estimates until a GPU run; a capped ladder keeps what
+# then a width sweep (256, 512) of bf16 against eager, capped to fit 9 minutes with their clean-up (caps are estimates until a GPU run; a capped ladder keeps what
 # it measured, and max-autotune's compile may well take the rest of a cap):
 #   small GPT  (d2l-512, The Time Machine, T=128, B=64, batch-up to 512)
 #   GPT-2 124M (gpt2-124m, Tiny Shakespeare, B=16, T=1024, batch-up x4)
@@ -38,9 +38,13 @@ if [[ "${1:-}" == "--smoke" ]]; then
 else
   { nvidia-smi || true; "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } \
     > "$OUT/environment.txt" 2>&1
-  ladder small 220 --preset d2l-512 --ladder full
-  ladder gpt2 280 --preset gpt2-124m --data tinyshakespeare --batch-size 16 --seq-len 1024 --ladder full \
+  ladder small 200 --preset d2l-512 --ladder full
+  ladder gpt2 240 --preset gpt2-124m --data tinyshakespeare --batch-size 16 --seq-len 1024 --ladder full \
     --loss-steps 10 --learns-steps 150
+  # The source's width-256 finding: bf16 against eager at widths 256 and 512 (the d2l-512 workload).
+  mkdir -p "$OUT/sweep"
+  timeout --signal=INT --kill-after=30 60 "$PY" -m speedladder sweep --preset d2l-512 --widths 256,512 \
+    --rungs eager,bf16 --budget-minutes 1 --out "$OUT/sweep" 2>&1 | tee "$OUT/sweep/log.txt" || true
 fi
 
 "$PY" bench/summary.py "$OUT"/small/*/results.json "$OUT"/gpt2/*/results.json
