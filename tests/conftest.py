@@ -27,3 +27,13 @@ def _fresh_dynamo():
 def tiny() -> Workload:
     """The tiny preset on the CPU: a model that trains in milliseconds per step."""
     return prepare(RunConfig(preset="tiny", device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread (set again here in case a test changed it): on a small shared CPU, two threads of a
+    tiny model mostly wait on each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

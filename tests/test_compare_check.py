@@ -28,14 +28,6 @@ def load_dict(path) -> dict:
     return to_dict(results.load(path))
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    """One intra-op thread: on a small shared CPU, two threads of a tiny model mostly wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def tiny_run(out: Path, *flags: str) -> Path:
     assert main(["run", *TINY, *flags, "--out", str(out)]) == 0

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 from speedladder import results
 from speedladder.cli import main
@@ -28,14 +27,6 @@ def load_dict(path) -> dict:
     """A saved run as its file holds it (what the page and the comparison read)."""
     return to_dict(results.load(path))
 
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """One intra-op thread: on a small shared CPU, two threads of a tiny model mostly wait on each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -130,23 +130,24 @@ def test_a_failing_rank_ends_the_job_with_its_error_once(tmp_path):
     assert "Traceback" in (run / "torchrun.log").read_text()  # the whole story stays in the log
 
 
-def test_a_rank_that_dies_before_it_can_speak_is_told_by_its_own_exception(tmp_path):
-    env = dict(os.environ, **{DIE_RANK_ENV: "1"})
+def faulty_job(tmp_path: Path, fault: str) -> subprocess.CompletedProcess:
+    """`speedladder ddp --nproc 2` as a user runs it, with a fault injected on rank 1."""
+    env = dict(os.environ, **{fault: "1"})
     env["PYTHONPATH"] = str(Path(speedladder.__file__).resolve().parent.parent)
-    proc = subprocess.run([sys.executable, "-m", "speedladder", "ddp", "--nproc", "2", *FAST, "--master-port",
+    return subprocess.run([sys.executable, "-m", "speedladder", "ddp", "--nproc", "2", *FAST, "--master-port",
                            str(free_port()), "--out", str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=180, check=False)
+
+
+def test_a_rank_that_dies_before_it_can_speak_is_told_by_its_own_exception(tmp_path):
+    proc = faulty_job(tmp_path, DIE_RANK_ENV)
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
     assert "RuntimeError: injected death on rank 1" in line and "=====" not in line.split("(full log")[0], line
 
 
 def test_parameters_that_differ_across_ranks_fail_the_job(tmp_path):
-    env = dict(os.environ, **{DRIFT_RANK_ENV: "1"})
-    env["PYTHONPATH"] = str(Path(speedladder.__file__).resolve().parent.parent)
-    proc = subprocess.run([sys.executable, "-m", "speedladder", "ddp", "--nproc", "2", *FAST, "--master-port",
-                           str(free_port()), "--out", str(tmp_path)], capture_output=True, text=True, env=env,
-                          timeout=180, check=False)
+    proc = faulty_job(tmp_path, DRIFT_RANK_ENV)
     assert proc.returncode == 1
     (line,) = proc.stderr.strip().splitlines()
     assert "parameters differ across ranks" in line

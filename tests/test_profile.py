@@ -168,14 +168,6 @@ def _window_rates(step, n_windows: int = 5, steps: int = 15, warmup: int = 30) -
     return [w.tokens_per_s for w in t.windows]
 
 
-@pytest.fixture
-def one_thread():
-    """One intra-op thread: on a shared 2-core machine two OpenMP threads turn every window into noise."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
     """The profile runs in a child process: the windows timed afterwards pay nothing for it."""
