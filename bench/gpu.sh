@@ -30,11 +30,12 @@ ladder() {  # ladder NAME SECONDS ARGS...: one speedladder run, its log kept bes
 }
 
 if [[ "${1:-}" == "--smoke" ]]; then
-  # No compile here (a cold compile costs ~20 s a rung on 2 CPU cores); the GPU run climbs the full ladder.
-  ladder small 240 --preset tiny --rungs eager,bf16,batch,ckpt --steps 3 --windows 3 --loss-steps 5 \
-    --learns-steps 60 --profile-steps 5
-  ladder gpt2 240 --preset tiny --data tinyshakespeare --tokenizer gpt2 --rungs eager,bf16,batch,ckpt \
-    --steps 2 --windows 3 --loss-steps 5 --learns-steps 60 --no-profile
+  # The script's plumbing on tiny shapes: no compile (a cold compile costs ~20 s a configuration on 2 CPU cores),
+  # no resident-peak children, short gates, no learns-check, no miss explained; the GPU run climbs the full ladder.
+  ladder small 240 --preset tiny --rungs eager,bf16,ckpt --steps 2 --windows 3 --loss-steps 3 \
+    --learns-steps 0 --profile-steps 3 --explain-miss 0 --no-process-peak
+  ladder gpt2 240 --preset tiny --data tinyshakespeare --tokenizer gpt2 --rungs eager,bf16 \
+    --steps 1 --windows 3 --loss-steps 2 --learns-steps 0 --no-profile --no-process-peak
 else
   { nvidia-smi || true; "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } \
     > "$OUT/environment.txt" 2>&1

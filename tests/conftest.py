@@ -15,6 +15,16 @@ from speedladder.workload import Workload, prepare
 
 torch.set_num_threads(1)
 
+# The files that take longest (cold compiles of whole ladders, torchrun jobs), slowest first. pytest-xdist hands whole
+# files to its workers in collection order (pyproject.toml: --dist loadfile --no-loadscope-reorder), so starting
+# these first keeps one worker from being left with a long file at the end.
+SLOWEST_FIRST = ("test_hf.py", "test_models.py", "test_parallel.py", "test_ladder.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its order
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():

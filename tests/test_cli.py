@@ -84,7 +84,7 @@ def test_bad_data_files_are_one_line(tmp_path, capsys):
 
 def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
     assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "2", "--no-profile",
-                 "--loss-steps", "4", "--learns-steps", "60", "--quiet",
+                 "--loss-steps", "4", "--learns-steps", "60", "--no-process-peak", "--quiet",
                  "--out", str(tmp_path / "runs")]) == 0
     first = capsys.readouterr().out
     (run,) = (tmp_path / "runs").iterdir()

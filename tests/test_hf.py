@@ -30,7 +30,7 @@ SMALL = ["--hf-set", "n_layer=2", "--hf-set", "n_embd=128", "--hf-set", "n_head=
 LLAMA_MLP = ["--hf-set", "intermediate_size=512"]
 MODELS = {"gpt2": ["--hf", "gpt2", *SMALL], "llama": ["--hf", "llama", *SMALL, *LLAMA_MLP]}
 FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "60",
-        "--no-profile", "--peak-tflops", "fp32=1,bf16=1"]
+        "--no-profile", "--no-process-peak", "--peak-tflops", "fp32=1,bf16=1"]
 
 
 def hf_set(name: str) -> tuple[str, ...]:
@@ -51,28 +51,19 @@ def climb(out, *args: str) -> dict:
     return json.loads((folder / "results.json").read_text())
 
 
-# The whole default ladder compiles five times per model (4.5 minutes each, cold, on a shared 2-core CPU): it runs where
-# this is set (.ci/run sets it, after the suite), and the suite climbs the same rungs without compile.
-LADDER = os.environ.get("SPEEDLADDER_HF_LADDER") == "1"
 DEFAULT = ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
 
 
-@pytest.fixture(scope="module", params=[(name, compiled) for name in MODELS for compiled in (False, True)],
-                ids=lambda p: f"{p[0]}-{'default-ladder' if p[1] else 'without-compile'}")
+@pytest.fixture(scope="module", params=list(MODELS))
 def climbed(request, tmp_path_factory) -> tuple[str, dict]:
     """`speedladder run --hf gpt2|llama --hf-set n_layer=2 --hf-set n_embd=128 --hf-set n_head=4`: the default
-    ladder (with SPEEDLADDER_HF_LADDER=1), or its rungs without compile."""
-    name, compiled = request.param
-    if compiled and not LADDER:
-        pytest.skip("the default ladder with compile runs with SPEEDLADDER_HF_LADDER=1 (.ci/run)")
-    rungs = () if compiled else ("--rungs", "eager,bf16,batch,ckpt")
-    return name, climb(tmp_path_factory.mktemp("hf"), *MODELS[name], *rungs)
+    ladder, compile included (five compiled configurations per model, a minute or two on a 2-core CPU)."""
+    return request.param, climb(tmp_path_factory.mktemp("hf"), *MODELS[request.param])
 
 
 def test_gpt2_and_llama_climb_the_default_ladder_and_every_gate_passes(climbed):
     name, res = climbed
-    expected = DEFAULT if res["config"]["ladder"] == "source" else [n for n in DEFAULT if n != "compile"]
-    assert [r["name"] for r in res["rungs"]] == expected
+    assert res["config"]["ladder"] == "source" and [r["name"] for r in res["rungs"]] == DEFAULT
     for r in res["rungs"]:
         assert r["status"] == "ok" and r["gate"]["passed"], (r["name"], r["detail"], r["gate"]["detail"])
         assert r["mfu"] == pytest.approx(r["tflops"] / 1.0)

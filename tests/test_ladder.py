@@ -16,7 +16,7 @@ from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
 from speedladder.step import TrainStep
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
-        "--no-profile"]
+        "--no-profile", "--no-process-peak"]
 
 
 def run_dir(out: Path) -> Path:
@@ -34,14 +34,15 @@ def by_name(res: dict) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory) -> dict:
-    """The default ladder R0-R4 on the tiny preset, profiled first: one run that the tests below read."""
+    """The default ladder R0-R4 on the tiny preset, profiled first: one run that the tests below read (a miss is
+    not profiled again here: each costs a child process that compiles cold; tests/test_explain.py covers that)."""
     out = tmp_path_factory.mktemp("source")
     import contextlib
     import io
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        rc = main(["run", *[a for a in FAST if a != "--no-profile"], "--out", str(out)])
+        rc = main(["run", *[a for a in FAST if a != "--no-profile"], "--explain-miss", "0", "--out", str(out)])
     folder = run_dir(out)
     return {"rc": rc, "res": saved(out), "typed": results.load(folder), "folder": folder,
             "out": stdout.getvalue(), "err": stderr.getvalue()}

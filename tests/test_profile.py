@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -161,12 +162,19 @@ def test_small_matmuls_predict_a_loss_for_bf16(tiny):
 
 
 def _window_rates(step, n_windows: int = 5, steps: int = 15, warmup: int = 30) -> list[float]:
-    # Warm-up as the ladder's rungs get it (it builds, compiles and warms up after the profile, seconds in all):
-    # the first steps after a 2-core machine has just torn down another process are not the steady state.
-    t = measure.run_windows(step, CPU, tokens_per_step=128, steps=steps, windows=n_windows, warmup=warmup,
-                            max_warmup=warmup)
-    return [w.tokens_per_s for w in t.windows]
-
+    """Tokens per second of this thread's CPU time, window by window. A profiler's cost is work done in this
+    thread; a neighbour's load (another test process on the same 2 cores) takes wall time, not this thread's CPU
+    time, so the comparison below holds on a loaded machine."""
+    # Warm-up as the ladder's rungs get it: the first steps after another process was torn down are not the steady state.
+    for _ in range(warmup):
+        step()
+    rates = []
+    for _ in range(n_windows):
+        start = time.thread_time()
+        for _ in range(steps):
+            step()
+        rates.append(steps * 128 / (time.thread_time() - start))
+    return rates
 
 
 def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
@@ -179,8 +187,7 @@ def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
     assert b["regime"] in categories.REGIMES and child.valid_trace(tmp_path / child.TRACE) > 0
     assert not torch.autograd.profiler._is_profiler_enabled
     # The ratio of the medians is within the windows' spread: the range of the windows before, less the one slowest
-    # and one fastest (a single preempted window on a shared machine is not the spread), and at least 10% (two sets
-    # of windows on this shared 2-core VM drift apart by up to ~7% with nothing in between). An in-process
+    # and one fastest, and at least 10% (caches and frequency still move a thread's CPU time a little). An in-process
     # profiler costs far more than that, which the last assert shows.
     trimmed = sorted(before)[1:-1]
     tolerance = max((trimmed[-1] - trimmed[0]) / statistics.median(before), 0.10)
@@ -188,7 +195,7 @@ def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
     assert ratio >= 1 - tolerance, (before, after)
     # The check can fail: the same windows under an in-process profiler are slower by far more than that.
     with torch_profile(record_shapes=True, with_flops=True, with_stack=True):
-        taxed = _window_rates(step, n_windows=3)
+        taxed = _window_rates(step, n_windows=3, warmup=2)
     assert statistics.median(taxed) / statistics.median(before) < 1 - tolerance, (before, taxed)
 
 
@@ -204,12 +211,13 @@ def test_profile_command_writes_profile_and_trace(tmp_path, capsys):
     assert sum(c["share"] for c in b["categories"].values()) == pytest.approx(1.0)
     assert [p["rung"] for p in saved["predictions"]] == ["eager", "compile", "bf16", "batch", "ckpt"]
     assert child.valid_trace(folder / child.TRACE) > 0
-    for text in ("top operators", "regime: " + b["regime"], "predictions", "aten::addmm", "roofline"):
+    # The regime as printed: its name, or "borderline (a / b)" when two steps' spread cannot tell them apart.
+    for text in ("top operators", "regime: " + b["regime_label"], "predictions", "aten::addmm", "roofline"):
         assert text in out
     # `report` reads the saved profile back and prints the same.
     assert main(["report", str(folder)]) == 0
     again = capsys.readouterr().out
-    assert "regime: " + b["regime"] in again and "predictions" in again
+    assert "regime: " + b["regime_label"] in again and "predictions" in again
 
 
 @pytest.mark.parametrize("args, message", [

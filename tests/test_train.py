@@ -39,7 +39,7 @@ def test_train_logs_samples_and_saves_a_checkpoint(tmp_path, capsys):
 
 def test_train_takes_the_winner_of_a_run(tmp_path, capsys):
     rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "3",
-               "--loss-steps", "5", "--learns-steps", "60", "--quiet",
+               "--loss-steps", "5", "--learns-steps", "60", "--no-profile", "--no-process-peak", "--quiet",
                "--out", str(tmp_path / "runs")])
     assert rc == 0
     (run_dir,) = (tmp_path / "runs").iterdir()

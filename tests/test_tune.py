@@ -104,13 +104,19 @@ def no_compile(monkeypatch):
 
 def test_tune_end_to_end(tmp_path, capsys, no_compile):
     rc = main(["tune", "--preset", "tiny", "--device", "cpu", "--steps", "3", "--budget-minutes", "3",
-               "--max-candidates", "1", "--out", str(tmp_path)])
+               "--max-candidates", "1", "--windows", "3", "--loss-steps", "4", "--learns-steps", "60",
+               "--no-profile", "--no-process-peak", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     (path,) = tmp_path.glob("*/results.json")
     res = json.loads(path.read_text())
     t = res["tune"]
     assert res["config"]["ladder"] == "full" and res["config"]["beside"] == ["ckpt"]
+    # tune takes run's gate, profile and memory flags
+    assert res["config"]["gates"]["learns_steps"] == 60 and res["config"]["gates"]["loss_steps"] == 4
+    assert not res["config"]["profile"]["enabled"] and not res["config"]["memory"]["process_peak"]
+    assert res["learns_check"]["steps"] == 60 and res["profile"] is None
+    assert t["commands"]["run"].endswith(" --loss-steps 4 --learns-steps 60")  # judged as tune judged it
     assert t["dropped"]["compile"] == "skipped: needs cuda; this device is cpu"
     assert set(t["survivors"]) | set(t["dropped"]) == {n for n in res["config"]["rungs"] if n != "eager"} | {"ckpt"}
     assert t["winner"] == res["fastest"] and res["learns_check"]["passed"]

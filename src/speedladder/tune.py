@@ -13,12 +13,13 @@ Everything lands in the run folder's results.json, with a "tune" section.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from speedladder.config import Resolved
+from speedladder.config import GateConfig, Resolved
 from speedladder.ladder import Ladder
 from speedladder.models import model_flags
 from speedladder.records import Results, RungResult
@@ -87,7 +88,10 @@ def commands(names: tuple[str, ...], cfg: Resolved, run_dir: str) -> dict[str, s
     workload = f"--preset {r.preset} --data {r.data} --tokenizer {r.tokenizer} " \
                f"--batch-size {r.batch_size} --seq-len {r.seq_len} --batch-multiplier {r.batch_multiplier}"
     workload = " ".join(filter(None, (workload, model_flags(r))))  # the model, when not the preset's GPT
-    return {"run": f"speedladder run {workload} --rungs {rungs}",
+    # The gates tune judged by, where they are not the defaults (the flags are the fields' names, hyphenated).
+    gates = "".join(f" --{f.name.replace('_', '-')} {getattr(r.gates, f.name)}" for f in dataclasses.fields(GateConfig)
+                    if getattr(r.gates, f.name) != f.default)
+    return {"run": f"speedladder run {workload} --rungs {rungs}{gates}",
             "train": f"speedladder train --run {run_dir}",
             "train_rungs": f"speedladder train {workload} --rungs {rungs}"}
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from speedladder import report, results, train, tune
 from speedladder.cli.flags import (
+    add_batch_multiplier,
+    add_climb_flags,
     add_memory_flags,
     add_model_flags,
     add_output_flags,
@@ -16,11 +18,10 @@ from speedladder.cli.flags import (
     add_rung_flags,
     add_workload_flags,
     command,
-    peak_list,
     run_config,
     rung_list,
 )
-from speedladder.config import FULL_LADDER, GateConfig, ProfileConfig, RunConfig, TrainConfig, TuneConfig, default
+from speedladder.config import FULL_LADDER, ProfileConfig, RunConfig, TrainConfig, TuneConfig, default
 from speedladder.errors import UsageError
 from speedladder.ladder import Ladder
 from speedladder.profile import child
@@ -37,25 +38,7 @@ from speedladder.workload import Workload, new_results, prepare
 
 def add_run(sub) -> None:
     """speedladder run: climb the ladder."""
-    run = command(sub, "run", add_workload_flags, add_rung_flags)
-    run.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
-                     help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67 (a measured ceiling). Default: "
-                          "the vendor table for known GPUs, none (MFU n/a) elsewhere")
-    gates = GateConfig()
-    run.add_argument("--loss-steps", type=int, default=gates.loss_steps, metavar="K",
-                     help="steps over the same first K batches compared with eager fp32. Default: %(default)s")
-    run.add_argument("--loss-band", type=float, default=gates.loss_band, metavar="F",
-                     help="largest allowed relative loss difference from eager fp32. Default: %(default)s")
-    run.add_argument("--learns-steps", type=int, default=gates.learns_steps, metavar="N",
-                     help="steps of the final learns-check; 0 skips it. Default: %(default)s")
-    run.add_argument("--learns-band", type=float, default=gates.learns_band, metavar="F",
-                     help="the learns-check passes if the final loss is at most this fraction above eager fp32's over "
-                          "the same batches (and below the corpus's unigram entropy). Default: %(default)s")
-    run.add_argument("--target-steps", type=int, default=gates.target_steps, metavar="N",
-                     help="a rung that changes the optimizer (muon) is compared with AdamW by the tokens each needs "
-                          "to reach AdamW's loss over N batches. Default: %(default)s")
-    run.add_argument("--no-profile", action="store_true",
-                     help="skip the baseline profile and the predictions made from it")
+    run = command(sub, "run", add_workload_flags, add_rung_flags, add_climb_flags)
     run.add_argument("--explain-miss", type=float, default=default(ProfileConfig, "explain_miss"), metavar="F",
                      help="a rung whose measured x misses its prediction by more than this fraction has its step "
                           "and its base's profiled side by side; 0: none. Default: %(default)s")
@@ -75,18 +58,13 @@ def add_profile(sub) -> None:
 
 def add_tune(sub) -> None:
     """speedladder tune: the fastest configuration that passes every gate."""
-    tune = command(sub, "tune", add_workload_flags)
-    tune.add_argument("--batch-multiplier", type=int, metavar="K",
-                      help="the batch rung multiplies the batch by K. Default: the preset's")
+    tune = command(sub, "tune", add_workload_flags, add_batch_multiplier, add_climb_flags, add_memory_flags)
     tune.add_argument("--budget-minutes", type=float, default=default(TuneConfig, "budget_minutes"), metavar="M",
                       help="time for the whole search; work that would not fit is not started (the final "
                            "learns-check always runs). Default: %(default)s")
     tune.add_argument("--max-candidates", type=int, default=default(TuneConfig, "max_candidates"), metavar="N",
-                      help="combinations to measure at most. Default: %(default)s")
-    tune.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
-                      help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67. Default: the vendor table "
-                           "for known GPUs, none elsewhere")
-    add_memory_flags(tune)
+                      help="combinations to measure at most: the survivors together, then each left out in "
+                           "turn. Default: %(default)s")
     add_output_flags(tune)
 
 
@@ -101,8 +79,7 @@ def add_train(sub) -> None:
                             "top of the full ladder here, i.e. every rung of " + ",".join(FULL_LADDER)
                             + " whose requirement this machine meets, composed (not measured: use --run for a "
                               "measured winner)")
-    train.add_argument("--batch-multiplier", type=int, metavar="K",
-                       help="the batch rung multiplies the batch by K. Default: the preset's")
+    add_batch_multiplier(train)
     train.add_argument("--steps", type=int, default=default(TrainConfig, "steps"), metavar="N",
                        help="training steps. Default: %(default)s")
     train.add_argument("--log-every", type=int, default=default(TrainConfig, "log_every"), metavar="N",

@@ -109,8 +109,35 @@ def add_rung_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rungs", type=rung_list, metavar="A,B,C",
                    help="rungs in order, each building on the last that passed; wins over --ladder (and drops "
                         f"its beside rungs). Default: {','.join(SOURCE_LADDER)}, i.e. the --ladder's rungs")
+    add_batch_multiplier(p)
+
+
+def add_batch_multiplier(p: argparse.ArgumentParser) -> None:
+    """The batch rung's factor: the rung flags have it, and so do tune and train, which take no other rung flag."""
     p.add_argument("--batch-multiplier", type=int, metavar="K",
                    help="the batch rung multiplies the batch by K. Default: the preset's")
+
+
+def add_climb_flags(p: argparse.ArgumentParser) -> None:
+    """MFU's peak, the gates' lengths and bands, and the profile's switch: shared by the commands that climb
+    (run, tune)."""
+    p.add_argument("--peak-tflops", type=peak_list, metavar="P=X,...",
+                   help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67 (a measured ceiling). Default: "
+                        "the vendor table for known GPUs, none (MFU n/a) elsewhere")
+    gates = GateConfig()
+    p.add_argument("--loss-steps", type=int, default=gates.loss_steps, metavar="K",
+                   help="steps over the same first K batches compared with eager fp32. Default: %(default)s")
+    p.add_argument("--loss-band", type=float, default=gates.loss_band, metavar="F",
+                   help="largest allowed relative loss difference from eager fp32. Default: %(default)s")
+    p.add_argument("--learns-steps", type=int, default=gates.learns_steps, metavar="N",
+                   help="steps of the final learns-check; 0 skips it. Default: %(default)s")
+    p.add_argument("--learns-band", type=float, default=gates.learns_band, metavar="F",
+                   help="the learns-check passes if the final loss is at most this fraction above eager fp32's over "
+                        "the same batches (and below the corpus's unigram entropy). Default: %(default)s")
+    p.add_argument("--target-steps", type=int, default=gates.target_steps, metavar="N",
+                   help="a rung that changes the optimizer (muon) is compared with AdamW by the tokens each needs "
+                        "to reach AdamW's loss over N batches. Default: %(default)s")
+    p.add_argument("--no-profile", action="store_true", help="skip the baseline profile and the predictions made from it")
 
 
 def add_output_flags(p: argparse.ArgumentParser) -> None:
