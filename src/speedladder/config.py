@@ -74,10 +74,11 @@ PRESETS: dict[str, Preset] = {
                                 activation="relu"),
                       "timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8, steps_per_window=20,
                       warmup_steps=5),
-    # Scaled down so `speedladder run` on 2 CPU cores ends within 5 minutes, compiles included.
+    # Scaled down so `speedladder run` on 2 CPU cores ends within 5 minutes, cold compiles included (10 steps a
+    # window: its windows are 0.25-1 s long).
     "d2l-cpu": Preset(GPTConfig(vocab_size=28, block_size=64, n_layer=2, n_head=4, n_embd=128, mlp_hidden=512,
                                 activation="relu"),
-                      "timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4, steps_per_window=20,
+                      "timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4, steps_per_window=10,
                       warmup_steps=2),
     # GPT-2 small, nanoGPT-compatible (124,439,808 parameters counting position embeddings); B=16, T=1024.
     # Batch-up x4, not x8: a guess (untested on a GPU) that keeps the fp32 control's full-vocabulary logits
