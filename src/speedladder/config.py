@@ -74,8 +74,8 @@ PRESETS: dict[str, Preset] = {
                                 activation="relu"),
                       "timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8, steps_per_window=20,
                       warmup_steps=5),
-    # Scaled down so `speedladder run` on 2 CPU cores ends within 5 minutes, cold compiles included (10 steps a
-    # window: its windows are 0.25-1 s long).
+    # Scaled down so `speedladder run` on 2 CPU cores ends in about 5 minutes with cold compile caches (measured in
+    # docs/benchmarks.md); 10 steps a window make windows of 0.25-1 s.
     "d2l-cpu": Preset(GPTConfig(vocab_size=28, block_size=64, n_layer=2, n_head=4, n_embd=128, mlp_hidden=512,
                                 activation="relu"),
                       "timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4, steps_per_window=10,
