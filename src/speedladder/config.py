@@ -164,7 +164,7 @@ class ProfileConfig:
 class MemoryConfig:
     """The memory meters beside each rung's timing (memory.py; docs/memory-sweep.md)."""
 
-    process_peak: bool = True  # off a GPU: the step's resident peak, in a child process per rung
+    process_peak: bool = True  # off a GPU: the step's resident peak, every rung in turn in one child process
     steps: int = 2  # steps measured in that child, after warm-up
     warmup: int = 2  # steps before them: optimizer state allocated, compilation done
     timeout_s: float = 600.0  # the child is given up on after this long

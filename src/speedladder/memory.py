@@ -12,11 +12,13 @@ Three figures per rung (docs/memory-sweep.md):
   storage is a parameter's or a buffer's is left out. A bf16 copy of a weight
   made by autocast is counted: it exists only for this step.
 - the step's peak: on CUDA the allocator's peak (measure.peak_memory). On a
-  CPU, a child process per rung builds the step, runs `warmup` steps, then
-  reads its resident set (VmRSS), resets the kernel's resident high-water mark
-  (/proc/self/clear_refs, "5") and runs `steps` more: the high-water mark
-  (VmHWM) less the resident set before is what this rung's step adds on top of
-  what it holds between steps (weights, optimizer state, compiled code). The
+  CPU, a child process builds each rung's step in turn (one process for the
+  rungs of a run, each step dropped before the next is built), runs `warmup`
+  steps, then reads its resident set (VmRSS), resets the kernel's resident
+  high-water mark (/proc/self/clear_refs, "5") and runs `steps` more: the
+  high-water mark (VmHWM) less the resident set before is what this rung's
+  step adds on top of what the process holds between steps (weights, optimizer
+  state, compiled code, what earlier rungs left behind). The
   child's glibc gets a fixed mmap threshold (MALLOC_MMAP_THRESHOLD_), so a
   freed tensor goes back to the system and the resident set follows the live
   tensors instead of the allocator's free lists.
@@ -188,31 +190,51 @@ def resident_peak(step: Callable[[], object], warmup: int, steps: int) -> dict[s
     return {"process_base_bytes": base, "process_peak_bytes": _status_bytes("VmHWM")}
 
 
-def _child(run_cfg: RunConfig, spec_dict: dict, cfg: MemoryConfig) -> dict[str, int]:
+def _child(run_cfg: RunConfig, spec_dicts: list[dict], cfg: MemoryConfig) -> list[dict]:
+    """Each spec's step built, measured and dropped in turn: one Python and one workload for all of them (the
+    resident set before each one's steps is its own base, so what an earlier step left behind is not its rise)."""
     work = prepare(run_cfg)
-    spec = StepSpec.from_dict(spec_dict)
-    with matmul_precision(spec):
-        train = work.step(spec)
-        batches = work.stream(spec)
-        return resident_peak(lambda: train(*next(batches)), cfg.warmup, cfg.steps)
+    out: list[dict] = []
+    for spec in map(StepSpec.from_dict, spec_dicts):
+        try:
+            with matmul_precision(spec):
+                train = work.step(spec)
+                batches = work.stream(spec)
+                out.append(resident_peak(lambda: train(*next(batches)), cfg.warmup, cfg.steps))  # noqa: B023
+        except Exception as e:  # noqa: BLE001 -- this spec's figure is missing and says why; the next one runs
+            out.append({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        train = batches = None
+        gc.collect()
+        torch.compiler.reset()
+    return out
 
 
-def peak_in_child(run_cfg: RunConfig, spec: StepSpec, cfg: MemoryConfig) -> dict[str, int]:
-    """The resident peak of a spec's step, measured in a fresh Python process (see the module's docstring)."""
+def peaks_in_child(run_cfg: RunConfig, specs: list[StepSpec], cfg: MemoryConfig) -> list[dict]:
+    """The resident peaks of several specs' steps, measured one after the other in one fresh Python process (see
+    the module's docstring); a spec that failed has {"error": ...} instead."""
     with tempfile.TemporaryDirectory(prefix="speedladder-memory-") as tmp:
         request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
-        request.write_bytes(pickle.dumps((run_cfg, spec.to_dict(), cfg)))
+        request.write_bytes(pickle.dumps((run_cfg, [spec.to_dict() for spec in specs], cfg)))
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
                "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
+        timeout = cfg.timeout_s * len(specs)
         try:
             proc = subprocess.run([sys.executable, "-m", "speedladder.memory", str(request), str(answer)],
-                                  check=False, capture_output=True, text=True, timeout=cfg.timeout_s, env=env)
+                                  check=False, capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the memory process took longer than {cfg.timeout_s:.0f} s") from None
+            raise RuntimeError(f"the memory process took longer than {timeout:.0f} s") from None
         if proc.returncode != 0 or not answer.exists():
             lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
             raise RuntimeError(lines[-1] if lines else f"the memory process exited with {proc.returncode}")
         return json.loads(answer.read_text())
+
+
+def peak_in_child(run_cfg: RunConfig, spec: StepSpec, cfg: MemoryConfig) -> dict[str, int]:
+    """The resident peak of one spec's step, measured in a fresh Python process."""
+    (peak,) = peaks_in_child(run_cfg, [spec], cfg)
+    if "error" in peak:
+        raise RuntimeError(peak["error"])
+    return peak
 
 
 _SRC = str(Path(__file__).resolve().parents[1])  # the child imports the same speedladder as the parent
@@ -252,19 +274,36 @@ def measure_peak(r: RungResult, work: Workload, spec: StepSpec, say: Callable[[s
     cfg = work.cfg.run.memory
     say(f"memory: {r.name}'s resident peak in a child process ({cfg.warmup} + {cfg.steps} steps)")
     try:
-        run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
-        peak = peak_in_child(run, spec, cfg)
+        peak = peak_in_child(_child_run(work), spec, cfg)
         r.process_base_bytes, r.process_peak_bytes = peak["process_base_bytes"], peak["process_peak_bytes"]
     except Exception as e:  # noqa: BLE001 -- recorded; the rung's speed and gates stand
         r.memory_note += f"; resident peak not measured: {e}"
 
 
+def measure_peaks(todo: list[tuple[RungResult, StepSpec]], work: Workload) -> None:
+    """Several rungs' resident peaks from one child process; a failure is said in each rung's memory_note."""
+    try:
+        peaks = peaks_in_child(_child_run(work), [spec for _, spec in todo], work.cfg.run.memory)
+    except Exception as e:  # noqa: BLE001 -- recorded; the rungs' speed and gates stand
+        peaks = [{"error": str(e)}] * len(todo)
+    for (r, _), peak in zip(todo, peaks, strict=True):
+        if "error" in peak:
+            r.memory_note += f"; resident peak not measured: {peak['error']}"
+        else:
+            r.process_base_bytes, r.process_peak_bytes = peak["process_base_bytes"], peak["process_peak_bytes"]
+
+
+def _child_run(work: Workload) -> RunConfig:
+    return dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
+
+
 class Peaks:
     """The rungs whose resident peak is still to measure, and the thread that measures them.
 
-    A child process per rung costs seconds (a fresh Python, the step built and, if compiled, compiled again
-    from the cache). None of it is timed, and nothing timed may share the machine with it, so the children
-    wait for the climb and run beside the learns-check, which measures losses, not time.
+    The child process costs seconds (a fresh Python, then each step built and, if compiled, compiled again from
+    the cache), so one child measures every queued rung in turn. None of it is timed, and nothing timed may share
+    the machine with it, so it waits for the climb and runs beside the learns-check, which measures losses, not
+    time.
     """
 
     def __init__(self, work: Workload) -> None:
@@ -276,9 +315,8 @@ class Peaks:
         """Measure the queued peaks in a background thread while the body runs; wait for them after it."""
         todo, self.todo = self.todo, []
         if todo:
-            say(f"the resident peaks of {len(todo)} rungs, each in a child process, beside what follows")
-        thread = threading.Thread(target=lambda: [measure_peak(r, self.work, spec, lambda m: None)
-                                                  for r, spec in todo], daemon=True)
+            say(f"the resident peaks of {len(todo)} rungs, one after the other in a child process, beside what follows")
+        thread = threading.Thread(target=measure_peaks, args=(todo, self.work), daemon=True)
         thread.start()
         yield
         thread.join()  # not reached on an interruption: the daemon thread and its child end with the process
@@ -286,8 +324,8 @@ class Peaks:
 
 def _main(argv: list[str]) -> int:
     request, answer = argv
-    run_cfg, spec_dict, cfg = pickle.loads(Path(request).read_bytes())
-    Path(answer).write_text(json.dumps(_child(run_cfg, spec_dict, cfg)))
+    run_cfg, spec_dicts, cfg = pickle.loads(Path(request).read_bytes())
+    Path(answer).write_text(json.dumps(_child(run_cfg, spec_dicts, cfg)))
     return 0
 
 

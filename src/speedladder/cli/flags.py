@@ -154,9 +154,9 @@ def add_profile_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_memory_flags(p: argparse.ArgumentParser) -> None:
-    """The memory meters (memory.py): the step's resident peak off CUDA costs a child process per rung."""
+    """The memory meters (memory.py): the step's resident peak off CUDA costs a child process (all rungs in turn)."""
     p.add_argument("--no-process-peak", action="store_true",
-                   help="off CUDA, skip each rung's resident peak (a child process per rung, "
+                   help="off CUDA, skip each rung's resident peak (one child process measures every rung, "
                         f"{default(MemoryConfig, 'warmup')} + {default(MemoryConfig, 'steps')} steps). "
                         "Default: measured")
 

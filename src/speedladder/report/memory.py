@@ -60,7 +60,7 @@ def memory_notes(results: Results) -> list[str]:
     out = ["memory: `saved act` is what one forward kept for backward (saved-tensor hooks, each storage once, "
            "parameters left out); `pred act` the same from the shapes (eager autograd's saves)"
            + (f"; `peak mem` marked rss: the resident set's rise during {steps} steps over what the process held "
-              "before them, in a child process per rung" if any(r.resident_rise is not None for r in measured)
+              "before them, in a child process" if any(r.resident_rise is not None for r in measured)
               else "") + "."]
     by_name = {r.name: r for r in results.rungs}
     for r in measured:
