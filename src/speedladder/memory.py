@@ -217,12 +217,11 @@ def peaks_in_child(run_cfg: RunConfig, specs: list[StepSpec], cfg: MemoryConfig)
         request.write_bytes(pickle.dumps((run_cfg, [spec.to_dict() for spec in specs], cfg)))
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
                "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
-        timeout = cfg.timeout_s * len(specs)
-        try:
-            proc = subprocess.run([sys.executable, "-m", "speedladder.memory", str(request), str(answer)],
-                                  check=False, capture_output=True, text=True, timeout=timeout, env=env)
+        try:  # each spec gets the timeout
+            proc = subprocess.run([sys.executable, "-m", "speedladder.memory", str(request), str(answer)], check=False,
+                                  capture_output=True, text=True, timeout=cfg.timeout_s * len(specs), env=env)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the memory process took longer than {timeout:.0f} s") from None
+            raise RuntimeError(f"the memory process took longer than {cfg.timeout_s * len(specs):.0f} s") from None
         if proc.returncode != 0 or not answer.exists():
             lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
             raise RuntimeError(lines[-1] if lines else f"the memory process exited with {proc.returncode}")
