@@ -141,7 +141,7 @@ def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the memory process exited with 1")
 
-    monkeypatch.setattr(memory, "peak_in_child", broken)
+    monkeypatch.setattr(memory, "peaks_in_child", broken)
     monkeypatch.setattr(memory, "process_peak_unsupported", lambda: None)
     r = RungResult(name="eager", rung="eager", role="rung", reason="", kind="speed", built_on=None, spec={},
                    precision="fp32", requirement={}, status="ok")

@@ -228,14 +228,6 @@ def peaks_in_child(run_cfg: RunConfig, specs: list[StepSpec], cfg: MemoryConfig)
         return json.loads(answer.read_text())
 
 
-def peak_in_child(run_cfg: RunConfig, spec: StepSpec, cfg: MemoryConfig) -> dict[str, int]:
-    """The resident peak of one spec's step, measured in a fresh Python process."""
-    (peak,) = peaks_in_child(run_cfg, [spec], cfg)
-    if "error" in peak:
-        raise RuntimeError(peak["error"])
-    return peak
-
-
 _SRC = str(Path(__file__).resolve().parents[1])  # the child imports the same speedladder as the parent
 
 
@@ -272,17 +264,14 @@ def measure_peak(r: RungResult, work: Workload, spec: StepSpec, say: Callable[[s
     """The rung's resident peak, from a child process; a failure is said in r.memory_note."""
     cfg = work.cfg.run.memory
     say(f"memory: {r.name}'s resident peak in a child process ({cfg.warmup} + {cfg.steps} steps)")
-    try:
-        peak = peak_in_child(_child_run(work), spec, cfg)
-        r.process_base_bytes, r.process_peak_bytes = peak["process_base_bytes"], peak["process_peak_bytes"]
-    except Exception as e:  # noqa: BLE001 -- recorded; the rung's speed and gates stand
-        r.memory_note += f"; resident peak not measured: {e}"
+    measure_peaks([(r, spec)], work)
 
 
 def measure_peaks(todo: list[tuple[RungResult, StepSpec]], work: Workload) -> None:
     """Several rungs' resident peaks from one child process; a failure is said in each rung's memory_note."""
     try:
-        peaks = peaks_in_child(_child_run(work), [spec for _, spec in todo], work.cfg.run.memory)
+        run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
+        peaks = peaks_in_child(run, [spec for _, spec in todo], work.cfg.run.memory)
     except Exception as e:  # noqa: BLE001 -- recorded; the rungs' speed and gates stand
         peaks = [{"error": str(e)}] * len(todo)
     for (r, _), peak in zip(todo, peaks, strict=True):
@@ -290,10 +279,6 @@ def measure_peaks(todo: list[tuple[RungResult, StepSpec]], work: Workload) -> No
             r.memory_note += f"; resident peak not measured: {peak['error']}"
         else:
             r.process_base_bytes, r.process_peak_bytes = peak["process_base_bytes"], peak["process_peak_bytes"]
-
-
-def _child_run(work: Workload) -> RunConfig:
-    return dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
 
 
 class Peaks:

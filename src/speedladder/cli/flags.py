@@ -137,7 +137,8 @@ def add_climb_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-steps", type=int, default=gates.target_steps, metavar="N",
                    help="a rung that changes the optimizer (muon) is compared with AdamW by the tokens each needs "
                         "to reach AdamW's loss over N batches. Default: %(default)s")
-    p.add_argument("--no-profile", action="store_true", help="skip the baseline profile and the predictions made from it")
+    p.add_argument("--no-profile", action="store_true",
+                   help="skip the baseline profile and the predictions made from it")
 
 
 def add_output_flags(p: argparse.ArgumentParser) -> None:
