@@ -32,13 +32,8 @@ import contextlib
 import ctypes
 import dataclasses
 import gc
-import json
-import os
-import pickle
 import re
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -46,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from speedladder import subproc
 from speedladder.config import MemoryConfig, RunConfig
 from speedladder.model import GPTConfig
 from speedladder.records import RungResult
@@ -211,24 +207,12 @@ def _child(run_cfg: RunConfig, spec_dicts: list[dict], cfg: MemoryConfig) -> lis
 
 def peaks_in_child(run_cfg: RunConfig, specs: list[StepSpec], cfg: MemoryConfig) -> list[dict]:
     """The resident peaks of several specs' steps, measured one after the other in one fresh Python process (see
-    the module's docstring); a spec that failed has {"error": ...} instead."""
-    with tempfile.TemporaryDirectory(prefix="speedladder-memory-") as tmp:
-        request, answer = Path(tmp) / "request.pkl", Path(tmp) / "answer.json"
-        request.write_bytes(pickle.dumps((run_cfg, [spec.to_dict() for spec in specs], cfg)))
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-               "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
-        try:  # each spec gets the timeout
-            proc = subprocess.run([sys.executable, "-m", "speedladder.memory", str(request), str(answer)], check=False,
-                                  capture_output=True, text=True, timeout=cfg.timeout_s * len(specs), env=env)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the memory process took longer than {cfg.timeout_s * len(specs):.0f} s") from None
-        if proc.returncode != 0 or not answer.exists():
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-            raise RuntimeError(lines[-1] if lines else f"the memory process exited with {proc.returncode}")
-        return json.loads(answer.read_text())
-
-
-_SRC = str(Path(__file__).resolve().parents[1])  # the child imports the same speedladder as the parent
+    the module's docstring); a spec that failed has {"error": ...} instead. Each spec gets the timeout."""
+    answer = subproc.run_module("speedladder.memory", (run_cfg, [spec.to_dict() for spec in specs], cfg),
+                                "the memory process", cfg.timeout_s * len(specs),
+                                MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+    assert isinstance(answer, list)
+    return answer
 
 
 # -- one rung ------------------------------------------------------------------------------
@@ -306,12 +290,5 @@ class Peaks:
         thread.join()  # not reached on an interruption: the daemon thread and its child end with the process
 
 
-def _main(argv: list[str]) -> int:
-    request, answer = argv
-    run_cfg, spec_dicts, cfg = pickle.loads(Path(request).read_bytes())
-    Path(answer).write_text(json.dumps(_child(run_cfg, spec_dicts, cfg)))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(subproc.serve(sys.argv[1:], _child))

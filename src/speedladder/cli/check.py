@@ -16,7 +16,6 @@ Exit 1 with one line per regression; 0 with a one-line summary; 2 for bad input 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder import results
+from speedladder import results, subproc
 from speedladder.cli.flags import command
 from speedladder.config import LADDERS
 from speedladder.errors import UsageError
@@ -156,11 +155,11 @@ def _rerun(baseline: dict, out: str | None, quiet: bool) -> tuple[int, dict | No
     would: nothing compiled or cached in this process carries over. Its exit code and its results."""
     argv = rerun_argv(baseline)
     parent = Path(out) if out else Path(tempfile.mkdtemp(prefix="speedladder-check-"))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
     try:
         before = set(parent.iterdir()) if parent.is_dir() else set()
         rc = subprocess.run([sys.executable, "-m", "speedladder", *argv, "--out", str(parent),
-                             *(["--quiet"] if quiet else [])], env=env, check=False).returncode
+                             *(["--quiet"] if quiet else [])], env=subproc.child_env(),
+                            check=False).returncode
         made = sorted(set(parent.iterdir()) - before) if parent.is_dir() else []
         if rc != 0 or len(made) != 1:
             return rc or 1, None
@@ -176,7 +175,6 @@ def _load(path: str | Path) -> dict:
 
 
 # This package's source folder: the new run imports the same speedladder as this process.
-_SRC = str(Path(__file__).resolve().parents[2])
 
 
 def add_commands(sub) -> None:

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import torch
 
-import speedladder
-from speedladder import results
+from speedladder import results, subproc
 from speedladder.config import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
@@ -151,12 +150,8 @@ class Outcome:
 
 def launch(cmd: list[str], threads: int, log_path: Path, progress: Progress) -> Outcome:
     """Run torchrun; pass the ranks' progress lines on, keep everything else in the log."""
-    env = dict(os.environ)
     # The workers import the same speedladder as this process, wherever it lives.
-    src = str(Path(speedladder.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = str(threads)
-    env["PYTHONUNBUFFERED"] = "1"
+    env = subproc.child_env(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     errors: list[str] = []
     tail: collections.deque[str] = collections.deque(maxlen=20)
     t0 = time.perf_counter()

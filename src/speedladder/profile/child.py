@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import gc
 import json
-import os
-import pickle
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from speedladder import subproc
+from speedladder.errors import one_line
 from speedladder.measure import stepper, sync
 from speedladder.models.user import LIVE
 from speedladder.profile.categories import STEP_MARK, breakdown, classify
@@ -108,9 +107,24 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def profile_workload(run_cfg, rungs: tuple[str, ...], trace_path: Path | None) -> dict:
-    """Build the workload of a RunConfig, profile the spec of `rungs` (the baseline when empty)."""
+def profile_workload(run_cfg, keys: list[tuple[str, ...]], trace: str | None, facts: bool = True) -> list[dict]:
+    """Build the workload of a RunConfig once, and profile the spec of each key's rungs (the baseline when
+    empty), one after the other; a key that failed has {"error": ...} instead. facts: also measure the
+    microbenchmarks the predictions need (matmul_facts, copy_gbps; ~4 s), which a profile taken to explain a
+    miss does without. trace: where the first key's Chrome trace goes."""
     work = prepare(run_cfg)
+    out: list[dict] = []
+    for i, rungs in enumerate(keys):
+        try:
+            out.append(_profile_spec(work, tuple(rungs), Path(trace) if trace and i == 0 else None, facts))
+        except Exception as e:  # noqa: BLE001 -- this key's error is its answer; the others still run
+            out.append({"error": one_line(e)})
+        gc.collect()
+        torch.compiler.reset()  # each spec compiles afresh, as in a process of its own
+    return out
+
+
+def _profile_spec(work, rungs: tuple[str, ...], trace_path: Path | None, facts: bool) -> dict:
     cfg = work.cfg
     spec = compose(rungs, work.base_spec, work.env)
     torch.manual_seed(cfg.run.seed)
@@ -122,52 +136,40 @@ def profile_workload(run_cfg, rungs: tuple[str, ...], trace_path: Path | None) -
         cuda = work.device.type == "cuda"
         # The matmul facts need the architecture in our GPT's terms (ours, Hugging Face GPT-2); for any other
         # there are none, and the predictions that need them say so (profile/predict.py).
-        shapes = work.model.shapes
+        shapes = work.model.shapes if facts else None
         b.update(spec=spec.to_dict(), rungs=list(rungs), device_type=work.device.type,
                  tokens_per_step=spec.tokens_per_step, params=work.params,
                  model=dataclasses.asdict(shapes) if shapes else None,
                  matmuls=matmul_facts(shapes, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
                                       work.device, ceiling_n=4096 if cuda else 512) if shapes else {},
-                 copy_gbps=copy_gbps(work.device, (1 << 30) if cuda else (1 << 26)))
+                 copy_gbps=copy_gbps(work.device, (1 << 30) if cuda else (1 << 26)) if facts else None)
     return b
 
 
-def run_in_child(run_cfg, rungs: tuple[str, ...] = (), trace_path: Path | None = None,
-                 timeout_s: float = 900.0) -> dict:
-    """Profile in a fresh Python process: nothing of the profiler stays in the one that times.
+def profiles_in_child(run_cfg, keys: list[tuple[str, ...]], timeout_s: float, trace_path: Path | None = None,
+                      facts: bool = True) -> list[dict]:
+    """Profile the specs of several keys one after the other in one fresh Python process: nothing of the
+    profiler stays in the one that times, and the process, the workload and the compiler start once.
 
-    A plain subprocess, not multiprocessing: it works whatever the parent's
-    __main__ is (a script, a notebook, pytest). Its stderr (the profiler's own
-    chatter) is kept and shown only when it fails.
+    timeout_s is each key's; a key that failed has {"error": ...} instead.
     """
     if (run_cfg.model_source or "").startswith(LIVE):  # from the Python API: nothing to import in the child
         raise RuntimeError("the model was given as a Python object, which the profiling process cannot build "
                            "again: no profile and no predictions (give the model as FILE.py:NAME to get them)")
-    with tempfile.TemporaryDirectory(prefix="speedladder-profile-") as tmp:
-        request, answer = Path(tmp) / "request.pkl", Path(tmp) / "profile.json"
-        request.write_bytes(pickle.dumps((run_cfg, tuple(rungs), str(trace_path) if trace_path else None)))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")]))}
-        try:
-            proc = subprocess.run([sys.executable, "-m", "speedladder.profile.child", str(request), str(answer)],
-                                  check=False, capture_output=True, text=True, timeout=timeout_s, env=env)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the profiling process took longer than {timeout_s:.0f} s") from None
-        if proc.returncode != 0 or not answer.exists():
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip() and not ln.startswith("USDT")]
-            raise RuntimeError(lines[-1] if lines else f"the profiling process exited with {proc.returncode}")
-        return json.loads(answer.read_text())
+    request = (run_cfg, [tuple(k) for k in keys], str(trace_path) if trace_path else None, facts)
+    answer = subproc.run_module("speedladder.profile.child", request, "the profiling process",
+                                timeout_s * len(keys))
+    assert isinstance(answer, list)
+    return answer
 
 
-# This package's source folder: the child imports the same speedladder as the parent.
-_SRC = str(Path(__file__).resolve().parents[2])
-
-
-def _main(argv: list[str]) -> int:
-    request, answer = argv
-    run_cfg, rungs, trace = pickle.loads(Path(request).read_bytes())
-    b = profile_workload(run_cfg, rungs, Path(trace) if trace else None)
-    Path(answer).write_text(json.dumps(b))
-    return 0
+def run_in_child(run_cfg, rungs: tuple[str, ...] = (), trace_path: Path | None = None,
+                 timeout_s: float = 900.0) -> dict:
+    """Profile one spec in a fresh Python process (profiles_in_child); raises with its error if it failed."""
+    b = profiles_in_child(run_cfg, [rungs], timeout_s, trace_path)[0]
+    if "error" in b:
+        raise RuntimeError(b["error"])
+    return b
 
 
 def spec_of(b: dict) -> StepSpec:
@@ -183,4 +185,4 @@ def valid_trace(path: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(subproc.serve(sys.argv[1:], profile_workload))

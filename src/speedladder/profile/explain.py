@@ -100,39 +100,57 @@ def names_of(results: Results, r: RungResult) -> list[str]:
 
 def explain_misses(results: Results, work: Workload, save: Callable[[], None], say: Callable[[str], None],
                    budget: Callable[[], str | None] | None = None) -> None:
-    """Profile each missed rung and its base (each spec once, the baseline's profile reused), and compare."""
+    """Profile each missed rung and its base (each spec once, the baseline's profile reused, all of them in one
+    child process), and compare."""
     limit = work.cfg.run.profile.explain_miss
     b = results.profile
     if not limit or b is None or b.error:
         return
-    profiles: dict[tuple[str, ...], dict] = {(): to_dict(b)}
-    run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
-
-    def profiled(names: list[str]) -> dict:
-        key = tuple(n for n in names if n != "eager")
-        if key not in profiles:
-            say(f"profiling {'+'.join(key)} in a child process")
-            profiles[key] = child.run_in_child(run, key, None, work.cfg.run.profile.timeout_s)
-        return profiles[key]
-
-    for r in misses(results, limit):
-        why = budget() if budget else None
-        if why:
+    missed = misses(results, limit)
+    why = budget() if budget and missed else None
+    if why:
+        for r in missed:
             r.explanation = {"error": why}
-            continue
-        names = names_of(results, r)
-        base_names = names_of(results, results.rung(r.built_on)) if r.built_on and results.rung(r.built_on) else []
-        try:
-            base, mine = profiled(base_names or ["eager"]), profiled(names)
-        except Exception as e:  # noqa: BLE001 -- the miss stays unexplained, and says why
-            r.explanation = {"error": f"profiling failed: {one_line(e)}"}
+        return
+    pairs = [(r, names_of(results, r), _base_names(results, r)) for r in missed]
+    profiles = _profiles(pairs, b, work, say)
+    for r, names, base_names in pairs:
+        base, mine = profiles[_key(base_names)], profiles[_key(names)]
+        failed = base.get("error") or mine.get("error")
+        if failed:
+            r.explanation = {"error": f"profiling failed: {failed}"}
             say(r.explanation["error"])
-            save()
             continue
         preds = chain(b, names, work.base_spec, work.env)
         before = preds[-2].parts_ms if len(preds) > 1 else baseline_parts(b)
-        r.explanation = {"rungs": names, "base_rungs": base_names, **compare(base, mine, before, preds[-1].parts_ms,
-                                                                           r.prediction_error or 0.0)}
+        r.explanation = {"rungs": names, "base_rungs": base_names,
+                         **compare(base, mine, before, preds[-1].parts_ms, r.prediction_error or 0.0)}
         say(f"{r.name} missed its prediction by {100 * (r.prediction_error or 0.0):+.0f}%: "
             + r.explanation["note"])
-        save()
+    save()
+
+
+def _base_names(results: Results, r: RungResult) -> list[str]:
+    base = results.rung(r.built_on) if r.built_on else None
+    return names_of(results, base) if base else []
+
+
+def _key(names: list[str]) -> tuple[str, ...]:
+    return tuple(n for n in names if n != "eager")
+
+
+def _profiles(pairs: list, b: ProfileSummary, work: Workload, say: Callable[[str], None]) -> dict[tuple, dict]:
+    """The profile of every key the misses need: the baseline's as saved, the others taken in one child."""
+    profiles: dict[tuple[str, ...], dict] = {(): to_dict(b)}
+    keys = list(dict.fromkeys(_key(n) for _, names, base in pairs for n in (base, names)))
+    todo = [k for k in keys if k not in profiles]
+    if not todo:
+        return profiles
+    say(f"profiling {', '.join('+'.join(k) for k in todo)} in a child process, one after the other")
+    run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
+    try:
+        taken = child.profiles_in_child(run, todo, work.cfg.run.profile.timeout_s, facts=False)
+    except Exception as e:  # noqa: BLE001 -- the misses stay unexplained, and say why
+        taken = [{"error": one_line(e)}] * len(todo)
+    profiles.update(zip(todo, taken, strict=True))
+    return profiles
