@@ -140,7 +140,10 @@ def test_check_fails_against_a_baseline_30_percent_faster(runs, tmp_path, capsys
     # The rule, in numbers: a rung regresses when its median is below the faster baseline's minimum less 5%.
     expected = {r["name"] for r in saved["rungs"] if r["status"] == "ok"
                 and r["tokens_per_s"]["median"] < r["tokens_per_s"]["min"] / 0.7 * 0.95}
-    assert "eager" in expected  # a median within 36% of its own slowest window: true of any sane run
+    # A rung's median is nearly always within 33% of its own slowest window, so it regresses; but a window of 2
+    # steps on a shared machine can fall far below the rest and widen one rung's range past that. At least one
+    # rung must be left to regress, or the check could not fail.
+    assert expected
     found, _ = check.regressions(json.loads((fast / "results.json").read_text()), saved, 0.05)
     assert {r.rung for r in found} == expected and {r.kind for r in found} == {"speed"}
     for r in found:
