@@ -189,8 +189,8 @@ class Ladder:
                 after_climb()
             # Each prediction missed beyond the limit: the rung's step and its base's profiled side by side.
             explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget)
-            with self.peaks.beside(self.progress.scoped("memory")):  # children beside the untimed learns-check
-                self._learns_check()
+            self._learns_check()
+            self.peaks.measure(self.progress.scoped("memory"))  # off CUDA, in a child process, after all else
             self.results.status = "complete"
         except KeyboardInterrupt:
             self.results.status = "interrupted"

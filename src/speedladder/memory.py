@@ -28,14 +28,12 @@ Three figures per rung (docs/memory-sweep.md):
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import gc
 import re
 import sys
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,7 +220,7 @@ def record(r: RungResult, work: Workload, spec: StepSpec, step: TrainStep, say: 
            peaks: Peaks | None = None) -> None:
     """Fill a rung's memory figures: saved activations (here, now), predicted, and the step's peak off CUDA.
 
-    The resident peak is queued on `peaks` (measured after the climb, beside the learns-check), or measured
+    The resident peak is queued on `peaks` (measured after the climb and the learns-check), or measured
     now without it. A meter that fails leaves its figure None and says why in r.memory_note; the rung stands.
     """
     r.predicted_activation_bytes, why = predicted_activation_bytes(work.cfg.model, spec)
@@ -266,28 +264,24 @@ def measure_peaks(todo: list[tuple[RungResult, StepSpec]], work: Workload) -> No
 
 
 class Peaks:
-    """The rungs whose resident peak is still to measure, and the thread that measures them.
+    """The rungs whose resident peak is still to measure.
 
     The child process costs seconds (a fresh Python, then each step built and, if compiled, compiled again from
-    the cache), so one child measures every queued rung in turn. None of it is timed, and nothing timed may share
-    the machine with it, so it waits for the climb and runs beside the learns-check, which measures losses, not
-    time.
+    the cache), so one child measures every queued rung in turn, once the climb and the learns-check are over:
+    nothing timed may share the machine with it. It runs after the learns-check rather than beside it: on 2
+    cores the two processes' threads fought for them, and the pair took longer than one after the other (80 s
+    against 60 s, docs/memory-sweep.md).
     """
 
     def __init__(self, work: Workload) -> None:
         self.work = work
         self.todo: list[tuple[RungResult, StepSpec]] = []
 
-    @contextlib.contextmanager
-    def beside(self, say: Callable[[str], None]) -> Iterator[None]:
-        """Measure the queued peaks in a background thread while the body runs; wait for them after it."""
+    def measure(self, say: Callable[[str], None]) -> None:
         todo, self.todo = self.todo, []
         if todo:
-            say(f"the resident peaks of {len(todo)} rungs, one after the other in a child process, beside what follows")
-        thread = threading.Thread(target=measure_peaks, args=(todo, self.work), daemon=True)
-        thread.start()
-        yield
-        thread.join()  # not reached on an interruption: the daemon thread and its child end with the process
+            say(f"the resident peaks of {len(todo)} rungs, one after the other in a child process")
+            measure_peaks(todo, self.work)
 
 
 if __name__ == "__main__":
