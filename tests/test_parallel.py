@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -34,6 +35,9 @@ def job(tmp: Path, *extra: str) -> dict:
     assert rc == 0
     (run,) = tmp.iterdir()
     assert (run / "scaling.png").stat().st_size > 10_000
+    page = (run / "report.html").read_text()  # the page too, its ddp section drawn from the measured job
+    section = re.search(r'<section id="parallel">(.*?)</section>', page, flags=re.DOTALL)
+    assert section and "<svg" in section.group(1)
     return json.loads((run / "results.json").read_text())
 
 

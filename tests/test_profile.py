@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 from torch.profiler import profile as torch_profile
 
-from speedladder import measure, results
+from speedladder import measure, results, subproc
 from speedladder.cli import main
 from speedladder.config import RunConfig
 from speedladder.data import BatchStream
@@ -188,10 +190,11 @@ def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
     assert b["regime"] in categories.REGIMES and child.valid_trace(tmp_path / child.TRACE) > 0
     assert not torch.autograd.profiler._is_profiler_enabled
     # The ratio of the medians is within the windows' spread: the range of the windows before, less the one slowest
-    # and one fastest, and at least 10% (caches and frequency still move a thread's CPU time a little). An in-process
-    # profiler costs far more than that, which the last assert shows.
+    # and one fastest, and at least 20%: a neighbour on the other core still moves this thread's CPU time through
+    # the shared caches and memory (after/before fell to 0.885 beside another test worker). An in-process profiler
+    # halves the rate (0.47 here), which the last assert shows the check would catch.
     trimmed = sorted(before)[1:-1]
-    tolerance = max((trimmed[-1] - trimmed[0]) / statistics.median(before), 0.10)
+    tolerance = max((trimmed[-1] - trimmed[0]) / statistics.median(before), 0.20)
     ratio = statistics.median(after) / statistics.median(before)
     assert ratio >= 1 - tolerance, (before, after)
     # The check can fail: the same windows under an in-process profiler are slower by far more than that.
@@ -213,8 +216,11 @@ def test_profile_command_writes_profile_and_trace(tmp_path, capsys):
     assert [p["rung"] for p in saved["predictions"]] == ["eager", "compile", "bf16", "batch", "ckpt"]
     assert child.valid_trace(folder / child.TRACE) > 0
     # The regime as printed: its name, or "borderline (a / b)" when two steps' spread cannot tell them apart.
-    for text in ("top operators", "regime: " + b["regime_label"], "predictions", "aten::addmm", "roofline"):
+    for text in ("top operators", "regime: " + b["regime_label"], "predictions", "roofline"):
         assert text in out
+    # torch's own table of the top operators, as saved (which operators lead it depends on the machine's minute).
+    assert all(line.strip() in out for line in b["top_table"].splitlines() if "aten::" in line)
+    assert "aten::" in b["top_table"]
     # `report` reads the saved profile back and prints the same.
     assert main(["report", str(folder)]) == 0
     again = capsys.readouterr().out
@@ -275,16 +281,12 @@ def test_several_specs_profile_in_one_child_and_a_failing_one_says_why():
 def test_a_child_process_ignores_modules_in_the_working_directory(tmp_path, monkeypatch):
     """`python -m` puts the working directory first on sys.path: a user's own speedladder.py there must not
     replace the package in the profiler's, the memory probe's or the ranks' process."""
-    import subprocess
-    import sys
-
-    from speedladder import subproc
-
     (tmp_path / "speedladder.py").write_text("raise SystemExit('the shadow ran')\n")
     monkeypatch.chdir(tmp_path)
     cmd = [sys.executable, "-m", "speedladder", "--version"]
-    shadowed = subprocess.run(cmd, capture_output=True, text=True, env={**subproc.child_env(), "PYTHONSAFEPATH": ""})
+    unguarded = {**subproc.child_env(), "PYTHONSAFEPATH": ""}
+    shadowed = subprocess.run(cmd, check=False, capture_output=True, text=True, env=unguarded)
     assert "the shadow ran" in shadowed.stderr  # the check can fail: without the guard, the shadow wins
     if sys.version_info >= (3, 11):  # PYTHONSAFEPATH is Python 3.11's
-        safe = subprocess.run(cmd, capture_output=True, text=True, env=subproc.child_env())
+        safe = subprocess.run(cmd, check=False, capture_output=True, text=True, env=subproc.child_env())
         assert safe.returncode == 0 and safe.stdout.startswith("speedladder "), safe.stderr

@@ -126,3 +126,5 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     cands = [r for r in res["rungs"] if r["role"] == "candidate"]
     assert len(cands) + sum(1 for c in t["candidates"] if c.get("same_as")) == len(t["candidates"]) <= 1
     assert report.tune_lines(results.load(path.parent))[0] in out  # the saved file is what was printed
+    page = (path.parent / "report.html").read_text()  # tune leaves the page as run does
+    assert 'id="rungs"' in page and t["winner"] in page and f"report: {path.parent / 'report.html'}" in out
