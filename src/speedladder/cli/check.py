@@ -174,9 +174,6 @@ def _load(path: str | Path) -> dict:
     return to_dict(results.load(path))
 
 
-# This package's source folder: the new run imports the same speedladder as this process.
-
-
 def add_commands(sub) -> None:
     p = command(sub, "check")
     p.add_argument("--baseline", required=True, metavar="RUN_DIR",
