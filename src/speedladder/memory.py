@@ -41,6 +41,7 @@ import torch
 
 from speedladder import subproc
 from speedladder.config import MemoryConfig, RunConfig
+from speedladder.errors import one_line
 from speedladder.model import GPTConfig
 from speedladder.records import RungResult
 from speedladder.rungs import StepSpec, padded_vocab
@@ -196,7 +197,7 @@ def _child(run_cfg: RunConfig, spec_dicts: list[dict], cfg: MemoryConfig) -> lis
                 batches = work.stream(spec)
                 out.append(resident_peak(lambda: train(*next(batches)), cfg.warmup, cfg.steps))  # noqa: B023
         except Exception as e:  # noqa: BLE001 -- this spec's figure is missing and says why; the next one runs
-            out.append({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+            out.append({"error": one_line(e)})
         train = batches = None
         gc.collect()
         torch.compiler.reset()

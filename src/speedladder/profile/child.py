@@ -136,12 +136,12 @@ def _profile_spec(work, rungs: tuple[str, ...], trace_path: Path | None, facts: 
         cuda = work.device.type == "cuda"
         # The matmul facts need the architecture in our GPT's terms (ours, Hugging Face GPT-2); for any other
         # there are none, and the predictions that need them say so (profile/predict.py).
-        shapes = work.model.shapes if facts else None
+        shapes = work.model.shapes
         b.update(spec=spec.to_dict(), rungs=list(rungs), device_type=work.device.type,
                  tokens_per_step=spec.tokens_per_step, params=work.params,
                  model=dataclasses.asdict(shapes) if shapes else None,
                  matmuls=matmul_facts(shapes, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
-                                      work.device, ceiling_n=4096 if cuda else 512) if shapes else {},
+                                      work.device, ceiling_n=4096 if cuda else 512) if shapes and facts else {},
                  copy_gbps=copy_gbps(work.device, (1 << 30) if cuda else (1 << 26)) if facts else None)
     return b
 
