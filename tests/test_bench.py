@@ -28,7 +28,8 @@ def test_gpu_script_smoke_mode(tmp_path):
         assert (tmp_path / ladder / "log.txt").read_text()
     gpt2 = json.loads(next((tmp_path / "gpt2").glob("*/results.json")).read_text())
     assert gpt2["corpus"] == {"source": "tinyshakespeare", "tokenizer": "gpt2", "tokens": 338_025,
-                              "vocab_size": 50257}
+                              "vocab_size": 50257, "train_tokens": 304_223, "val_tokens": 33_802,
+                              "val_from": "the last 10% of tinyshakespeare"}
     # The short table comes last.
     tail = proc.stdout.strip().splitlines()[-12:]
     assert any(line.startswith("eager") for line in tail)

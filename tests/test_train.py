@@ -12,19 +12,28 @@ from speedladder.cli import main
 from speedladder.config import FULL_LADDER
 from speedladder.model import GPT
 from speedladder.rungs import Env
-from speedladder.train import CHECKPOINT, default_rungs, load_checkpoint
+from speedladder.train import BEST, CHECKPOINT, default_rungs, load_checkpoint
 
-LOG = re.compile(r"^step (\d+), loss (\d+\.\d{3}), time (\d+\.\d)ms, tokens/s ([\d,]+)$", re.MULTILINE)
+LOG = re.compile(r"^step (\d+), loss (\d+\.\d{3})(?:, val (\d+\.\d{3}))?, time (\d+\.\d)ms, tokens/s ([\d,]+)"
+                 r"(?: \(includes compiling\))?$", re.MULTILINE)
 
 
 def test_train_logs_samples_and_saves_a_checkpoint(tmp_path, capsys):
     rc = main(["train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,sdpa,pad-vocab,fused-adamw",
-               "--steps", "60", "--log-every", "20", "--sample-tokens", "30", "--out", str(tmp_path)])
+               "--steps", "60", "--log-every", "20", "--eval-every", "30", "--sample-tokens", "30",
+               "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0
     logs = LOG.findall(out)
-    assert [int(s) for s, *_ in logs] == [20, 40, 60]
-    assert float(logs[-1][1]) < float(logs[0][1])  # the loss falls
+    assert [int(s) for s, *_ in logs] == [20, 30, 40, 60]  # a line at every log step and every evaluation
+    assert [v for _, _, v, *_ in logs] == ["", logs[1][2], "", logs[3][2]] and logs[1][2] and logs[3][2]
+    assert float(logs[-1][1]) < float(logs[0][1]) and float(logs[3][2]) < float(logs[1][2])  # both losses fall
+    best = re.search(r"^best val loss (\d+\.\d{3}) at step (\d+), after (\d+\.\d+) s of training", out, re.MULTILINE)
+    assert best and best.group(1) == logs[3][2] and best.group(2) == "60"
+    (best_path,) = tmp_path.glob(f"*/{BEST}")
+    saved = torch.load(best_path, weights_only=True)
+    assert saved["best_step"] == 60 and [s for s, _ in saved["val"]] == [30, 60]
+    assert saved["val"][1][1] == pytest.approx(float(logs[3][2]), abs=5e-4) == saved["best_val"]
     assert "sample (30 tokens after the corpus's first 16" in out and "[the time machine" in out
     (path,) = tmp_path.glob(f"*/{CHECKPOINT}")
     ckpt = torch.load(path, weights_only=True)  # plain tensors and values: no pickled code
@@ -77,7 +86,7 @@ def test_train_quiet_prints_no_log_lines_but_the_outcome(tmp_path, capsys):
                  "--log-every", "5", "--sample-tokens", "0", "--quiet", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "step 5, loss" not in out and "training tiny" not in out
-    assert out.count("\n") == 2 and "loss " in out and "checkpoint: " in out
+    assert out.count("\n") == 3 and "loss " in out and "best val loss" in out and "checkpoint: " in out
     assert main(["train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "20",
                  "--log-every", "5", "--sample-tokens", "0", "--out", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.count("step ") == 4  # without --quiet: a line every 5 steps
+    assert len(re.findall(r"^step ", capsys.readouterr().out, re.MULTILINE)) == 4  # without --quiet: every 5 steps

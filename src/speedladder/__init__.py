@@ -2,13 +2,13 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["climb"]
+__all__ = ["climb", "race"]
 
 
 def __getattr__(name: str):
-    """`speedladder.climb`, imported on first use: `import speedladder` stays light (no torch)."""
-    if name == "climb":
-        from speedladder.api import climb
+    """`speedladder.climb` and `speedladder.race`, imported on first use: `import speedladder` stays light (no torch)."""
+    if name in ("climb", "race"):
+        from speedladder import api
 
-        return climb
+        return getattr(api, name)
     raise AttributeError(f"module 'speedladder' has no attribute {name!r}")

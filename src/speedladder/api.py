@@ -11,18 +11,21 @@ report.html in out/<timestamp>/.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from speedladder import report, results
-from speedladder.config import GateConfig, ProfileConfig, RunConfig, TimingConfig, default
+from speedladder.config import RACE_LADDER, GateConfig, ProfileConfig, RaceConfig, RunConfig, TimingConfig, default
 from speedladder.ladder import Ladder
 from speedladder.models.user import LIVE, portable
 from speedladder.progress import show_on_stderr
+from speedladder.racing import Race
 from speedladder.records import Results
 from speedladder.report.outputs import write_outputs
+from speedladder.report.race import print_race
 from speedladder.workload import prepare
 
 
@@ -34,6 +37,19 @@ def _model(model: nn.Module | Callable[[], nn.Module] | str | None) -> tuple[str
     if spec is not None:
         return spec, None
     return f"{LIVE} {getattr(model, '__qualname__', type(model).__name__)}", model
+
+
+def _run_config(model_source: str | None, data: str | None, batch_size: int | None, seq_len: int | None,
+                rungs: tuple[str, ...] | None, out: str, device: str, options: dict[str, Any]) -> RunConfig:
+    """A RunConfig from the API's keywords: nested configs may be given as dicts of their fields."""
+    nested = {"timing": TimingConfig, "gates": GateConfig, "profile": ProfileConfig}
+    for key, cls in nested.items():
+        if isinstance(options.get(key), dict):
+            options[key] = cls(**options[key])
+    if "hf_set" in options:
+        options["hf_set"] = tuple(options["hf_set"])
+    return RunConfig(model_source=model_source, data=data, batch_size=batch_size, seq_len=seq_len, out=out,
+                     device=device, rungs=rungs, **options)
 
 
 def climb(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data: str | None = None,
@@ -52,14 +68,8 @@ def climb(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, dat
     ProfileConfig fields, e.g. timing={"steps": 5}, profile={"enabled": False}.
     """
     spec, obj = _model(model)
-    nested = {"timing": TimingConfig, "gates": GateConfig, "profile": ProfileConfig}
-    for key, cls in nested.items():
-        if isinstance(options.get(key), dict):
-            options[key] = cls(**options[key])
-    if "hf_set" in options:
-        options["hf_set"] = tuple(options["hf_set"])
-    run = RunConfig(model_source=spec, data=data, batch_size=batch_size, seq_len=seq_len, out=out, device=device,
-                    rungs=tuple(rungs) if rungs is not None else None, **options)
+    run = _run_config(spec, data, batch_size, seq_len, tuple(rungs) if rungs is not None else None, out, device,
+                      options)
     progress = show_on_stderr(quiet)
     work = prepare(run, obj)
     if work.cfg.preset_note:
@@ -73,5 +83,45 @@ def climb(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, dat
         saved, png, page = write_outputs(run_dir)
         if not quiet:
             report.print_report(saved)
+            print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
+    return saved
+
+
+def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data: str | None = None,
+         batch_size: int | None = None, seq_len: int | None = None,
+         rungs: tuple[str, ...] | list[str] | None = None, combos: list[list[str]] | None = None,
+         seeds: int = default(RaceConfig, "seeds"), target_loss: float | None = None,
+         out: str = default(RunConfig, "out"), device: str = default(RunConfig, "device"), quiet: bool = False,
+         race_options: dict[str, Any] | None = None, **options: Any) -> Results:
+    """Race configurations to a target val loss, as `speedladder race` does; the files land in out/<timestamp>/.
+
+    rungs: a cumulative ladder (default eager, compile, bf16, batch, muon), each judged against the one before;
+    or combos: lists of rungs composed on eager, each judged against eager. seeds and target_loss as the flags;
+    race_options: any other RaceConfig field (calibrate_steps, eval_every, time_cap_s, alpha, ...). model, data and
+    options as `climb` takes them; results.race holds every run, time, p-value and verdict.
+    """
+    spec, obj = _model(model)
+    given = tuple(tuple(c) for c in combos) if combos else None
+    names = (("eager", *dict.fromkeys(n for c in given for n in c if n != "eager")) if given
+             else tuple(rungs) if rungs is not None else RACE_LADDER)
+    run = dataclasses.replace(_run_config(spec, data, batch_size, seq_len, names, out, device, options),
+                              beside=(), ladder=None)
+    cfg = RaceConfig(seeds=seeds, target_loss=target_loss, combos=given or (), **(race_options or {}))
+    progress = show_on_stderr(quiet)
+    work = prepare(run, obj)
+    work.val_set(work.cfg.seq_len)
+    run_dir = results.new_run_dir(work.cfg.run.out)
+    progress(f"{work.model.name}: {work.params:,} parameters on {work.device}; {work.data_line}; writing {run_dir}")
+    contest = Race(work, run_dir, cfg, progress, role="combo" if given else "rung")
+    try:
+        if given:
+            contest.prepare_combos(given)
+        else:
+            contest.prepare_ladder(work.cfg.run.rungs or ())
+        contest.run()
+    finally:
+        saved, png, page = write_outputs(run_dir)
+        if not quiet:
+            print_race(saved)
             print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
     return saved

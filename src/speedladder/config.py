@@ -14,29 +14,20 @@ from dataclasses import dataclass, field
 import torch
 
 from speedladder.errors import UsageError
+from speedladder.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
 from speedladder.model import GPTConfig
+from speedladder.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
 
-# The source text's ladder, R0..R4.
-SOURCE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "ckpt")
-# The ladder beyond: what the nanoGPT speedrun stacks on top, in the order each builds on the last.
-FULL_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "sdpa", "fused-adamw", "pad-vocab", "batch",
-                                "max-autotune", "fp8")
+# presets.py's and ladders.py's, read through here too
+__all__ = ["CUDA_DEFAULT_PRESET", "FALLBACK_PRESET", "FULL_LADDER", "LADDERS", "PRESETS", "RACE_LADDER",
+           "SOURCE_LADDER", "LadderDef", "Preset"]
 
+# nanoGPT's convention: the last tenth of a corpus (or of a token file with no --val-data) is held out for
+# validation, and no training batch is drawn from it.
+VAL_FRACTION = 0.1
 
-@dataclass(frozen=True)
-class LadderDef:
-    """A named ladder: rungs climbed in order, then rungs measured beside its top (not built upon)."""
-
-    rungs: tuple[str, ...]
-    beside: tuple[str, ...] = ()
-
-
-LADDERS: dict[str, LadderDef] = {
-    "source": LadderDef(SOURCE_LADDER),
-    # Checkpointing is a memory rung: measured on the top of the full ladder, not a step for the rest to climb.
-    "full": LadderDef(FULL_LADDER, beside=("ckpt",)),
-}
-
+# How the batch rung scales the learning rate with the batch (x K): kept, by sqrt(K), or by K (the linear rule).
+BATCH_LR_SCALES: tuple[str, ...] = ("none", "sqrt", "linear")
 
 @dataclass(frozen=True)
 class MuonConfig:
@@ -48,56 +39,8 @@ class MuonConfig:
     ns_steps: int = 5  # Newton-Schulz iterations
 
 
-@dataclass(frozen=True)
-class Preset:
-    """A named model and the workload it is measured on unless flags say otherwise."""
-
-    model: GPTConfig  # its vocabulary is replaced by the tokenizer's once the corpus is loaded
-    corpus: str
-    tokenizer: str
-    batch_size: int
-    seq_len: int
-    batch_multiplier: int  # R3 multiplies the batch by this
-    steps_per_window: int
-    warmup_steps: int  # warm-up steps with no compilation needed before timing starts
-
-
-PRESETS: dict[str, Preset] = {
-    # The small GPT of the d2l-style source: 28 characters, width 512, 6 blocks, ~19M parameters; T=128, B=64,
-    # batch-up to 512.
-    "d2l-512": Preset(GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=8, n_embd=512, mlp_hidden=2048,
-                                activation="relu"),
-                      "timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8, steps_per_window=20,
-                      warmup_steps=5),
-    # Same at width 256: the source's example where bf16 goes backwards (matmuls too small).
-    "d2l-256": Preset(GPTConfig(vocab_size=28, block_size=128, n_layer=6, n_head=4, n_embd=256, mlp_hidden=1024,
-                                activation="relu"),
-                      "timemachine", "char", batch_size=64, seq_len=128, batch_multiplier=8, steps_per_window=20,
-                      warmup_steps=5),
-    # Scaled down so `speedladder run` on 2 CPU cores ends in about 5 minutes with cold compile caches (measured in
-    # docs/benchmarks.md); 10 steps a window make windows of 0.25-1 s.
-    "d2l-cpu": Preset(GPTConfig(vocab_size=28, block_size=64, n_layer=2, n_head=4, n_embd=128, mlp_hidden=512,
-                                activation="relu"),
-                      "timemachine", "char", batch_size=16, seq_len=64, batch_multiplier=4, steps_per_window=10,
-                      warmup_steps=2),
-    # GPT-2 small, nanoGPT-compatible (124,439,808 parameters counting position embeddings); B=16, T=1024.
-    # Batch-up x4, not x8: a guess (untested on a GPU) that keeps the fp32 control's full-vocabulary logits
-    # within memory.
-    "gpt2-124m": Preset(GPTConfig(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,
-                                  mlp_hidden=3072, tie_embeddings=True, activation="gelu"),
-                        "tinyshakespeare", "gpt2", batch_size=16, seq_len=1024, batch_multiplier=4,
-                        steps_per_window=10, warmup_steps=3),
-    # For tests: compiles in seconds.
-    "tiny": Preset(GPTConfig(vocab_size=28, block_size=32, n_layer=2, n_head=2, n_embd=32, mlp_hidden=64,
-                             activation="relu"),
-                   "timemachine", "char", batch_size=4, seq_len=32, batch_multiplier=2, steps_per_window=3,
-                   warmup_steps=1),
-}
-
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp8")  # the arithmetic of a step's matmuls
 
-CUDA_DEFAULT_PRESET = "d2l-512"
-FALLBACK_PRESET = "d2l-cpu"  # without CUDA the reference setup would take far longer than a few minutes
 
 
 @dataclass(frozen=True)
@@ -141,11 +84,31 @@ class TrainConfig:
 
     steps: int = 300
     log_every: int = 10
+    eval_every: int = 50  # val loss every N steps (and after the last); the best checkpoint is kept apart
     sample_tokens: int = 200  # generated after the prompt
     prompt_tokens: int = 16  # the corpus's first tokens start the sample
     temperature: float = 0.8
     top_k: int = 20  # sample among the k likeliest tokens; 0: all
     out: str = "runs"  # the checkpoint goes to runs/<timestamp>/checkpoint.pt
+
+
+@dataclass(frozen=True)
+class RaceConfig:
+    """`speedladder race`: each configuration trained to a target val loss, over seeds, judged by the time to it."""
+
+    seeds: int = 3  # runs per configuration, seeds seed, seed+1, ...: each changes the initial weights and batches
+    target_loss: float | None = None  # None: calibrated, eager fp32's val loss after calibrate_steps steps
+    calibrate_steps: int = 300  # the calibration's length, on a seed of its own (not one of the race's)
+    eval_every: int = 10  # val loss every this many base steps' worth of tokens; the clock stops meanwhile
+    # A run that has not reached the target after this many seconds of training stops ("did not reach");
+    # None: cap_factor times the calibration's training time.
+    time_cap_s: float | None = None
+    cap_factor: float = 3.0
+    # win or loss only at p below this, one-sided each way (Welch's t-test on the times; modded-nanogpt's rule).
+    alpha: float = 0.01
+    # Power: a note says when the seeds and their spread cannot detect a change this large at alpha.
+    detect: float = 0.10
+    combos: tuple[tuple[str, ...], ...] = ()  # given: each a set of rungs composed on eager, judged against it
 
 
 @dataclass(frozen=True)
@@ -176,6 +139,8 @@ class RunConfig:
 
     preset: str | None = None  # None: d2l-512 on CUDA, d2l-cpu elsewhere
     data: str | None = None  # an embedded corpus name, a UTF-8 text file, or a FILE.bin of token ids
+    val_data: str | None = None  # the held-out split's own file (nanoGPT's val.bin); None: data's last tenth
+    val_sequences: int = 64  # the fixed val set: this many windows of T tokens, evenly spaced over the split
     tokenizer: str | None = None  # "char" or "gpt2"; a .bin's ids are used as they are ("ids")
     # The model, when not the preset's GPT (docs/models.md): FILE.py:NAME or package.module:NAME ...
     model_source: str | None = None
@@ -185,6 +150,7 @@ class RunConfig:
     batch_size: int | None = None
     seq_len: int | None = None
     batch_multiplier: int | None = None
+    batch_lr_scale: str = "none"  # the batch rung's learning rate: "none", "sqrt" or "linear" in its multiplier
     ladder: str | None = "source"  # a name in LADDERS; None once resolved from rungs given one by one: "source" (R0-R4) or "full" (the ladder beyond)
     rungs: tuple[str, ...] | None = None  # None: the ladder's; given, they replace it (and its beside rungs)
     beside: tuple[str, ...] | None = None  # rungs measured on the ladder's top, not built upon; None: the ladder's
@@ -226,6 +192,7 @@ class Resolved:
         t = r.timing
         return {"preset": r.preset, "preset_note": self.preset_note,
                 "model": dataclasses.asdict(self.model) if self.model else None, "model_source": r.model_source,
+                "val_data": r.val_data, "val_sequences": r.val_sequences, "batch_lr_scale": r.batch_lr_scale,
                 "hf": r.hf, "hf_set": list(r.hf_set), "vocab_size": r.vocab_size, "data": r.data, "tokenizer": r.tokenizer, "batch_size": r.batch_size, "seq_len": r.seq_len,
                 "batch_multiplier": r.batch_multiplier, "ladder": r.ladder, "rungs": list(r.rungs or ()),
                 "beside": list(r.beside or ()), "device": r.device, "lr": r.lr, "seed": r.seed, "out": r.out,
@@ -313,12 +280,33 @@ def _check_values(cfg: RunConfig, batch_size: int, seq_len: int, mult: int, step
             raise UsageError(f"{name} must be zero or more, got {value}")
     if cfg.profile.steps < 1:
         raise UsageError(f"at least one profiled step is needed, got {cfg.profile.steps}")
+    if cfg.val_sequences < 1:
+        raise UsageError(f"the val set needs at least one sequence, got {cfg.val_sequences}")
+    if cfg.batch_lr_scale not in BATCH_LR_SCALES:
+        raise UsageError(f"unknown batch learning-rate rule {cfg.batch_lr_scale!r} "
+                         f"(choose from {', '.join(BATCH_LR_SCALES)})")
     if t.windows < 3:
         raise UsageError(f"at least 3 timed windows are needed for a verdict, got {t.windows}")
     for precision, value in (cfg.peak_tflops or {}).items():
         if precision not in PRECISIONS:
             raise UsageError(f"unknown precision {precision!r} in the peak TFLOP/s (use {', '.join(PRECISIONS)})")
         _positive(f"peak TFLOP/s for {precision}", value)
+
+
+def check_race(race: RaceConfig) -> None:
+    """The race's values, each refused in one line (a usage error) before anything is measured."""
+    if race.target_loss is not None and not (math.isfinite(race.target_loss) and race.target_loss > 0):
+        raise UsageError(f"the target loss must be a positive finite number, got {race.target_loss}")
+    if race.seeds < 2:
+        raise UsageError(f"a verdict needs at least 2 seeds per configuration (3 by default), got {race.seeds}")
+    for name, value in (("calibration steps", race.calibrate_steps), ("eval every", race.eval_every)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+    for name, value in (("cap factor", race.cap_factor), ("detectable change", race.detect),
+                        *((("time cap", race.time_cap_s),) if race.time_cap_s is not None else ())):
+        _positive(name, value)
+    if not 0 < race.alpha < 0.5:
+        raise UsageError(f"the significance level must be between 0 and 0.5, got {race.alpha}")
 
 
 def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:

@@ -6,6 +6,7 @@ ship inside the package (data/), and tiktoken is built from the local ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import re
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from speedladder.config import TOKEN_FILE_TOKENIZER, is_token_file
+from speedladder.config import TOKEN_FILE_TOKENIZER, VAL_FRACTION, is_token_file
 from speedladder.errors import UsageError
 
 EMBEDDED_CORPORA = ("timemachine", "tinyshakespeare")
@@ -246,12 +247,69 @@ def unigram_entropy(corpus: Corpus, chunk: int = SCAN_IDS) -> float:
     return float(-(p * p.log()).sum())
 
 
+@dataclass(frozen=True)
+class Split:
+    """A corpus's training split and its held-out val split, and where the val split came from."""
+
+    train: Corpus
+    val: Corpus
+    val_from: str  # "the last 10% of timemachine", or "val.bin"
+
+
+def holdout(corpus: Corpus, val_data: str | None = None, vocab_size: int | None = None) -> Split:
+    """The training split and the val split: `val_data` (a file of its own, tokenized as the corpus is), or else
+    the corpus's last VAL_FRACTION. The two never overlap: a training window lies wholly in the first part, since
+    BatchStream draws from the training split alone. Slices of a tensor or a memory map: nothing is copied."""
+    if val_data is None:
+        cut = corpus.n_tokens - int(corpus.n_tokens * VAL_FRACTION)
+        return Split(dataclasses.replace(corpus, tokens=corpus.tokens[:cut]),
+                     dataclasses.replace(corpus, tokens=corpus.tokens[cut:]),
+                     f"the last {VAL_FRACTION:.0%} of {corpus.source}")
+    if is_token_file(val_data) != is_token_file(corpus.source):
+        kind = "a token file (.bin)" if is_token_file(corpus.source) else "text"
+        raise UsageError(f"--val-data {val_data} must be {kind}, as --data {corpus.source} is")
+    val = load_corpus(val_data, corpus.tokenizer, vocab_size)
+    return Split(corpus, val, val_data)
+
+
+def check_val_ids(split: Split, vocab_size: int) -> None:
+    """A val file of its own holds ids within the model's vocabulary, as the training file must."""
+    if split.val.source != split.train.source:
+        try:
+            check_ids(split.val, vocab_size)
+        except UsageError as e:
+            raise UsageError(f"--val-data does not match the vocabulary: {e}") from None
+
+
+def check_val_size(split: Split, batch_size: int, seq_len: int) -> None:
+    """A val split that holds at least one batch: what a command that evaluates needs."""
+    if split.val.n_tokens - 1 < batch_size * seq_len:
+        raise UsageError(f"the val split ({split.val_from}: {split.val.n_tokens:,} tokens) is too small for one "
+                         f"batch of {batch_size} x {seq_len} = {batch_size * seq_len:,} tokens: give --val-data, "
+                         "a bigger corpus, or a smaller batch")
+
+
+def val_windows(val: Corpus, seq_len: int, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed val set: `sequences` windows of T tokens (and their next tokens), evenly spaced over the val split,
+    the same for every configuration and seed; (N, T) int64 on the host. Fewer when the split holds fewer."""
+    last = val.n_tokens - seq_len - 1  # the last start that leaves room for the shifted targets
+    n = max(1, min(sequences, last + 1))
+    starts = torch.linspace(0, last, n).round().long()
+    index = starts[:, None] + torch.arange(seq_len + 1)  # (N, T+1)
+    if isinstance(val.tokens, torch.Tensor):
+        chunk = val.tokens[index]
+    else:
+        chunk = torch.from_numpy(val.tokens[index.numpy()].astype(np.int64))
+        unmap(val.tokens)
+    return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
 def check_fits(corpus: Corpus, batch_size: int, seq_len: int) -> None:
     """A batch must not cover more tokens than the corpus has: it would repeat the corpus within a step."""
     if batch_size * seq_len > corpus.n_tokens - 1:
         raise UsageError(
             f"batch {batch_size} x length {seq_len} = {batch_size * seq_len:,} tokens is more than "
-            f"the corpus {corpus.source} holds ({corpus.n_tokens - 1:,} usable tokens)")
+            f"the corpus {corpus.source} holds for training ({corpus.n_tokens - 1:,} usable tokens)")
 
 
 class BatchStream:

@@ -36,6 +36,7 @@ class StepSpec:
     transforms: tuple[str, ...] = ()  # names in MODEL_TRANSFORMS, applied in order
     compile_mode: str | None = None  # torch.compile's mode: None (default), "max-autotune", "reduce-overhead"
     optimizer: str = "adamw"  # a name in OPTIMIZERS: "adamw", "adamw-fused", "adamw-foreach", "muon"
+    lr_scale: float = 1.0  # every optimizer's learning rate times this (the batch rung's --batch-lr-scale rule)
 
     @property
     def precision(self) -> str:
@@ -57,8 +58,16 @@ class StepSpec:
 
     @property
     def same_update(self) -> bool:
-        """AdamW in any implementation: the same update rule as eager's, so the loss band applies."""
-        return self.optimizer in ADAMW_VARIANTS
+        """AdamW in any implementation at eager's learning rate: the same update rule, so the loss band applies."""
+        return self.optimizer in ADAMW_VARIANTS and self.lr_scale == 1.0
+
+    @property
+    def update_change(self) -> str:
+        """Why this spec's updates differ from eager's (empty when they do not)."""
+        parts = ([f"{self.optimizer} updates differently from AdamW"] if self.optimizer not in ADAMW_VARIANTS else [])
+        if self.lr_scale != 1.0:
+            parts.append(f"its learning rate is {self.lr_scale:.3g}x eager's")
+        return " and ".join(parts)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -83,6 +92,7 @@ class Env:
     batch_multiplier: int
     # What the model cannot do, as (capability, why): e.g. ("sdpa", "not applicable to this model: ...").
     model_lacks: tuple[tuple[str, str], ...] = ()
+    batch_lr_scale: str = "none"  # the batch rung's learning-rate rule (config.BATCH_LR_SCALES)
 
 
 @dataclass(frozen=True)
@@ -250,6 +260,17 @@ def _with(spec: StepSpec, transform: str) -> StepSpec:
     return dataclasses.replace(spec, transforms=(*spec.transforms, transform))
 
 
+def lr_factor(rule: str, multiplier: int) -> float:
+    """The learning rate's factor for a batch K times bigger: none 1, sqrt sqrt(K), linear K."""
+    return {"none": 1.0, "sqrt": math.sqrt(multiplier), "linear": float(multiplier)}[rule]
+
+
+def _batch_up(spec: StepSpec, env: Env) -> StepSpec:
+    k = env.batch_multiplier
+    return dataclasses.replace(spec, batch_size=spec.batch_size * k,
+                               lr_scale=spec.lr_scale * lr_factor(env.batch_lr_scale, k))
+
+
 def _fused_adamw(spec: StepSpec, env: Env) -> StepSpec:
     # Fused AdamW kernels exist for CUDA and (since torch 2.4) the CPU; elsewhere foreach batches the update.
     return dataclasses.replace(spec, optimizer="adamw-fused" if env.device_type in ("cuda", "cpu") else "adamw-foreach")
@@ -267,7 +288,7 @@ RUNGS: dict[str, Rung] = {r.name: r for r in (
          Requirement(min_capability=(8, 0))),
     Rung("batch", "R3: a bigger batch fills the device and spreads per-step overhead over more tokens",
          "speed",
-         lambda s, e: dataclasses.replace(s, batch_size=s.batch_size * e.batch_multiplier),
+         _batch_up,
          control=_fp32_control,
          control_reason="the same batch in fp32: did bf16 buy the memory headroom for it?"),
     Rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",

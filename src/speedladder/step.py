@@ -71,6 +71,7 @@ class TrainStep:
             self.model = wrap(self.model)
         # Called in its own convention, answering (logits, loss) with one loss for every model (models/base.py).
         adapted = self.source.adapter(self.model)
+        self.eager_forward = adapted  # uncompiled: what evaluation calls, so no eval graph is compiled
         # dynamic=False: one fixed shape per rung; a shape change must recompile, and is counted.
         self.forward = (torch.compile(adapted, dynamic=False, mode=spec.compile_mode) if spec.compile
                         else adapted)
@@ -89,14 +90,15 @@ class TrainStep:
             prefix = self.source.blocks_prefix or "blocks."
             hidden = [p for n, p in self.params.items() if is_hidden_matrix(n, p, prefix)]
             rest = [p for n, p in self.params.items() if not is_hidden_matrix(n, p, prefix)]
-            m = self.muon
-            return MuonAdamW(muon_optimizer(hidden, lr=m.lr, momentum=m.momentum, nesterov=m.nesterov, ns_steps=m.ns_steps),
-                             torch.optim.AdamW(rest, lr=self.lr))
+            m, scale = self.muon, self.spec.lr_scale
+            return MuonAdamW(muon_optimizer(hidden, lr=m.lr * scale, momentum=m.momentum, nesterov=m.nesterov,
+                                            ns_steps=m.ns_steps),
+                             torch.optim.AdamW(rest, lr=self.lr * scale))
         if opt not in ("adamw", "adamw-fused", "adamw-foreach"):
             raise ValueError(f"unknown optimizer {opt!r}")
         # Plain "adamw" leaves the implementation to torch's default; the others ask for one.
         kind = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}}.get(opt, {})
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr, **kind)
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr * self.spec.lr_scale, **kind)
 
     def reference_part(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """The part of a (possibly padded) parameter or gradient that is the reference parameter."""
@@ -129,6 +131,29 @@ class TrainStep:
             logits, loss = self.forward(x, y)
         loss.backward()
         return logits, loss
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, chunk: int) -> torch.Tensor:
+        """Mean loss over held-out sequences (N, T), `chunk` at a time: in eval mode, under no_grad, at the step's
+        precision (its autocast and, set by the caller, its matmul precision). Returned as a device tensor.
+
+        The uncompiled model is called, so evaluating compiles nothing; every module's training flag is put back
+        after (dropout that the workload switched off stays off, and compiled code finds the flags it was built
+        under).
+        """
+        flags = [(m, m.training) for m in self.model.modules()]
+        self.model.eval()
+        total = torch.zeros((), device=self.device)
+        try:
+            with self._autocast:
+                for i in range(0, len(x), chunk):
+                    xs, ys = x[i:i + chunk].to(self.device), y[i:i + chunk].to(self.device)
+                    _, loss = self.eager_forward(xs, ys)
+                    total += loss.float() * len(xs)
+        finally:
+            for m, training in flags:
+                m.training = training
+        return total / len(x)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         _, loss = self.forward_backward(x, y)

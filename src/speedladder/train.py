@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from speedladder.step import matmul_precision
 from speedladder.workload import Workload, prepare
 
 CHECKPOINT = "checkpoint.pt"
+BEST = "best.pt"  # the weights at the lowest val loss
 
 
 def default_rungs(env: Env) -> tuple[str, ...]:
@@ -48,8 +50,8 @@ def saved_winner(run_dir: str) -> tuple[dict, StepSpec, str]:
 
 def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
     """The workload and the spec to train, and a phrase saying where the spec came from."""
-    if args.steps <= 0 or args.log_every <= 0 or args.sample_tokens < 0:
-        raise UsageError("--steps and --log-every must be positive, --sample-tokens zero or more")
+    if args.steps <= 0 or args.log_every <= 0 or args.sample_tokens < 0 or args.eval_every < 0:
+        raise UsageError("--steps and --log-every must be positive, --sample-tokens and --eval-every zero or more")
     workload = {"preset": args.preset, "data": args.data, "tokenizer": args.tokenizer, "model_source": args.model,
                 "hf": args.hf, "hf_set": tuple(args.hf_set or ()) or None, "vocab_size": args.vocab_size,
                 "batch_size": args.batch_size, "seq_len": args.seq_len, "batch_multiplier": args.batch_multiplier}
@@ -65,11 +67,13 @@ def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
                         model_source=cfg.get("model_source"), hf=cfg.get("hf"), hf_set=tuple(cfg.get("hf_set") or ()),
                         vocab_size=cfg.get("vocab_size"), batch_size=spec.batch_size, seq_len=spec.seq_len,
                         batch_multiplier=cfg["batch_multiplier"], device=args.device, lr=args.lr, seed=args.seed,
-                        rungs=("eager",))
-        return prepare(run), spec, f"{name} from {args.run}"
-    work = prepare(RunConfig(**{**workload, "hf_set": workload["hf_set"] or ()}, device=args.device, lr=args.lr,
-                             seed=args.seed,
-                             rungs=("eager", *(n for n in args.rungs if n != "eager")) if args.rungs else None))
+                        val_data=args.val_data, val_sequences=args.val_sequences, rungs=("eager",))
+        return _checked(prepare(run), args), spec, f"{name} from {args.run}"
+    work = _checked(prepare(RunConfig(**{**workload, "hf_set": workload["hf_set"] or ()}, device=args.device,
+                                      lr=args.lr, seed=args.seed, val_data=args.val_data,
+                                      val_sequences=args.val_sequences, batch_lr_scale=args.batch_lr_scale,
+                                      rungs=("eager", *(n for n in args.rungs if n != "eager")) if args.rungs
+                                      else None)), args)
     if args.rungs:
         names = args.rungs
         for n in names:
@@ -83,6 +87,13 @@ def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
     return work, compose(names, work.base_spec, work.env), source
 
 
+def _checked(work: Workload, args: argparse.Namespace) -> Workload:
+    """A val split that can be evaluated, when train evaluates: refused before any step is taken."""
+    if args.eval_every:
+        work.val_set(work.cfg.seq_len)
+    return work
+
+
 def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, dict]:
     """A saved checkpoint as the plain model (our GPT, the Hugging Face model or the user's own, without the rungs'
     transforms) and the rest of what was saved."""
@@ -92,27 +103,58 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
     return model, ckpt
 
 
-def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int,
-               log: Callable[[str], None] = print) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """Train `steps` steps from the initial weights, a log line every `log_every`; the reference weights and losses."""
+@dataclass
+class Trained:
+    """What a training run leaves: the final weights, every loss, and the val curve with its best point."""
+
+    state: dict[str, torch.Tensor]  # the final weights, under the reference names and shapes
+    losses: list[float]
+    val: list[tuple[int, float]] = field(default_factory=list)  # (step, val loss) at every evaluation
+    best_state: dict[str, torch.Tensor] | None = None  # the weights at the lowest val loss
+    best_step: int | None = None
+    best_val: float | None = None
+    best_seconds: float | None = None  # the training clock there: steps only, evaluations excluded
+    train_seconds: float = 0.0
+
+
+def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int, log: Callable[[str], None] = print,
+               eval_every: int = 0) -> Trained:
+    """Train `steps` steps from the initial weights, a log line every `log_every`; with `eval_every`, the val loss
+    on the fixed val set every `eval_every` steps and after the last (the clock stopped meanwhile), keeping the
+    weights at the best one."""
     losses: list[torch.Tensor] = []
     tps = spec.tokens_per_step
+    val_x, val_y = work.val_set(spec.seq_len) if eval_every else (None, None)
+    out = Trained({}, [])
     with matmul_precision(spec):
         step, stream = work.step(spec), work.stream(spec)
         measure.sync(work.device)
         t0, last = time.perf_counter(), 0
         for i in range(steps):
             losses.append(step(*next(stream)))
-            if (i + 1) % log_every == 0 or i + 1 == steps:
+            done = i + 1
+            evaluate = bool(eval_every) and (done % eval_every == 0 or done == steps)
+            if done % log_every == 0 or done == steps or evaluate:
                 loss = float(losses[-1])  # waits for the device: only at a log line
                 seconds = time.perf_counter() - t0
-                n = i + 1 - last
+                out.train_seconds += seconds
+                n = done - last
                 note = " (includes compiling)" if spec.compile and last == 0 else ""
-                log(f"step {i + 1}, loss {loss:.3f}, time {1e3 * seconds / n:.1f}ms, "
+                val = ""
+                if evaluate:  # after the clock stopped: evaluation is not training time
+                    v = float(step.evaluate(val_x, val_y, work.cfg.batch_size))  # type: ignore[arg-type]
+                    out.val.append((done, v))
+                    val = f", val {v:.3f}"
+                    if out.best_val is None or v < out.best_val:
+                        out.best_val, out.best_step, out.best_seconds = v, done, out.train_seconds
+                        out.best_state = step.reference_state()
+                log(f"step {done}, loss {loss:.3f}{val}, time {1e3 * seconds / n:.1f}ms, "
                     f"tokens/s {n * tps / seconds:,.0f}{note}")
-                t0, last = time.perf_counter(), i + 1
-        state = step.reference_state()
-    return state, torch.stack(losses).float().cpu().tolist()
+                measure.sync(work.device)
+                t0, last = time.perf_counter(), done
+        out.state = step.reference_state()
+    out.losses = torch.stack(losses).float().cpu().tolist()
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -125,18 +167,29 @@ def main(args: argparse.Namespace) -> int:
           f"{'compiled' + (f' ({spec.compile_mode})' if spec.compile_mode else '') if spec.compile else 'eager'}, "
           f"{spec.optimizer}" + (f", {', '.join(spec.transforms)}" if spec.transforms else "")
           + f", on {work.device}")
-    state, values = train_loop(work, spec, args.steps, args.log_every, log)
+    if args.eval_every:
+        log(f"validation every {args.eval_every} steps on {work.split.val_from} ({work.val.n_tokens:,} tokens, "
+            f"{cfg.run.val_sequences} sequences), the clock stopped meanwhile")
+    trained = train_loop(work, spec, args.steps, args.log_every, log, eval_every=args.eval_every)
+    values = trained.losses
     tail = values[-max(1, len(values) // 10):]
     print(f"loss {values[0]:.3f} -> {sum(tail) / len(tail):.3f} (mean of the last {len(tail)} steps)")
     run_dir = results.new_run_dir(args.out)
+    saved = {"config": dataclasses.asdict(cfg.model) if cfg.model else None,
+             "model_def": {**work.model.record(), "seq_len": cfg.seq_len},
+             "spec": {**spec.to_dict(), "transforms": list(spec.transforms)},
+             "tokenizer": work.corpus.tokenizer, "corpus": work.corpus.source, "steps": args.steps,
+             "losses": values, "val": trained.val, "created": results.now()}
     path = run_dir / CHECKPOINT
-    torch.save({"model": state, "config": dataclasses.asdict(cfg.model) if cfg.model else None,
-                "model_def": {**work.model.record(), "seq_len": cfg.seq_len},
-                "spec": {**spec.to_dict(), "transforms": list(spec.transforms)},
-                "tokenizer": work.corpus.tokenizer, "corpus": work.corpus.source, "steps": args.steps,
-                "losses": values, "created": results.now()}, path)
+    torch.save({"model": trained.state, **saved}, path)
+    if trained.best_state is not None:
+        torch.save({"model": trained.best_state, **saved, "best_step": trained.best_step,
+                    "best_val": trained.best_val, "best_seconds": trained.best_seconds}, run_dir / BEST)
+        print(f"best val loss {trained.best_val:.3f} at step {trained.best_step}, after {trained.best_seconds:.2f} s "
+              f"of training (of {trained.train_seconds:.2f} s; evaluation excluded"
+              + ("; the first steps include compiling" if spec.compile else "") + f"): {run_dir / BEST}")
     if args.sample_tokens:
-        print(sample(state, work, args.sample_tokens))
+        print(sample(trained.state, work, args.sample_tokens))
     print(f"checkpoint: {path}")
     return 0
 

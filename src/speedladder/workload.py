@@ -18,7 +18,18 @@ from torch import nn
 
 from speedladder import measure, models, results
 from speedladder.config import Resolved, RunConfig, pick_device, resolve
-from speedladder.data import BatchStream, Corpus, check_fits, check_ids, load_corpus
+from speedladder.data import (
+    BatchStream,
+    Corpus,
+    Split,
+    check_fits,
+    check_ids,
+    check_val_ids,
+    check_val_size,
+    holdout,
+    load_corpus,
+    val_windows,
+)
 from speedladder.errors import UsageError
 from speedladder.models import ModelDef
 from speedladder.records import Results
@@ -35,10 +46,28 @@ class Workload:
 
     cfg: Resolved
     device: torch.device
-    corpus: Corpus
+    corpus: Corpus  # the training split: every batch any command trains on is drawn from it
     init: dict[str, torch.Tensor]  # the weights every rung starts from, on the host
     env: Env
     model: ModelDef  # ours, Hugging Face's or the user's: how to build, call, count and change it
+    split: Split  # the training split and the held-out val split, never overlapping
+
+    @property
+    def val(self) -> Corpus:
+        return self.split.val
+
+    @property
+    def data_line(self) -> str:
+        """What the header says of the data: what is trained on, and what is held out."""
+        s = self.split
+        return (f"{self.corpus.n_tokens:,} training tokens of {self.corpus.source}; {s.val_from} "
+                f"({s.val.n_tokens:,} tokens) held out for validation")
+
+    def val_set(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixed val set at a sequence length (the same for every configuration and seed), on the host;
+        its split must hold one batch of the workload's shape."""
+        check_val_size(self.split, self.cfg.batch_size, self.cfg.seq_len)
+        return val_windows(self.val, seq_len, self.cfg.run.val_sequences)
 
     @property
     def base_spec(self) -> StepSpec:
@@ -91,17 +120,21 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     device = pick_device(run.device)
     cfg = resolve(run, device, known_rungs=tuple(RUNGS))
     corpus = load_corpus(cfg.run.data, cfg.run.tokenizer, cfg.run.vocab_size)  # type: ignore[arg-type]
-    check_fits(corpus, cfg.batch_size, cfg.seq_len)
+    split = holdout(corpus, cfg.run.val_data, cfg.run.vocab_size)
+    check_fits(split.train, cfg.batch_size, cfg.seq_len)
     cfg, model_def, init = models.define(cfg, corpus.vocab_size or None, model)
     if isinstance(corpus.tokens, torch.Tensor) and corpus.vocab_size > model_def.vocab_size:
         raise UsageError(f"the tokenizer's vocabulary ({corpus.vocab_size:,}) is larger than the model's "
                          f"({model_def.vocab_size:,}): give the model a vocab_size argument, or --vocab-size")
     check_ids(corpus, model_def.vocab_size)  # a token file: every id below the model's vocabulary, in chunks
-    corpus = dataclasses.replace(corpus, vocab_size=corpus.vocab_size or model_def.vocab_size)
+    check_val_ids(split, model_def.vocab_size)
+    vocab = corpus.vocab_size or model_def.vocab_size
+    split = Split(dataclasses.replace(split.train, vocab_size=vocab), dataclasses.replace(split.val, vocab_size=vocab),
+                  split.val_from)
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     env = Env(device.type, cap, cfg.run.batch_multiplier,  # type: ignore[arg-type]
-              model_lacks=tuple(sorted(model_def.lacks.items())))
-    return Workload(cfg, device, corpus, init, env, model_def)
+              model_lacks=tuple(sorted(model_def.lacks.items())), batch_lr_scale=cfg.run.batch_lr_scale)
+    return Workload(cfg, device, split.train, init, env, model_def, split)
 
 
 def new_results(work: Workload, kind: str | None = None) -> Results:
@@ -109,8 +142,11 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
     c = work.corpus
     return Results(schema=results.SCHEMA, status="running", created=results.now(), command=results.command_line(),
                    config=work.cfg.to_dict(), environment=results.environment(work.device), kind=kind,
-                   corpus={"source": c.source, "tokenizer": c.tokenizer, "tokens": c.n_tokens,
-                           "vocab_size": c.vocab_size},
+                   corpus={"source": c.source, "tokenizer": c.tokenizer,
+                           # the --data file's tokens: the val split is inside it unless it has a file of its own
+                           "tokens": c.n_tokens + (work.val.n_tokens if work.cfg.run.val_data is None else 0),
+                           "vocab_size": c.vocab_size, "train_tokens": c.n_tokens, "val_tokens": work.val.n_tokens,
+                           "val_from": work.split.val_from},
                    model={"preset": work.cfg.run.preset, "params": work.params,
                           "matmul_params": work.matmul_params, **work.model.record()})
 

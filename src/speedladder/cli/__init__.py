@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from speedladder import __version__
-from speedladder.cli import check, commands, compare, parallel, sweep
+from speedladder.cli import check, commands, compare, parallel, race, sweep
 from speedladder.cli.flags import Parser
 from speedladder.errors import UsageError
 from speedladder.parallel.launch import JobFailed
@@ -16,7 +16,7 @@ from speedladder.parallel.launch import JobFailed
 COMMANDS = {"run": commands.cmd_run, "profile": commands.cmd_profile, "tune": commands.cmd_tune,
             "train": commands.cmd_train, "report": commands.cmd_report, "predict": parallel.cmd_predict,
             "ddp": parallel.cmd_ddp, "compare": compare.cmd_compare, "check": check.cmd_check,
-            "sweep": sweep.cmd_sweep}
+            "sweep": sweep.cmd_sweep, "race": race.cmd_race}
 
 
 def build_parser() -> Parser:
@@ -26,7 +26,8 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"speedladder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in (commands.add_run, commands.add_profile, commands.add_tune, commands.add_train, commands.add_report,
-                parallel.add_commands, compare.add_commands, check.add_commands, sweep.add_commands):
+                race.add_commands, parallel.add_commands, compare.add_commands, check.add_commands,
+                sweep.add_commands):
         add(sub)
     return parser
 

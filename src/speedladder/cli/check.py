@@ -87,6 +87,74 @@ def rerun_argv(saved: dict) -> list[str]:
     return argv
 
 
+def race_argv(saved: dict) -> list[str]:
+    """The `speedladder race` arguments that repeat a saved race: its workload, configurations and rule."""
+    race = saved["race"]
+    argv = ["race", *_workload_argv(saved["config"])]
+    entries = race.get("entries") or []
+    if any(e["role"] in ("combo", "winner") for e in entries):
+        argv += ["--combos", ",".join("+".join(e["rungs"]) for e in entries if e["role"] in ("combo", "winner"))]
+    else:
+        argv += ["--rungs", ",".join(e["name"] for e in entries)]
+    argv += ["--seeds", str(len(race["seeds"])), "--eval-every", str(race["eval_every"]),
+             "--calibrate-steps", str(race["calibrate_steps"]), "--alpha", repr(race["alpha"]),
+             "--detect", repr(race["detect"]), "--val-sequences", str(race["val_sequences"])]
+    if race.get("target_from") == "--target-loss":
+        argv += ["--target-loss", repr(race["target_loss"])]
+    if race.get("cap_from") == "--time-cap":
+        argv += ["--time-cap", repr(race["time_cap_s"])]
+    return argv
+
+
+def _workload_argv(c: dict) -> list[str]:
+    """The model, data and shape flags of a saved config (a race's: no timing, gates or profile)."""
+    argv = ["--preset", c["preset"], "--data", c["data"], "--tokenizer", c["tokenizer"],
+            "--batch-size", str(c["batch_size"]), "--seq-len", str(c["seq_len"]),
+            "--batch-multiplier", str(c["batch_multiplier"]), "--device", c["device"], "--lr", repr(c["lr"]),
+            "--seed", str(c["seed"]), "--warmup", str(c["warmup"]), "--max-warmup", str(c["max_warmup"]),
+            "--batch-lr-scale", c.get("batch_lr_scale") or "none"]
+    if c.get("val_data"):
+        argv += ["--val-data", c["val_data"]]
+    return argv
+
+
+def race_regressions(baseline: dict, new: dict, tolerance: float) -> tuple[list[Regression], list[Passed]]:
+    """A race against a baseline race, configuration by configuration: one that reached the target in every seed
+    there must reach it here, and its times must not be slower at the baseline's alpha (Welch, one-sided) by more
+    than the tolerance."""
+    from speedladder import stats
+
+    race = baseline["race"]
+    alpha = race.get("alpha") or 0.01
+    now = {e["name"]: e for e in (new.get("race") or {}).get("entries") or []}
+    out: list[Regression] = []
+    held: list[Passed] = []
+    for b in race.get("entries") or []:
+        runs = b.get("runs") or []
+        if b.get("status") != "ok" or not runs or any(r["stopped"] != "reached" for r in runs):
+            continue  # it did not reach in the baseline: nothing to hold the new race to
+        name, n = b["name"], now.get(b["name"])
+        if n is None:
+            out.append(Regression(name, "missing", "raced in the baseline, absent from the new race"))
+            continue
+        new_runs = n.get("runs") or []
+        if n.get("status") != "ok" or not new_runs or any(r["stopped"] != "reached" for r in new_runs):
+            reached = sum(r["stopped"] == "reached" for r in new_runs)
+            out.append(Regression(name, "did not reach", f"reached the target in every seed in the baseline, "
+                                  f"{reached} of {len(new_runs)} now ({n.get('status')}: {n.get('detail') or ''})"))
+            continue
+        mine, theirs = [r["seconds"] for r in new_runs], [r["seconds"] for r in runs]
+        ratio = (sum(mine) / len(mine)) / (sum(theirs) / len(theirs))
+        w = stats.welch(mine, theirs, alpha) if len(mine) > 1 and len(theirs) > 1 else None
+        if w is not None and w.p_greater < alpha and ratio > 1 + tolerance:
+            out.append(Regression(name, "speed", f"{ratio:.2f}× the baseline's time to the target "
+                                                 f"(p={w.p_greater:.2g} that it is slower; tolerance "
+                                                 f"{100 * tolerance:g}%)"))
+        else:
+            held.append(Passed(name, 1 / ratio))
+    return out, held
+
+
 def _by_name(results: dict) -> dict[str, dict]:
     return {r["name"]: r for r in results.get("rungs") or []}
 
@@ -95,6 +163,8 @@ def regressions(baseline: dict, new: dict, tolerance: float) -> tuple[list[Regre
     """Every regression of `new` against `baseline`, and the rungs that held up."""
     if not 0 <= tolerance < 1:
         raise UsageError(f"the tolerance must be at least 0 and below 1, got {tolerance}")
+    if baseline.get("race"):
+        return race_regressions(baseline, new, tolerance)
     base, now = _by_name(baseline), _by_name(new)
     if not base:
         raise UsageError("the baseline has no measured rungs to check against")
@@ -144,6 +214,11 @@ def report(baseline: dict, new: dict, tolerance: float, label: str) -> int:
         print(f"check: {len(found)} regression(s) against {label}{_differs(baseline, new)}")
         return 1
     ratios = ", ".join(f"{p.rung} {p.ratio:.2f}×" for p in held)
+    if baseline.get("race"):
+        print(f"check: no regression against {label}: {len(held)} configuration(s) reached the target and none is "
+              f"slower at p < {baseline['race'].get('alpha') or 0.01:g} by more than {100 * tolerance:g}% "
+              f"(× faster than the baseline: {ratios})" + _differs(baseline, new))
+        return 0
     print(f"check: no regression against {label}: {len(held)} rung(s) within {100 * tolerance:g}% of the "
           f"baseline's slowest window (new median / baseline median: {ratios}); no gate newly failing"
           + _differs(baseline, new))
@@ -153,7 +228,7 @@ def report(baseline: dict, new: dict, tolerance: float, label: str) -> int:
 def _rerun(baseline: dict, out: str | None, quiet: bool) -> tuple[int, dict | None]:
     """Run the baseline's configuration again in a fresh process (`python -m speedladder run ...`), as a user
     would: nothing compiled or cached in this process carries over. Its exit code and its results."""
-    argv = rerun_argv(baseline)
+    argv = race_argv(baseline) if baseline.get("race") else rerun_argv(baseline)
     parent = Path(out) if out else Path(tempfile.mkdtemp(prefix="speedladder-check-"))
     try:
         before = set(parent.iterdir()) if parent.is_dir() else set()
@@ -197,7 +272,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.against:
         new = _load(args.against)
     else:
-        rerun_argv(baseline)  # a baseline that cannot be re-run is bad input: say so before measuring anything
+        # a baseline that cannot be re-run is bad input: say so before measuring anything
+        race_argv(baseline) if baseline.get("race") else rerun_argv(baseline)
         rc, new = _rerun(baseline, args.out, args.quiet)
         if new is None:
             return rc

@@ -30,8 +30,9 @@ from speedladder.progress import Progress, show_on_stderr
 from speedladder.records import ProfileSummary, from_dict
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
+from speedladder.report import race as race_report
 from speedladder.report import sweep as sweep_report
-from speedladder.report.outputs import write_outputs
+from speedladder.report.outputs import draw, write_outputs
 from speedladder.rungs import RUNGS
 from speedladder.workload import Workload, new_results, prepare
 
@@ -84,6 +85,10 @@ def add_train(sub) -> None:
                        help="training steps. Default: %(default)s")
     train.add_argument("--log-every", type=int, default=default(TrainConfig, "log_every"), metavar="N",
                        help="log loss, step time and tokens/s every N steps. Default: %(default)s")
+    train.add_argument("--eval-every", type=int, default=default(TrainConfig, "eval_every"), metavar="N",
+                       help="val loss on the held-out split every N steps and after the last, the clock stopped "
+                            "meanwhile; the weights at the best one are saved as best.pt; 0: none. Default: "
+                            "%(default)s")
     train.add_argument("--sample-tokens", type=int, default=default(TrainConfig, "sample_tokens"), metavar="N",
                        help="tokens generated after the corpus's first tokens; 0: no sample. Default: %(default)s")
     train.add_argument("--out", default=default(TrainConfig, "out"), metavar="DIR",
@@ -214,6 +219,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         report.print_profile(saved)
         return 0
     run_dir = given if given.is_dir() else given.parent
+    if saved.race is not None:  # written by race
+        race_report.print_race(saved)
+        print(f"waterfall: {draw(saved, run_dir)}")
+        print(f"report: {html_report.write(saved, run_dir)}")
+        return 0
     if saved.sweep is not None:  # written by sweep
         sweep_report.print_sweep(saved)
         print(f"plot: {sweep_report.plot(saved, run_dir / sweep_report.SWEEP_PLOT)}")

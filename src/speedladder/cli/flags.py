@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 
 from speedladder.config import (
+    BATCH_LR_SCALES,
     LADDERS,
     PRESETS,
     SOURCE_LADDER,
+    VAL_FRACTION,
     GateConfig,
     MemoryConfig,
     ProfileConfig,
@@ -63,6 +65,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="embedded corpus (timemachine, tinyshakespeare), a UTF-8 text file, or a FILE.bin of token "
                         "ids (nanoGPT's: uint16, uint32 when --vocab-size > 65535; memory-mapped, never loaded "
                         "whole). Default: the preset's corpus")
+    p.add_argument("--val-data", metavar="PATH",
+                   help="the held-out split's own file, of the same kind as --data (nanoGPT's prepare.py writes "
+                        f"val.bin beside train.bin); no training batch is ever drawn from it. Default: the last "
+                        f"{100 * VAL_FRACTION:.0f}%% of --data")
+    p.add_argument("--val-sequences", type=int, default=default(RunConfig, "val_sequences"), metavar="N",
+                   help="the fixed val set: N windows of T tokens evenly spaced over the val split, the same for "
+                        "every configuration and seed (race, train). Default: %(default)s")
     p.add_argument("--tokenizer", choices=["char", "gpt2", "ids"],
                    help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks; ids: a .bin's ids as they "
                         "are (gpt2 with a .bin decodes train's sample). Default: the preset's (ids for a .bin)")
@@ -94,6 +103,11 @@ def add_timing_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, metavar="N", help="steps per timed window. Default: the preset's")
     p.add_argument("--windows", type=int, default=default(TimingConfig, "windows"), metavar="W",
                    help="timed windows per rung, at least 3. Default: %(default)s")
+    add_warmup_flags(p)
+
+
+def add_warmup_flags(p: argparse.ArgumentParser) -> None:
+    """How long a step is warmed up before it is timed (or raced)."""
     p.add_argument("--warmup", type=int, metavar="N",
                    help="compile-free warm-up steps before timing. Default: the preset's")
     p.add_argument("--max-warmup", type=int, default=default(TimingConfig, "max_warmup"), metavar="N",
@@ -116,6 +130,10 @@ def add_batch_multiplier(p: argparse.ArgumentParser) -> None:
     """The batch rung's factor: the rung flags have it, and so do tune and train, which take no other rung flag."""
     p.add_argument("--batch-multiplier", type=int, metavar="K",
                    help="the batch rung multiplies the batch by K. Default: the preset's")
+    p.add_argument("--batch-lr-scale", choices=BATCH_LR_SCALES, default=default(RunConfig, "batch_lr_scale"),
+                   help="the batch rung's learning rate: kept (none), times sqrt(K), or times K (linear); a rule "
+                        "other than none changes how the model learns, so the rung is judged by tokens to AdamW's "
+                        "loss rather than the loss band. Default: %(default)s")
 
 
 def add_climb_flags(p: argparse.ArgumentParser) -> None:
@@ -166,13 +184,16 @@ def run_config(args: argparse.Namespace) -> RunConfig:
     """The flags as a RunConfig; a flag a command does not have keeps the dataclass default."""
     gates = GateConfig()
     return RunConfig(
-        preset=args.preset, data=args.data, tokenizer=args.tokenizer, model_source=args.model, hf=args.hf,
+        preset=args.preset, data=args.data, val_data=args.val_data, val_sequences=args.val_sequences,
+        tokenizer=args.tokenizer, model_source=args.model, hf=args.hf,
         hf_set=tuple(args.hf_set or ()), vocab_size=args.vocab_size, batch_size=args.batch_size,
-        seq_len=args.seq_len, batch_multiplier=args.batch_multiplier, ladder=getattr(args, "ladder", "source"),
+        seq_len=args.seq_len, batch_multiplier=args.batch_multiplier,
+        batch_lr_scale=getattr(args, "batch_lr_scale", default(RunConfig, "batch_lr_scale")),
+        ladder=getattr(args, "ladder", "source"),
         rungs=getattr(args, "rungs", None), device=args.device,
         lr=args.lr, seed=args.seed, out=args.out, peak_tflops=getattr(args, "peak_tflops", None),
-        timing=TimingConfig(steps=args.steps, windows=args.windows, warmup=args.warmup,
-                            max_warmup=args.max_warmup),
+        timing=TimingConfig(steps=getattr(args, "steps", None), windows=getattr(args, "windows", default(TimingConfig, "windows")),
+                            warmup=args.warmup, max_warmup=args.max_warmup),
         gates=GateConfig(loss_steps=getattr(args, "loss_steps", gates.loss_steps),
                          loss_band=getattr(args, "loss_band", gates.loss_band),
                          learns_steps=getattr(args, "learns_steps", gates.learns_steps),

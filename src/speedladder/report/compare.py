@@ -11,12 +11,13 @@ changes (passed -> failed or back) and configuration or environment differences 
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder import results
+from speedladder import results, stats
 from speedladder.errors import UsageError
 from speedladder.measure import Spread, verdict
 from speedladder.records import to_dict
@@ -59,10 +60,37 @@ class Difference:
 
 
 @dataclass(frozen=True)
+class RaceCell:
+    """One race configuration in one run: its time to the target over its seeds."""
+
+    status: str  # "ok", the entry's status when it did not race, "did not reach", or "missing"
+    mean: float | None = None  # seconds to the target
+    sd: float | None = None
+    reached: str = ""  # "3/3"
+    ratio: float | None = None  # mean / the first run's mean
+    change: str | None = None  # FASTER, SLOWER or NOISE against the first run (Welch, one-sided each way)
+    p: float | None = None  # the p-value of that change's side (the smaller of the two)
+
+
+@dataclass(frozen=True)
+class RaceRow:
+    config: str
+    cells: tuple[RaceCell, ...]
+
+    @property
+    def changed(self) -> bool:
+        return any(c.change in (FASTER, SLOWER) for c in self.cells)
+
+
+NOISE = "noise"
+
+
+@dataclass(frozen=True)
 class Comparison:
     labels: tuple[str, ...]
     rows: tuple[Row, ...]
     differences: tuple[Difference, ...]
+    race_rows: tuple[RaceRow, ...] = ()  # the runs' race configurations, when any run is a race
 
     def row(self, rung: str) -> Row:
         return next(r for r in self.rows if r.rung == rung)
@@ -158,6 +186,48 @@ def _cell(rec: dict | None, ref: dict | None) -> Cell:
                 gate_change=f"{ref_gate} -> {gate}" if ref_gate and gate and ref_gate != gate else None)
 
 
+def _times(entry: dict) -> list[float] | None:
+    """An entry's seconds to the target, one per seed, if it reached in every seed."""
+    runs = entry.get("runs") or []
+    if entry.get("status") != "ok" or not runs or any(r.get("stopped") != "reached" for r in runs):
+        return None
+    return [r["seconds"] for r in runs]
+
+
+def _race_cell(entry: dict | None, ref: dict | None, alpha: float) -> RaceCell:
+    if entry is None:
+        return RaceCell("missing")
+    runs = entry.get("runs") or []
+    reached = f"{sum(r.get('stopped') == 'reached' for r in runs)}/{len(runs)}"
+    mine = _times(entry)
+    if entry.get("status") != "ok":
+        return RaceCell(entry.get("status") or "unknown", reached=reached)
+    if mine is None:
+        return RaceCell("did not reach", reached=reached)
+    s = stats.summary(mine)
+    assert s is not None
+    theirs = _times(ref) if ref is not None else None
+    if theirs is None or len(mine) < 2 or len(theirs) < 2:
+        return RaceCell("ok", s.mean, s.sd, reached)
+    v, w = stats.verdict(mine, theirs, alpha)
+    change = {stats.WIN: FASTER, stats.LOSS: SLOWER}.get(v, NOISE)
+    return RaceCell("ok", s.mean, s.sd, reached, s.mean / statistics.fmean(theirs), change, min(w.p_less, w.p_greater))
+
+
+def race_rows(runs: Sequence[dict]) -> tuple[RaceRow, ...]:
+    """Race configurations aligned by name; each later run's times tested against the first run's (Welch, at the
+    first run's alpha)."""
+    races = [r.get("race") or {} for r in runs]
+    if not any(races):
+        return ()
+    alpha = races[0].get("alpha") or 0.01
+    by_name = [{e["name"]: e for e in race.get("entries") or []} for race in races]
+    names = list(dict.fromkeys(n for entries in by_name for n in entries))
+    return tuple(RaceRow(n, (_race_cell(by_name[0].get(n), None, alpha),
+                             *(_race_cell(b.get(n), by_name[0].get(n), alpha) for b in by_name[1:])))
+                 for n in names)
+
+
 def compare(runs: Sequence[dict], labels: Sequence[str]) -> Comparison:
     """Rows aligned by rung name, in the order rungs first appear across the runs."""
     if len(runs) < 2:
@@ -176,7 +246,7 @@ def compare(runs: Sequence[dict], labels: Sequence[str]) -> Comparison:
         ref_ok = ref if ref is not None and ref["status"] == "ok" else None
         first = _cell(ref, None)
         rows.append(Row(name, (first, *(_cell(rec.get(name), ref_ok) for rec in recs[1:]))))
-    return Comparison(tuple(labels), tuple(rows), tuple(differences(runs)))
+    return Comparison(tuple(labels), tuple(rows), tuple(differences(runs)), race_rows(runs))
 
 
 def labels_for(paths: Sequence[str]) -> list[str]:
@@ -234,6 +304,26 @@ def columns(comp: Comparison) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+def race_columns(comp: Comparison) -> tuple[list[str], list[list[str]]]:
+    """The race rows as display strings: seconds to the target (mean ± sd), seeds reached, × A, change and p."""
+    names = letters(comp)
+    headers = ["config"]
+    for i, n in enumerate(names):
+        headers.extend([f"{n} s to target", f"{n} reached"] + ([f"{n} × {names[0]}", f"{n} change"] if i else []))
+    rows = []
+    for row in comp.race_rows:
+        cells = [row.config]
+        for i, c in enumerate(row.cells):
+            cells.extend([f"{c.mean:.2f} ± {c.sd:.2f}" if c.mean is not None else c.status, c.reached or "—"])
+            if i:
+                mark = "—" if c.change is None else (("▲ " if c.change == FASTER else "▼ " if c.change == SLOWER
+                                                      else "") + c.change + (f" (p={c.p:.2g})" if c.p is not None
+                                                                              else ""))
+                cells.extend(["—" if c.ratio is None else f"{c.ratio:.2f}×", mark])
+        rows.append(cells)
+    return headers, rows
+
+
 def legend(comp: Comparison) -> str:
     return ", ".join(f"{n} = {label}" + (" (reference)" if i == 0 else "")
                      for i, (n, label) in enumerate(zip(letters(comp), comp.labels)))
@@ -253,13 +343,26 @@ def print_comparison(comp: Comparison) -> None:
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
     headers, rows = columns(comp)
-    t = Table(title=escape(f"speedladder compare · {legend(comp)}"), title_justify="left")
-    for h in headers:
-        t.add_column(escape(h), justify="left" if h == "rung" or h.endswith(("gate", "change")) else "right",
-                     no_wrap=True)
-    for row, cells in zip(comp.rows, rows):
-        t.add_row(*(escape(v) for v in cells), style="bold" if row.changed else None)
-    console.print(t)
+    if comp.rows or not comp.race_rows:  # a comparison of races alone has no rung to show
+        t = Table(title=escape(f"speedladder compare · {legend(comp)}"), title_justify="left")
+        for h in headers:
+            t.add_column(escape(h), justify="left" if h == "rung" or h.endswith(("gate", "change")) else "right",
+                         no_wrap=True)
+        for row, cells in zip(comp.rows, rows):
+            t.add_row(*(escape(v) for v in cells), style="bold" if row.changed else None)
+        console.print(t)
+    else:
+        console.print(escape(f"speedladder compare · {legend(comp)}"))
+    if comp.race_rows:
+        headers, rows = race_columns(comp)
+        rt = Table(title="race: seconds to the target val loss; faster / slower at p < 0.01 (Welch, one-sided)",
+                   title_justify="left")
+        for h in headers:
+            rt.add_column(escape(h), justify="left" if h == "config" or h.endswith("change") else "right",
+                          no_wrap=True)
+        for row, cells in zip(comp.race_rows, rows):
+            rt.add_row(*(escape(v) for v in cells), style="bold" if row.changed else None)
+        console.print(rt)
     for line in difference_lines(comp):
         console.print(escape(line), soft_wrap=True)
 
@@ -287,5 +390,10 @@ def html(comp: Comparison, paths: Sequence[str] = ()) -> str:
                               cell_attrs=attrs)
                       + "<p>faster / slower: the two runs' window ranges (min–max) do not overlap; within spread: "
                         "they do.</p>"),
+            *([htmlkit.section("race", "Race: seconds to the target val loss, against A",
+                               htmlkit.table(*race_columns(comp), left=[h for h in race_columns(comp)[0]
+                                                                        if h == "config" or h.endswith("change")])
+                               + "<p>faster / slower: Welch's t-test on the seeds' times, one-sided, p &lt; 0.01; "
+                                 "noise otherwise.</p>")] if comp.race_rows else []),
             htmlkit.section("differences", "Configuration and environment", diffs)]
     return htmlkit.page("speedladder compare · " + " vs ".join(comp.labels), body)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import shlex
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 from speedladder.records import Results, RungResult, from_dict, to_dict
@@ -35,8 +34,9 @@ from speedladder.report.htmlkit import (
     svg_settings,
     table,
 )
-from speedladder.report.memory import explanation_html, memory_chart
+from speedladder.report.memory import explanation_html, field_of, memory_chart, memory_fields
 from speedladder.report.profile import roofline_line
+from speedladder.report.race import race_figure, race_html
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
 from speedladder.report.tune import tune_lines
@@ -44,7 +44,8 @@ from speedladder.report.waterfall import COLOURS, PREDICTED, waterfall_figure
 
 FILENAME = "report.html"
 SECTIONS: tuple[tuple[str, str], ...] = (
-    ("header", "Run"), ("rungs", "Rungs"), ("waterfall", "Waterfall"), ("loss-curves", "Loss curves"),
+    ("header", "Run"), ("rungs", "Rungs"), ("waterfall", "Waterfall"), ("race", "Race to a target loss"),
+    ("loss-curves", "Loss curves"),
     ("memory", "Memory"), ("profile", "Profile and predictions"), ("parallel", "Data parallelism"),
     ("environment", "Environment"))
 
@@ -56,9 +57,11 @@ _NOT_RUN_STATUSES = ("skipped", "oom", "error", "interrupted", "pending")
 # -- what kind of run ------------------------------------------------------------------------------
 
 def kind(results: dict) -> str:
-    """run, tune, predict or ddp: which command wrote the file."""
+    """run, tune, race, predict or ddp: which command wrote the file."""
     if results.get("parallel"):
         return results["parallel"]["command"]
+    if results.get("race"):
+        return "race"
     if results.get("tune"):
         return "tune"
     return "run"
@@ -97,7 +100,9 @@ def rungs_section(results: dict) -> str:
     recs = results.get("rungs") or []
     if not recs:
         p = results.get("parallel")
-        why = (f"no ladder in this {p['command']} run: it measures one configuration "
+        why = ("no ladder in a race: its configurations, times to the target and p-values are in the race section."
+               if results.get("race") else
+               f"no ladder in this {p['command']} run: it measures one configuration "
                f"({'+'.join(p['rungs'])}); see the data-parallel section." if p else
                "no rung was recorded: the run stopped before its first rung.")
         return missing(why)
@@ -127,6 +132,8 @@ def rungs_section(results: dict) -> str:
 
 
 def waterfall_section(results: dict) -> str:
+    if results.get("race"):
+        return svg(race_figure(_typed(results)), "waterfall")
     recs = results.get("rungs") or []
     if not any(_ok(r) for r in recs if r["role"] in ("rung", "beside")):
         why = ("no waterfall for a data-parallel run: see tokens/s against k below." if results.get("parallel")
@@ -164,6 +171,9 @@ def learns_curves(lc: dict | None) -> list[tuple[str, list[float]]]:
 
 
 def loss_section(results: dict) -> str:
+    if results.get("race"):
+        return missing("no loss-band or learns-check curves in a race: its val-loss curves, against time and against "
+                       "tokens, are in the race section.")
     recs = results.get("rungs") or []
     gated = [(r, r["gate"]["loss_band"]) for r in recs if _ok(r) and (r.get("gate") or {}).get("loss_band")
              and _numbers(r["gate"]["loss_band"].get("losses")) and _numbers(r["gate"]["loss_band"].get("ref_losses"))]
@@ -215,32 +225,11 @@ def loss_section(results: dict) -> str:
     return "\n".join(parts)
 
 
-def memory_fields(recs: Sequence[dict]) -> list[str]:
-    """Memory figures present on the rung records beyond peak memory (e.g. saved-activation bytes), by key."""
-    keys: list[str] = []
-    for r in recs:
-        for k, v in r.items():
-            if k == "peak_memory_bytes" or k in keys:
-                continue
-            if (k.endswith("_bytes") or "memory" in k) and (v is None or isinstance(v, (int, float))):
-                keys.append(k)
-            elif "memory" in k and isinstance(v, dict):  # a nested memory record: its numbers, one column each
-                keys.extend(f"{k}.{kk}" for kk, vv in v.items()
-                            if (vv is None or isinstance(vv, (int, float))) and f"{k}.{kk}" not in keys)
-    return keys
-
-
-def _field(r: dict, key: str) -> object:
-    v: object = r
-    for part in key.split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-    return v
-
-
 def memory_section(results: dict) -> str:
     recs = results.get("rungs") or []
     if not recs:
-        return missing("no per-rung memory: no ladder in this run.")
+        return missing("no per-rung memory: a race measures time to a loss, not memory." if results.get("race") else
+                       "no per-rung memory: no ladder in this run.")
     main = [r for r in recs if r["role"] != "control"]
     control = {r["rung"]: r for r in recs if r["role"] == "control"}
     extra = memory_fields(recs)
@@ -250,7 +239,7 @@ def memory_section(results: dict) -> str:
         c = control.get(r["name"])
         rows.append([r["name"], r["status"], human_bytes(r.get("peak_memory_bytes")),
                      "—" if c is None else human_bytes(c.get("peak_memory_bytes")) if _ok(c) else c["status"],
-                     *(human_bytes(_field(r, k)) if isinstance(_field(r, k), (int, float)) else "n/a" for k in extra)])
+                     *(human_bytes(field_of(r, k)) if isinstance(field_of(r, k), (int, float)) else "n/a" for k in extra)])
     parts = [table(headers, rows, left=("rung", "status"))]
     measured = [r for r in main if _ok(r) and r.get("peak_memory_bytes")]
     if measured:
@@ -282,7 +271,8 @@ def profile_section(results: dict) -> str:
     b = results.get("profile")
     if not b:
         enabled = ((results.get("config") or {}).get("profile") or {}).get("enabled")
-        return missing("no profile: " + ("this command does not profile." if results.get("parallel") else
+        return missing("no profile: " + ("this command does not profile." if results.get("parallel")
+                                          or results.get("race") else
                                           "the run was made with --no-profile." if enabled is False else
                                           "the run stopped before its profile was saved."))
     if b.get("error"):
@@ -363,7 +353,8 @@ def environment_section(results: dict) -> str:
     return "\n".join(parts)
 
 
-BUILDERS = {"rungs": rungs_section, "waterfall": waterfall_section, "loss-curves": loss_section,
+BUILDERS = {"rungs": rungs_section, "waterfall": waterfall_section,
+            "race": lambda results: race_html(_typed(results)), "loss-curves": loss_section,
             "memory": memory_section, "profile": profile_section, "parallel": parallel_section,
             "environment": environment_section}
 

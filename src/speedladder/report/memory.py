@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from rich.markup import escape
 from rich.table import Table
@@ -175,3 +176,25 @@ def memory_chart(results: Results) -> str | None:
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return svg(fig, "memory-meters")
+
+
+def memory_fields(recs: Sequence[dict]) -> list[str]:
+    """Memory figures present on the rung records beyond peak memory (e.g. saved-activation bytes), by key."""
+    keys: list[str] = []
+    for r in recs:
+        for k, v in r.items():
+            if k == "peak_memory_bytes" or k in keys:
+                continue
+            if (k.endswith("_bytes") or "memory" in k) and (v is None or isinstance(v, (int, float))):
+                keys.append(k)
+            elif "memory" in k and isinstance(v, dict):  # a nested memory record: its numbers, one column each
+                keys.extend(f"{k}.{kk}" for kk, vv in v.items()
+                            if (vv is None or isinstance(vv, (int, float))) and f"{k}.{kk}" not in keys)
+    return keys
+
+
+def field_of(r: dict, key: str) -> object:
+    v: object = r
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v

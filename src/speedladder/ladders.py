@@ -1,0 +1,30 @@
+"""The named ladders: which rungs are climbed in which order (the rungs themselves are in rungs.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The source text's ladder, R0..R4.
+SOURCE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "ckpt")
+# The ladder beyond: what the nanoGPT speedrun stacks on top, in the order each builds on the last.
+FULL_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "sdpa", "fused-adamw", "pad-vocab", "batch",
+                                "max-autotune", "fp8")
+
+
+@dataclass(frozen=True)
+class LadderDef:
+    """A named ladder: rungs climbed in order, then rungs measured beside its top (not built upon)."""
+
+    rungs: tuple[str, ...]
+    beside: tuple[str, ...] = ()
+
+
+# The race's default ladder (speedladder race): the source text's speed rungs, then the rung that changes how the
+# model learns rather than how fast a step runs. Checkpointing, a memory rung that trades speed for memory, is left out.
+RACE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "muon")
+
+LADDERS: dict[str, LadderDef] = {
+    "source": LadderDef(SOURCE_LADDER),
+    # Checkpointing is a memory rung: measured on the top of the full ladder, not a step for the rest to climb.
+    "full": LadderDef(FULL_LADDER, beside=("ckpt",)),
+}

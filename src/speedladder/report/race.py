@@ -1,0 +1,305 @@
+"""A race's table, notes and charts, drawn from its saved `race` section alone (records.RaceSection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from speedladder import stats
+from speedladder.records import RaceEntry, RaceSection, Results
+from speedladder.report.common import console, model_label, times
+
+# The race's verdicts, coloured as the ladder's are; two more of its own.
+RACE_COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4",
+                "not a win": "#e8a33d", "did not reach": "#555555"}
+TOKENS_COLOUR = "#b8b8b8"  # tokens/s in a race carries no verdict of its own
+RACE_PLOT = "waterfall.png"
+
+
+def _p(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.2g}" if v >= 1e-3 else f"{v:.0e}"
+
+
+def _secs(e: RaceEntry) -> tuple[str, str]:
+    if e.time is None:
+        return "—", "—"
+    return f"{e.time.mean:.2f} ± {e.time.sd:.2f}", f"{e.time.min:.2f}–{e.time.max:.2f}"
+
+
+def verdict_cell(e: RaceEntry) -> str:
+    if e.status != "ok":
+        return {"failed": "FAILED"}.get(e.status, e.status)
+    return e.verdict or "—"
+
+
+def race_rows(section: RaceSection) -> list[dict[str, str]]:
+    """One row of display strings per configuration: the same for the terminal and report.html."""
+    out = []
+    for e in section.entries:
+        mean, rng = _secs(e)
+        reached = sum(r.reached for r in e.runs)
+        out.append({
+            "config": e.name, "time to target s": mean, "min–max": rng, "× prev": times(e.speedup_prev),
+            "p win": _p(e.p_win), "p loss": _p(e.p_loss), "× cum": times(e.speedup_cum),
+            "tokens to target": "—" if e.tokens is None else f"{e.tokens.mean:,.0f}",
+            "× tokens": "—" if e.token_ratio is None else f"{e.token_ratio:.2f}×",
+            "steps": "—" if e.steps is None else f"{e.steps.mean:,.0f}",
+            "tokens/s": "—" if e.tokens_per_s is None else f"{e.tokens_per_s:,.0f}",
+            "× tok/s": times(e.tokens_per_s_prev),
+            "reached": f"{reached}/{len(e.runs)}" if e.runs else "—",
+            "compile s": "—" if e.compile_s is None else f"{e.compile_s:.1f}",
+            "verdict": verdict_cell(e),
+        })
+    return out
+
+
+def title(results: Results) -> str:
+    c, e, s = results.config, results.environment, results.race
+    assert s is not None
+    target = "none" if s.target_loss is None else f"{s.target_loss:.4f}"
+    return (f"speedladder race · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
+            f"{(results.corpus or {}).get('source')} · B={c['batch_size']} T={c['seq_len']} · target val loss "
+            f"{target} · {len(s.seeds)} seeds · torch {e['torch']}")
+
+
+def race_table(results: Results) -> Table:
+    s = results.race
+    assert s is not None
+    t = Table(title=escape(title(results)), title_justify="left")
+    rows = race_rows(s)
+    for col in rows[0] if rows else ["config"]:
+        t.add_column(col, justify="left" if col in ("config", "verdict") else "right", no_wrap=True)
+    for e, row in zip(s.entries, rows):
+        t.add_row(*(escape(v) for v in row.values()), style="bold" if e.name == s.fastest else None)
+    return t
+
+
+def _entry_lines(e: RaceEntry, s: RaceSection) -> list[str]:
+    out = []
+    if e.status != "ok":
+        out.append(f"{e.name}: {e.status} — {e.detail}")
+        return out
+    for r in e.runs:
+        if not r.reached:
+            best = ("" if r.best_loss is None else f"; its best val loss {r.best_loss:.4f} at {r.best_seconds:.2f} s "
+                    f"({r.best_tokens:,} tokens)")
+            out.append(f"{e.name}: seed {r.seed} did not reach {s.target_loss:.4f} ({r.stopped}){best}.")
+        if r.recompiles:
+            out.append(f"{e.name}: seed {r.seed}: {r.recompiles} graph(s) compiled while the clock ran: its time "
+                       "includes compiling.")
+    if e.verdict_detail and e.verdict not in ("win", "loss", "noise"):
+        out.append(f"{e.name}: {e.verdict} — {e.verdict_detail}.")
+    elif e.verdict_detail:
+        out.append(f"{e.name}: {e.verdict_detail}.")
+    eq = e.equal_tokens
+    if eq is not None and eq.loss:
+        mean = sum(eq.loss) / len(eq.loss)
+        base = sum(eq.base_loss) / len(eq.base_loss)
+        p = "" if eq.p_worse is None else f", one-sided p={_p(eq.p_worse)} that it is worse"
+        out.append(f"{e.name}: changes how the model learns, so it is also compared with {e.built_on} at equal tokens "
+                   f"(where the shorter run of each seed stopped, mean {sum(eq.tokens) / len(eq.tokens):,.0f}): "
+                   f"val {mean:.4f} vs {base:.4f}{p}: " + ("WORSE" if eq.worse else "no worse")
+                   + (f" ({eq.detail})" if eq.detail and not eq.worse else "") + ".")
+    tps, prev = e.tokens_per_s_prev, e.speedup_prev
+    if tps is not None and prev is not None and tps > 1 and (e.verdict in ("loss", "not a win") or prev < 1):
+        more = f"; it needs {e.token_ratio:.2f}× the tokens" if e.token_ratio and e.token_ratio > 1 else ""
+        out.append(f"{e.name}: {tps:.2f}× {e.built_on}'s tokens/s, but {prev:.2f}× to the target{more}: "
+                   "tokens/s alone would have praised it.")
+    return out
+
+
+def underpowered(section: RaceSection) -> list[str]:
+    """Where a verdict of noise may hide a real change: the configurations whose seeds and spreads could not detect
+    a change of section.detect at alpha, with the seeds that would at the spreads seen (Welch.detectable's terms)."""
+    out = []
+    for e in section.entries:
+        base = section.entry(e.built_on or "")
+        if e.verdict != stats.NOISE or e.detectable is None or e.detectable <= section.detect or e.time is None \
+                or base is None or base.time is None:
+            continue
+        need = stats.seeds_for(e.time.sd / base.time.mean, base.time.sd / base.time.mean, section.detect,
+                               section.alpha)
+        out.append(f"{e.name}: noise, but {e.time.n} seeds with spreads of {100 * e.time.rel_sd:.1f}% and "
+                   f"{100 * base.time.rel_sd:.1f}% ({base.name}) could only detect a change above "
+                   f"{100 * e.detectable:.0f}% at p < {section.alpha:g}; "
+                   + (f"--seeds {need} would detect {100 * section.detect:.0f}%." if need else
+                      f"more than 64 seeds would be needed for {100 * section.detect:.0f}%."))
+    return out
+
+
+def race_lines(results: Results) -> list[str]:
+    """The sentences under the race's table: the target, the rule, every exception, the fastest."""
+    s = results.race
+    if s is None:
+        return []
+    corpus = results.corpus or {}
+    out = [f"target: val loss {s.target_loss:.4f}, {s.target_from}; on a fixed val set of {s.val_sequences} "
+           f"sequences of {s.val_seq_len} tokens from {corpus.get('val_from', 'the held-out split')}, in eval mode, "
+           f"under no_grad, at each configuration's precision." if s.target_loss is not None else
+           "target: not set (the race stopped before it was calibrated).",
+           f"clock: training steps only, stopped at every evaluation (every {s.eval_every} base steps' worth, "
+           f"{s.eval_tokens:,} tokens); compile and warm-up are timed apart. Each run is capped at "
+           + (f"{s.time_cap_s:.1f} s ({s.cap_from})." if s.time_cap_s is not None else "— (not set)."),
+           (f"seeds {', '.join(map(str, s.seeds))}: each changes the initial weights and the batch order; runs went "
+           f"{s.order}."),
+           (f"verdict: Welch's t-test on the times against the configuration built on, one-sided each way: win or "
+           f"loss at p < {s.alpha:g}, otherwise noise.")]
+    for e in s.entries:
+        out.extend(_entry_lines(e, s))
+    out.extend(underpowered(s))
+    if s.batch_lr_scale != "none":
+        out.append(f"the batch rung scales the learning rate by the {s.batch_lr_scale} rule (--batch-lr-scale).")
+    best = s.entry(s.fastest) if s.fastest else None
+    if best is not None and best.time is not None:
+        cum = f", {best.speedup_cum:.2f}× the baseline" if best.speedup_cum else ""
+        out.append(f"fastest to the target: {best.name}, {best.time.mean:.2f} s on average{cum}.")
+    elif results.status == "complete":
+        out.append("no configuration reached the target in every seed.")
+    if results.status == "interrupted":
+        out.append("race interrupted: the runs above were finished before the stop.")
+    return out
+
+
+def print_race(results: Results, out: Console | None = None) -> None:
+    out = out or console()
+    out.print(race_table(results))
+    for line in race_lines(results):
+        out.print(escape(line), soft_wrap=True)
+
+
+# -- charts ---------------------------------------------------------------------------------------
+
+def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of) -> float:
+    top = 1.0
+    for i, e in enumerate(entries):
+        level = level_of(e)
+        if level is None:
+            ax.text(i, 0.05, verdict_cell(e), rotation=90, ha="center", va="bottom", color="#555555", fontsize=9)
+            continue
+        start = base_of(e) or 0.0
+        lo, hi = sorted((start, level))
+        ax.bar(i, hi - lo, bottom=lo, width=0.6, color=colour_of(e), gid=e.name)
+        spread = spread_of(e)
+        if spread is not None:
+            ax.errorbar(i, level, yerr=[[level - spread[0]], [spread[1] - level]], color="black", capsize=3,
+                        linewidth=1)
+        ax.text(i, max(hi, spread[1] if spread else hi) * 1.02, f"{level:.2f}×", ha="center", va="bottom",
+                fontsize=9)
+        top = max(top, hi, spread[1] if spread else hi)
+    ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
+    ax.set_xticks(range(len(entries)), [e.name for e in entries])
+    ax.set_xlim(-0.6, len(entries) - 0.4)
+    ax.set_ylim(0, top * 1.3)
+    ax.spines[["top", "right"]].set_visible(False)
+    return top
+
+
+def race_figure(results: Results):
+    """The race's waterfall: tokens/s (× the baseline's, from the race's own training) beside × faster to the
+    target, the second coloured by verdict with each configuration's spread over its seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    s = results.race
+    assert s is not None
+    entries = s.entries
+    by_name = {e.name: e for e in entries}
+    first = next((e for e in entries if e.ok and e.built_on is None), None)
+
+    def base(e: RaceEntry, attr: str) -> float | None:
+        b = by_name.get(e.built_on or "")
+        return getattr(b, attr) if b is not None and getattr(b, attr) is not None else (0.0 if b is None else None)
+
+    def time_spread(e: RaceEntry) -> tuple[float, float] | None:
+        if e.time is None or first is None or first.time is None:
+            return None
+        return first.time.mean / e.time.max, first.time.mean / e.time.min
+
+    fig, (tx, rx) = plt.subplots(1, 2, figsize=(max(10.0, 2.4 * len(entries) + 3), 4.8))
+    _bars(tx, entries, lambda e: e.tokens_per_s_cum if e.ok else None, lambda e: base(e, "tokens_per_s_cum"),
+          lambda e: TOKENS_COLOUR, lambda e: None)
+    tx.set_ylabel("× baseline tokens/s (during the race)")
+    tx.set_title("tokens/s: how fast a step runs", fontsize=10)
+    _bars(rx, entries, lambda e: e.speedup_cum if e.ok else None, lambda e: base(e, "speedup_cum"),
+          lambda e: RACE_COLOURS.get(e.verdict or "", "#cccccc"), time_spread)
+    rx.set_ylabel("× faster to the target val loss")
+    target = "—" if s.target_loss is None else f"{s.target_loss:.3f}"
+    rx.set_title(f"time to val loss {target}: how fast it gets good ({len(s.seeds)} seeds)", fontsize=10)
+    rx.legend(handles=[Patch(color=c, label=k) for k, c in RACE_COLOURS.items()], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    c, env = results.config, results.environment
+    fig.suptitle(f"{model_label(c, results.model)} · B={c['batch_size']} T={c['seq_len']} · {env['device_name']}",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def race_plot(results: Results, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = race_figure(results)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def curves_figure(results: Results):
+    """Val loss against the training clock and against tokens, every run of every configuration, the target dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = results.race
+    assert s is not None
+    fig, (ax, kx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, e in enumerate(x for x in s.entries if x.runs):
+        colour = colours[i % len(colours)]
+        for j, r in enumerate(e.runs):
+            vals = [float("nan") if v is None else v for v in r.curve_val]
+            label = e.name if j == 0 else None
+            ax.plot(r.curve_seconds, vals, color=colour, linewidth=1, alpha=0.85, label=label)
+            kx.plot(r.curve_tokens, vals, color=colour, linewidth=1, alpha=0.85, label=label)
+    for a in (ax, kx):
+        if s.target_loss is not None:
+            a.axhline(s.target_loss, color="black", linestyle="--", linewidth=1, label="target")
+        a.spines[["top", "right"]].set_visible(False)
+    ax.set(xlabel="training clock, s (evaluations, compile and warm-up excluded)", ylabel="val loss",
+           title="val loss against time")
+    kx.set(xlabel="tokens trained", ylabel="val loss", title="val loss against tokens")
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def race_html(results: Results) -> str:
+    """report.html's race section: the table with its p-values, the val-loss curves, the notes."""
+    from speedladder.report.htmlkit import missing, notes, svg, table
+
+    s = results.race
+    if s is None:
+        return missing("no race in this run: `speedladder race` trains each configuration to a target val loss over "
+                       "seeds and judges it by the time to get there, with a p-value.")
+    rows = race_rows(s)
+    headers = list(rows[0]) if rows else ["config"]
+    attrs, classes = [], []
+    for e, row in zip(s.entries, rows):
+        colour = RACE_COLOURS.get(e.verdict or "") if e.ok else None
+        attrs.append({headers.index("verdict"): ("verdict", f"background:{colour}")} if colour else {})
+        classes.append(" ".join(c for c in ("fastest" if e.name == s.fastest else "", "" if e.ok else "not-run")
+                                if c))
+    parts = [table(headers, [list(r.values()) for r in rows], left=("config", "verdict"), row_classes=classes,
+                   cell_attrs=attrs)]
+    if any(e.runs for e in s.entries):
+        parts.append(svg(curves_figure(results), "race-curves"))
+    parts.append(notes(race_lines(results)))
+    return "\n".join(parts)
