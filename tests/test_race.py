@@ -299,7 +299,7 @@ def test_the_race_is_saved_typed_and_complete(raced):
 def test_the_race_prints_and_draws_from_its_saved_file(raced, capsys):
     assert main(["report", str(raced)]) == 0
     out = capsys.readouterr().out
-    assert "speedladder race · tiny" in out and "p win" in out and "time to target s" in out
+    assert "speedladder race · tiny" in out and "p win" in out and "s to target" in out
     assert "verdict: Welch's t-test on the times" in out
     page = (raced / "report.html").read_text()
     assert 'id="race"' in page and 'id="chart-race-curves"' in page and "p loss" in page

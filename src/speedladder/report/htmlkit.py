@@ -16,7 +16,7 @@ CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; margin: 1.5em auto;
        max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.4; }
 h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; border-bottom: 1px solid #ddd; margin-top: 2em; }
-table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; }
+table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; display: block; max-width: 100%; overflow-x: auto; }
 th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 tr.fastest td { font-weight: bold; }

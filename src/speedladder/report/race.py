@@ -44,14 +44,14 @@ def race_rows(section: RaceSection) -> list[dict[str, str]]:
         mean, rng = _secs(e)
         reached = sum(r.reached for r in e.runs)
         out.append({
-            "config": e.name, "time to target s": mean, "min–max": rng, "× prev": times(e.speedup_prev),
+            "config": e.name, "s to target": mean, "min–max": rng, "× prev": times(e.speedup_prev),
             "p win": _p(e.p_win), "p loss": _p(e.p_loss), "× cum": times(e.speedup_cum),
-            "tokens to target": "—" if e.tokens is None else f"{e.tokens.mean:,.0f}",
+            "tokens": "—" if e.tokens is None else f"{e.tokens.mean:,.0f}",
             "× tokens": "—" if e.token_ratio is None else f"{e.token_ratio:.2f}×",
             "steps": "—" if e.steps is None else f"{e.steps.mean:,.0f}",
-            "tokens/s": "—" if e.tokens_per_s is None else f"{e.tokens_per_s:,.0f}",
+            "tok/s": "—" if e.tokens_per_s is None else f"{e.tokens_per_s:,.0f}",
             "× tok/s": times(e.tokens_per_s_prev),
-            "reached": f"{reached}/{len(e.runs)}" if e.runs else "—",
+            "seeds": f"{reached}/{len(e.runs)}" if e.runs else "—",
             "compile s": "—" if e.compile_s is None else f"{e.compile_s:.1f}",
             "verdict": verdict_cell(e),
         })
@@ -65,6 +65,13 @@ def title(results: Results) -> str:
     return (f"speedladder race · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
             f"{(results.corpus or {}).get('source')} · B={c['batch_size']} T={c['seq_len']} · target val loss "
             f"{target} · {len(s.seeds)} seeds · torch {e['torch']}")
+
+
+# What the short column names mean, said once under the table.
+COLUMNS_NOTE = ("columns: s to target (mean ± sd over the seeds that reached it), × prev against the configuration "
+                "built on (its mean time over this one's) with Welch's one-sided p win and p loss, × cum against the "
+                "first; tokens and steps to the target, × tokens against the base's; tok/s trained during the race; "
+                "seeds that reached the target.")
 
 
 def race_table(results: Results) -> Table:
@@ -149,6 +156,7 @@ def race_lines(results: Results) -> list[str]:
            f"{s.order}."),
            (f"verdict: Welch's t-test on the times against the configuration built on, one-sided each way: win or "
            f"loss at p < {s.alpha:g}, otherwise noise.")]
+    out.append(COLUMNS_NOTE)
     for e in s.entries:
         out.extend(_entry_lines(e, s))
     out.extend(underpowered(s))
