@@ -7,13 +7,77 @@ import os
 # take 100x longer. The tests check behaviour and numbers, not speed (benchmarks measure speed).
 os.environ["OMP_NUM_THREADS"] = "1"
 
+import contextlib
+import io
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 
+from speedladder import measure
+from speedladder.cli import main
 from speedladder.config import RunConfig
 from speedladder.workload import Workload, prepare
 
 torch.set_num_threads(1)
+
+CPU = torch.device("cpu")
+
+
+# -- helpers the test files share ------------------------------------------------------------------
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """`speedladder ARGS` in this process: its exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def load_dict(path) -> dict:
+    """A saved run as its file holds it, whatever version wrote it (what the page and the comparison read)."""
+    from speedladder import results
+    from speedladder.records import to_dict
+
+    return to_dict(results.load(path))
+
+
+def only_folder(parent: Path) -> Path:
+    """The one run folder a command wrote under `parent`."""
+    (folder,) = [p for p in Path(parent).iterdir() if p.is_dir()]
+    return folder
+
+
+def run_windows(step: Callable[[], object], device: torch.device, tokens_per_step: int, steps: int, windows: int,
+                warmup: int, max_warmup: int, counter: Callable[[], int] = measure.compile_count) -> measure.Timing:
+    """Warm up, then time `windows` windows of `steps` steps: what workload.measure_spec does with a base-less spec,
+    for the meters' own tests."""
+    timing = measure.warm_up(step, device, warmup, max_warmup, counter)
+    timing.windows = [measure.time_window(step, device, tokens_per_step, steps, counter) for _ in range(windows)]
+    return timing
+
+
+class Clock:
+    """A clock the test moves: time.perf_counter reads it, and a fake step advances it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    """time.perf_counter on a clock the test moves: timings exact, whatever the machine is doing."""
+    c = Clock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
 
 # The files that take longest (cold compiles of whole ladders, torchrun jobs), slowest first. pytest-xdist hands whole
 # files to its workers in collection order (pyproject.toml: --dist loadfile --no-loadscope-reorder), so starting

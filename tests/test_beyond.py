@@ -187,20 +187,28 @@ def test_fp8_transform_converts_the_block_linears_only(monkeypatch):
 
     from speedladder.rungs import MODEL_TRANSFORMS
 
-    chosen = []
+    chosen, recipes = [], []
 
-    def convert(model, module_filter_fn):
+    def convert(model, config, module_filter_fn):
         chosen.extend(name for name, m in model.named_modules() if module_filter_fn(m, name))
         return model
 
+    class Config:
+        @staticmethod
+        def from_recipe_name(name):
+            recipes.append(name)
+            return Config()
+
     fake = types.ModuleType("torchao.float8")
     fake.convert_to_float8_training = convert
+    fake.Float8LinearConfig = Config
     monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
     monkeypatch.setitem(sys.modules, "torchao.float8", fake)
     cfg = dataclasses.replace(PRESETS["tiny"].model, n_layer=1, n_embd=32, mlp_hidden=48)
     MODEL_TRANSFORMS["float8"](GPT(cfg))
     # Both dimensions divisible by 16; the head is left in bf16.
     assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.0.mlp.proj"]
+    assert recipes == ["rowwise"]  # per-row scales: a token's scale is its own (causal)
     chosen.clear()
     MODEL_TRANSFORMS["float8"](GPT(dataclasses.replace(cfg, mlp_hidden=40)))
     assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv"]  # 40 is not a multiple of 16
@@ -236,3 +244,22 @@ def test_our_muon_fallback_matches_torchs_muon(shape):
         other.grad = torch.randn(shape)
         plain.step()
     assert float((other.detach() - start - moved_torch).norm() / moved_torch.norm()) > 0.05
+
+
+def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(tmp_path):
+    """The ladder's MFU peak for an fp8 rung: fp8's for the block linears it converted, bf16's for the rest; any
+    other rung keeps its precision's peak (GPT-2's shapes, the H200's datasheet peaks given as --peak-tflops)."""
+    from speedladder.config import RunConfig
+    from speedladder.ladder import Ladder
+    from speedladder.workload import prepare
+
+    work = prepare(RunConfig(preset="tiny", device="cpu", peak_tflops={"fp8": 1978.9, "bf16": 989.4}))
+    ladder = Ladder(work, tmp_path)
+    with torch.device("meta"):
+        gpt2 = GPT(PRESETS["gpt2-124m"].model)
+    fpt = 855_166_464  # GPT-2 at T=1024: 6N + 12LHQT
+    bf16 = StepSpec(16, 1024, autocast="bf16")
+    peak, basis = ladder._peak(dataclasses.replace(bf16, transforms=("float8",)), gpt2, fpt)
+    assert peak == pytest.approx(1409.35, abs=0.01)  # test_measure.py works the blend out by hand
+    assert "60% of the FLOPs" in basis and "bf16's for the rest" in basis
+    assert ladder._peak(bf16, gpt2, fpt) == (989.4, "")

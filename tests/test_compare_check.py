@@ -9,24 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_dict
 
 from speedladder import results
-from speedladder.cli import build_parser, check, main
-from speedladder.cli.flags import run_config
+from speedladder.cli import check, main
 from speedladder.config import FULL_LADDER, resolve
-from speedladder.records import to_dict
 from speedladder.report import compare
 from speedladder.rungs import RUNGS
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
         "--learns-steps", "60", "--quiet"]
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
-
-
-def load_dict(path) -> dict:
-    """A saved run as its file holds it (what the page and the comparison read)."""
-    return to_dict(results.load(path))
-
 
 
 def tiny_run(out: Path, *flags: str) -> Path:
@@ -181,16 +174,20 @@ def test_bad_baseline_is_one_line_and_exit_2(make, args, tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and err.startswith("speedladder: error: ")
 
 
-def test_rerun_argv_resolves_to_the_saved_config(runs):
+def test_the_rerun_resolves_to_the_saved_config(runs, tmp_path):
+    """What check runs again is the saved config through the codec, and its config file reads back the same."""
+    from speedladder import codec, settings
+
     a, _ = runs
     saved = load_dict(a)
     for config in (saved["config"], {**saved["config"], "ladder": "full", "rungs": list(FULL_LADDER),
                                      "beside": ["ckpt"]}):
-        argv = check.rerun_argv({**saved, "config": config})
-        args = build_parser().parse_args([*argv, "--out", config["out"]])
-        again = resolve(run_config(args), torch.device("cpu"), tuple(RUNGS)).with_vocab(config["model"]["vocab_size"])
-        assert json.loads(json.dumps(again.to_dict())) == config
-    assert "--ladder" in argv and "--rungs" not in argv  # a named ladder keeps its beside rung
+        command, again = check.rerun_settings({**saved, "config": config})
+        path = settings.write(tmp_path / "config.toml", again, "check", ("run", "race"))
+        read = codec.from_data(settings.Settings, settings.read(path))
+        assert command == "run" and read == again
+        resolved = resolve(read.run, torch.device("cpu"), tuple(RUNGS)).with_vocab(config["model"]["vocab_size"])
+        assert json.loads(json.dumps(resolved.to_dict())) == config
 
 
 def test_check_reruns_the_baseline_here(runs, tmp_path, capsys):

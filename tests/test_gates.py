@@ -199,3 +199,52 @@ def test_a_model_that_learns_only_frequencies_fails_below_the_unigram_entropy():
     flat = [3.3] + [2.9] * 99  # stuck above the unigram entropy, like eager at the same steps
     check = verify.learns_check(flat, flat, 0.03, 2.846)
     assert not check["passed"] and "unigram entropy" in check["detail"]
+
+
+def test_the_accumulated_reference_at_a_big_batch_is_the_one_big_batch(tiny):
+    """Eager fp32 at the batch rung's batch, built over micro-batches of the workload's batch, is the same
+    reference as one step on the whole batch: curve, trained weights, logits, loss and every gradient."""
+    gates = Gates(tiny, Progress(quiet=True))
+    big = dataclasses.replace(tiny.base_spec, batch_size=2 * tiny.cfg.batch_size)
+    assert gates.micro_batch(big.batch_size) == tiny.cfg.batch_size  # the workload's batch: it ran as the baseline
+    assert gates.micro_batch(tiny.cfg.batch_size) is None and gates.micro_batch(tiny.cfg.batch_size + 1) is None
+    batches = tiny.gate_batches(big, 5)
+    whole = verify.reference(tiny.step(big), batches)
+    accumulated = verify.reference(tiny.step(big), batches, micro=tiny.cfg.batch_size)
+    # fp32 with the sums reordered: on the tiny preset the curve, loss, logits and gradients agreed within 1.5e-7
+    # relative and the weights after 5 AdamW steps within 6.2e-7 absolute (2026-12-01); 1e-5 leaves room for another
+    # CPU's kernels, and is 10x under the fp32 gate's own tolerance (1e-4).
+    torch.testing.assert_close(torch.tensor(accumulated.curve), torch.tensor(whole.curve), rtol=1e-5, atol=0)
+    torch.testing.assert_close(accumulated.loss, whole.loss, rtol=1e-5, atol=0)
+    assert accumulated.logits.shape == whole.logits.shape  # every probe row kept, across micro-batches
+    assert verify.probes.rel(accumulated.logits, whole.logits) < 1e-5
+    assert verify.probes.worst_grad(accumulated.grads, whole.grads)[1] < 1e-5
+    assert verify.probes.worst_grad(accumulated.probe.grads, whole.probe.grads)[1] < 1e-5
+    for name, w in whole.weights.items():
+        torch.testing.assert_close(accumulated.weights[name], w, rtol=0, atol=1e-5)
+
+
+def _float8(recipe: str):
+    import functools
+
+    from speedladder.rungs import float8_linears
+
+    return functools.partial(float8_linears, recipe=recipe, emulate=True)  # torchao's emulation runs on a CPU
+
+
+def test_an_fp8_rung_with_rowwise_scales_passes_its_gates_and_tensorwise_fails_causality(tiny, bench, monkeypatch):
+    """fp8 after bf16, through torchao's emulation (its casts and scales, the matmul in high precision): rowwise
+    scales are per token, so changing future tokens leaves the past exactly where it was; one scale per tensor
+    (the tensorwise recipe) moves the past logits, and the causality probe says so."""
+    pytest.importorskip("torchao.float8")
+    spec = dataclasses.replace(bench[2], transforms=("float8",))
+    assert spec.precision == "fp8"
+    monkeypatch.setitem(MODEL_TRANSFORMS, "float8", _float8("rowwise"))
+    gate = check_after_bf16(bench, tiny.step(spec))
+    assert gate.passed, gate.detail
+    assert gate.causality["past_max_abs"] == 0.0  # a token's scale is its own
+    assert gate.equivalence["precision"] == "fp8" and gate.differential["applies"] is False  # bf16 -> fp8
+    monkeypatch.setitem(MODEL_TRANSFORMS, "float8", _float8("tensorwise"))
+    gate = check_after_bf16(bench, tiny.step(spec))
+    assert not gate.passed and not gate.causality["passed"], gate.detail
+    assert gate.causality["past_max_abs"] > 10 * gate.causality["allowed"]

@@ -3,14 +3,13 @@ library's own switches, FLOPs by formula, and one line without transformers (doc
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import json
 import os
 
 import pytest
 import torch
+from conftest import cli
 
 from speedladder.cli import main
 from speedladder.config import RunConfig
@@ -35,13 +34,6 @@ FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "
 
 def hf_set(name: str) -> tuple[str, ...]:
     return tuple(a for a in MODELS[name][2:] if a != "--hf-set")
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(list(args))
-    return rc, out.getvalue(), err.getvalue()
 
 
 def climb(out, *args: str) -> dict:
@@ -118,6 +110,18 @@ def test_a_local_config_json_and_its_overrides(tmp_path, capsys):
         assert main(["run", *FAST, "--hf", str(path), "--hf-set", bad]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("text, message", [('{"model_type": "gpt2", "n_layer": ', "is not valid JSON"),
+                                           ("[1, 2]", "has no model_type"),
+                                           ('{"model_type": "no-such-model"}', "model_type 'no-such-model' is not one")])
+def test_a_malformed_config_json_is_one_line_and_exit_2(text, message, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    assert main(["run", *FAST, "--hf", str(path), "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_without_transformers_hf_is_one_line(monkeypatch, capsys):

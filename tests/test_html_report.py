@@ -13,7 +13,6 @@ import pytest
 
 from speedladder import results
 from speedladder.cli import main
-from speedladder.records import to_dict
 from speedladder.report import html as html_report
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
@@ -21,12 +20,6 @@ TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
 SECTION_IDS = [sid for sid, _ in html_report.SECTIONS]
 MAX_BYTES = 3 * 2**20  # "a few MB at most"
-
-
-def load_dict(path) -> dict:
-    """A saved run as its file holds it (what the page and the comparison read)."""
-    return to_dict(results.load(path))
-
 
 
 @pytest.fixture(scope="module")

@@ -129,6 +129,13 @@ def test_the_profile_predicts_every_rung_and_the_error_is_measured(source_run):
 def test_progress_of_the_long_phases_goes_to_stderr(source_run):
     for phase in ("profile", "compiling", "window 5/5", "base window 5/5", "gates", "learns-check"):
         assert phase in source_run["err"]
+    # The learns-check's two curves are told apart: the eager fp32 reference's lines, then the rung's own.
+    lines = [ln for ln in source_run["err"].splitlines() if "learns-check" in ln and " step " in ln]
+    reference = [ln for ln in lines if "learns-check: eager fp32 reference, B=" in ln]
+    checked = json.loads((source_run["folder"] / "results.json").read_text())["learns_check"]["rung"]
+    own = [ln for ln in lines if f"learns-check {checked} step" in ln]
+    assert reference and own and len(reference) + len(own) == len(lines)
+    assert lines.index(own[0]) > lines.index(reference[-1])
 
 
 @pytest.fixture

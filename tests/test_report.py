@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from speedladder import report, results
+from speedladder.cli import main
 from speedladder.measure import Spread
 from speedladder.records import Gate, Results, RungResult, from_dict, to_dict
 
@@ -68,6 +69,23 @@ def test_notes_name_each_skip_failure_and_control():
     assert any("out of memory" in n and "B=512" in n for n in by_rung["batch"])
     (fastest,) = [n for n in report.notes(example()) if n.startswith("fastest")]
     assert "batch" in fastest and "2.00×" in fastest and "200,000" in fastest
+
+
+def test_reserved_memory_windows_and_the_fp8_peak_are_shown_beside_the_saved_numbers():
+    res = example()
+    cudagraphs = rung("cudagraphs", 210_000, built_on="batch", prev=1.05, cum=2.1, precision="bf16", mem=8 * 2**30)
+    cudagraphs.peak_reserved_bytes = 12 * 2**30  # the graphs' pool: reserved, never allocated again
+    cudagraphs.timing = {"cache_hits": 0, "window_steps": 240, "sized_from_step_s": 0.0021, "min_window_s": 0.5}
+    fp8 = rung("fp8", 220_000, built_on="cudagraphs", prev=1.05, cum=2.2, precision="fp8")
+    fp8.peak_tflops, fp8.peak_basis = 1409.35, "fp8's peak for the block linears' 60% of the FLOPs, bf16's for the rest"
+    res.rungs[5:] = [cudagraphs, fp8]
+    rows = {r["rung"]: r for r in report.rows(res)}
+    assert rows["cudagraphs"]["peak mem"] == "8.00 GiB (res 12.0 GiB)"
+    assert rows["batch"]["peak mem"] == "8.00 GiB"  # nothing reserved on record: nothing shown
+    notes = report.notes(res)
+    assert "fp8: MFU against 1,409 TFLOP/s, fp8's peak for the block linears' 60% of the FLOPs, bf16's for the rest." in notes
+    assert any(n.startswith("windows: steps per window sized from a timed warm-up step so that a window lasts at "
+                            "least 0.5 s: cudagraphs 240") for n in notes)
 
 
 def test_control_note_compares_speed_and_memory():
@@ -131,3 +149,54 @@ def test_a_results_file_of_schema_1_still_loads_and_reports(tmp_path, capsys):
     rewritten = json.loads((tmp_path / results.FILENAME).read_text())
     assert rewritten["schema"] == data["schema"]  # a loaded file keeps the version it was written with
     assert {k for k in data} <= set(rewritten)
+
+
+@pytest.fixture
+def synthetic_windows(monkeypatch):
+    """Timed windows of a stated length (no wall clock): 10 ms a step for every rung, times `slow` for a base
+    re-timed beside a rung. The steps still run, so the gates see real training."""
+    from speedladder import measure
+
+    state = {"slow": 1.0}
+
+    def window(step, device, tokens_per_step, steps, counter=measure.compile_count, edge=None, seconds=0.01):
+        for _ in range(steps):
+            step()
+        return measure.Window(steps * seconds, steps, steps * tokens_per_step, 0)
+
+    def interleave(step, base, timing, base_timing, device, tps, base_tps, steps, windows, counter=None,
+                   on_progress=None):
+        for i in range(windows):
+            timing.windows.append(window(step, device, tps, steps, seconds=0.01 * (1 + 0.001 * i)))
+            base_timing.windows.append(window(base, device, base_tps, steps, seconds=0.01 * state["slow"]))
+
+    monkeypatch.setattr(measure, "time_window", window)
+    monkeypatch.setattr(measure, "interleave", interleave)
+    return state
+
+
+@pytest.mark.parametrize("slow", [1.25, 1.0])
+def test_a_base_that_drifts_only_when_re_timed_is_flagged_everywhere_and_only_then(slow, synthetic_windows,
+                                                                                    tmp_path, capsys):
+    synthetic_windows["slow"] = slow  # 1.25x the time: the base's tokens/s 20% below its own as a rung
+    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "2",
+                 "--loss-steps", "2", "--learns-steps", "0", "--no-profile", "--no-process-peak", "--quiet",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (folder,) = tmp_path.iterdir()
+    bf16 = next(r for r in json.loads((folder / "results.json").read_text())["rungs"] if r["name"] == "bf16")
+    page = (folder / "report.html").read_text()
+    row = next(line for line in out.splitlines() if line.startswith("│ bf16"))
+    if slow == 1.0:
+        assert bf16["base_drift"] is None and "†" not in out and "† drift" not in page, [
+            line for line in out.splitlines() if "†" in line]
+        return
+    assert bf16["base_drift"] == pytest.approx(-0.2)
+    assert "1.25× †" in row  # x prev against the slowed base, marked
+    assert "bf16: † drift — eager ran at 10,240 tokens/s re-timed beside it, 20% below its own 12,800 as a rung" in out
+    assert "× prev and × cum are ratios measured side by side and hold" in out
+    assert "† drift — eager ran at 10,240 tokens/s" in page and "1.25× †" in page
+    texts = [t.get_text() for t in report.waterfall_figure(results.load(folder)).axes[0].texts]
+    assert any("drift -20%" in t for t in texts)
+    assert main(["compare", str(folder), str(folder)]) == 0
+    assert "warning: A drifted beyond 10%: bf16's base ran -20% beside it" in capsys.readouterr().out

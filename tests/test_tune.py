@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 
-from speedladder import report, results, tune
+from speedladder import codec, report, results, settings, tune
 from speedladder.cli import main
 from speedladder.config import RunConfig, resolve
 from speedladder.records import Gate, Results, RungResult
 from speedladder.rungs import RUNGS, Requirement
+from speedladder.settings import Settings
 
 
 def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", built_on="eager", detail="",
@@ -76,11 +77,14 @@ def test_the_winner_and_the_commands_that_reproduce_it():
     # A ladder rung's configuration is its chain of rungs from eager.
     assert tune.rungs_of(res.rung("batch"), res) == (
         "eager", "compile", "sdpa", "batch")
+    cmds = tune.commands("runs/x")
+    assert cmds["run"] == "speedladder run --config runs/x/winner.toml"
+    assert cmds["train"] == "speedladder train --config runs/x/winner.toml"
+    assert cmds["apply"] == 'model, optimizer, autocast = speedladder.apply(model, "runs/x/winner.toml")'
     cfg = resolve(RunConfig(preset="tiny"), torch.device("cpu"))
-    cmds = tune.commands(("compile", "sdpa", "batch"), cfg, "runs/x")
-    assert cmds["run"] == ("speedladder run --preset tiny --data timemachine --tokenizer char --batch-size 4 "
-                           "--seq-len 32 --batch-multiplier 2 --rungs eager,compile,sdpa,batch")
-    assert cmds["train"] == "speedladder train --run runs/x"
+    won = tune.winner_settings(Settings(), cfg.run, ("compile", "sdpa", "batch"))
+    assert won.run.rungs == ("eager", "compile", "sdpa", "batch") and won.train.rungs == ("compile", "sdpa", "batch")
+    assert (won.run.preset, won.run.batch_size, won.run.ladder, won.run.beside) == ("tiny", 4, None, ())
 
 
 def test_budget_refuses_work_that_would_not_fit():
@@ -116,15 +120,27 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     assert res["config"]["gates"]["learns_steps"] == 60 and res["config"]["gates"]["loss_steps"] == 4
     assert not res["config"]["profile"]["enabled"] and not res["config"]["memory"]["process_peak"]
     assert res["learns_check"]["steps"] == 60 and res["profile"] is None
-    assert t["commands"]["run"].endswith(" --loss-steps 4 --learns-steps 60")  # judged as tune judged it
+    winner_toml = path.parent / "winner.toml"
+    assert t["commands"]["run"] == f"speedladder run --config {winner_toml}"
+    won = codec.from_data(Settings, settings.read(winner_toml))  # judged as tune judged it
+    assert won.run.gates.learns_steps == 60 and won.run.gates.loss_steps == 4
+    assert won.run.rungs == ("eager", *t["winner_rungs"]) and won.train.rungs == tuple(t["winner_rungs"])
     assert t["dropped"]["compile"] == "skipped: needs cuda; this device is cpu"
     assert set(t["survivors"]) | set(t["dropped"]) == {n for n in res["config"]["rungs"] if n != "eager"} | {"ckpt"}
     assert t["winner"] == res["fastest"] and res["learns_check"]["passed"]
     assert t["winner_spec"] == next(r["spec"] for r in res["rungs"] if r["name"] == t["winner"])
-    assert "speedladder train --run " + str(path.parent) in out and t["commands"]["run"] in out
+    assert f"speedladder train --config {winner_toml}" in out and t["commands"]["run"] in out
+    assert 'speedladder.apply(model, "' + str(winner_toml) + '")' in out
     assert "tune: the winning configuration" in out
     cands = [r for r in res["rungs"] if r["role"] == "candidate"]
     assert len(cands) + sum(1 for c in t["candidates"] if c.get("same_as")) == len(t["candidates"]) <= 1
     assert report.tune_lines(results.load(path.parent))[0] in out  # the saved file is what was printed
     page = (path.parent / "report.html").read_text()  # tune leaves the page as run does
     assert 'id="rungs"' in page and t["winner"] in page and f"report: {path.parent / 'report.html'}" in out
+    # tune -> winner.toml -> train --config winner.toml trains the winner
+    assert main(["train", "--config", str(winner_toml), "--steps", "4", "--eval-every", "2", "--sample-tokens", "0",
+                 "--out", str(tmp_path / "trained")]) == 0
+    trained = capsys.readouterr().out
+    assert f"with --rungs {','.join(t['winner_rungs']) or 'eager'}" in trained and "step 4, loss" in trained
+    (ckpt,) = (tmp_path / "trained").glob("*/checkpoint.pt")
+    assert torch.load(ckpt, weights_only=True)["spec"]["batch_size"] == t["winner_spec"]["batch_size"]

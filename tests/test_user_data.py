@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import CPU
 
 from speedladder.cli import main
 from speedladder.config import RunConfig
@@ -17,7 +18,6 @@ from speedladder.data import BatchStream, Corpus, check_ids, load_corpus, token_
 from speedladder.errors import UsageError
 from speedladder.workload import prepare
 
-CPU = torch.device("cpu")
 FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--no-profile", "--steps", "2",
         "--loss-steps", "4", "--learns-steps", "0"]
 

@@ -10,6 +10,7 @@
 #   docs/examples/NAME.txt          `speedladder report` of that file: the table and the notes under it
 #   docs/examples/NAME-profile.txt  the baseline profile saved inside it, printed by `speedladder report`
 #                                   as `speedladder profile` prints it (only if the run was profiled)
+# and docs/examples/flags.md, every command's flags generated from the configuration dataclasses.
 # `speedladder report` redraws waterfall.png beside the file it reads, so every file is copied to a
 # temporary folder first: the PNGs in docs/ are never touched. Any failure exits non-zero.
 #
@@ -88,6 +89,10 @@ PYEOF
   fi
 done
 [[ $found == 1 ]] || { echo "make.sh: no docs/*-results.json found" >&2; exit 1; }
+
+# Every command's flags, from the configuration dataclasses.
+"$PY" -m speedladder.cli.reference > "$out/flags.md"
+echo "wrote $out/flags.md"
 
 # The excerpts quoted in the pages, against the files just written.
 "$PY" - "$out" README.md docs/*.md <<'PYEOF'

@@ -2,12 +2,12 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["climb", "race"]
+__all__ = ["apply", "climb", "race"]
 
 
 def __getattr__(name: str):
-    """`speedladder.climb` and `speedladder.race`, imported on first use: `import speedladder` stays light (no torch)."""
-    if name in ("climb", "race"):
+    """`speedladder.climb`, `.race` and `.apply`, imported on first use: `import speedladder` stays light (no torch)."""
+    if name in __all__:
         from speedladder import api
 
         return getattr(api, name)

@@ -4,7 +4,9 @@
     results = speedladder.climb(MyModel, data="train.bin", batch_size=8, seq_len=256)
     print(results.fastest)
 
-It does what `speedladder run` does, through the same workload and ladder, and
+`speedladder.apply(model, "runs/<tune>/winner.toml")` puts a winner on your own model and optimizer (winner.py).
+
+`climb` does what `speedladder run` does, through the same workload and ladder, and
 leaves the same files: results.json (after every rung), waterfall.png and
 report.html in out/<timestamp>/.
 """
@@ -18,7 +20,9 @@ from typing import Any
 from torch import nn
 
 from speedladder import report, results
-from speedladder.config import RACE_LADDER, GateConfig, ProfileConfig, RaceConfig, RunConfig, TimingConfig, default
+from speedladder.codec import from_data
+from speedladder.codec import to_data as codec_data
+from speedladder.config import RACE_LADDER, RunConfig, default
 from speedladder.ladder import Ladder
 from speedladder.models.user import LIVE, portable
 from speedladder.progress import show_on_stderr
@@ -26,7 +30,11 @@ from speedladder.racing import Race
 from speedladder.records import Results
 from speedladder.report.outputs import write_outputs
 from speedladder.report.race import print_race
+from speedladder.settings import RaceConfig
+from speedladder.winner import apply
 from speedladder.workload import prepare
+
+__all__ = ["apply", "climb", "race"]
 
 
 def _model(model: nn.Module | Callable[[], nn.Module] | str | None) -> tuple[str | None, Any]:
@@ -41,15 +49,13 @@ def _model(model: nn.Module | Callable[[], nn.Module] | str | None) -> tuple[str
 
 def _run_config(model_source: str | None, data: str | None, batch_size: int | None, seq_len: int | None,
                 rungs: tuple[str, ...] | None, out: str, device: str, options: dict[str, Any]) -> RunConfig:
-    """A RunConfig from the API's keywords: nested configs may be given as dicts of their fields."""
-    nested = {"timing": TimingConfig, "gates": GateConfig, "profile": ProfileConfig}
-    for key, cls in nested.items():
-        if isinstance(options.get(key), dict):
-            options[key] = cls(**options[key])
-    if "hf_set" in options:
-        options["hf_set"] = tuple(options["hf_set"])
-    return RunConfig(model_source=model_source, data=data, batch_size=batch_size, seq_len=seq_len, out=out,
-                     device=device, rungs=rungs, **options)
+    """A RunConfig from the API's keywords, through the codec: nested configs as dicts of their fields."""
+    unknown = sorted(set(options) - set(RunConfig.__dataclass_fields__))
+    if unknown:  # as Python says it of any function: the API's keywords are RunConfig's fields
+        raise TypeError(f"got an unexpected keyword argument {unknown[0]!r}")
+    given = {"model_source": model_source, "data": data, "batch_size": batch_size, "seq_len": seq_len,
+             "rungs": rungs, "out": out, "device": device}
+    return from_data(RunConfig, {**codec_data(options), **{k: v for k, v in given.items() if v is not None}})
 
 
 def climb(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data: str | None = None,
@@ -106,13 +112,14 @@ def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data
              else tuple(rungs) if rungs is not None else RACE_LADDER)
     run = dataclasses.replace(_run_config(spec, data, batch_size, seq_len, names, out, device, options),
                               beside=(), ladder=None)
-    cfg = RaceConfig(seeds=seeds, target_loss=target_loss, combos=given or (), **(race_options or {}))
+    cfg = from_data(RaceConfig, {**codec_data(race_options or {}), "seeds": seeds, "target_loss": target_loss,
+                                 "combos": given or (), "rungs": None if given else names})
     progress = show_on_stderr(quiet)
     work = prepare(run, obj)
     work.val_set(work.cfg.seq_len)
     run_dir = results.new_run_dir(work.cfg.run.out)
     progress(f"{work.model.name}: {work.params:,} parameters on {work.device}; {work.data_line}; writing {run_dir}")
-    contest = Race(work, run_dir, cfg, progress, role="combo" if given else "rung")
+    contest = Race(work, run_dir, cfg, progress, role="combo" if given else "rung")  # it writes config.toml
     try:
         if given:
             contest.prepare_combos(given)

@@ -1,18 +1,21 @@
-"""Configuration dataclasses: the one place where defaults live.
+"""A run's configuration: the dataclasses where each field, its type, its default and its help live.
 
-The command line maps its flags onto these; `--help` shows these defaults.
-`resolve` turns a RunConfig (with "use the preset's" left as None) into a
-Resolved one in which every value is concrete; that is what results.json keeps.
+The command line is generated from them (cli/gen.py), config files and results.json's saved config are read
+and written through one codec (codec.py), and each dataclass checks its own values when it is made, so a bad
+value is one line (a UsageError, exit 2) wherever it came from. `resolve` turns a RunConfig (with "the
+preset's" left as None) into a Resolved one in which every value is concrete; that is what results.json keeps.
+The commands' own configurations (tune, train, race, sweep, check) are in settings.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from speedladder.codec import at_least, option, peak_list, positive, rung_list, to_data
 from speedladder.errors import UsageError
 from speedladder.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
 from speedladder.model import GPTConfig
@@ -29,144 +32,233 @@ VAL_FRACTION = 0.1
 # How the batch rung scales the learning rate with the batch (x K): kept, by sqrt(K), or by K (the linear rule).
 BATCH_LR_SCALES: tuple[str, ...] = ("none", "sqrt", "linear")
 
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp8")  # the arithmetic of a step's matmuls
+TOKENIZER_NAMES: tuple[str, ...] = ("char", "gpt2", "ids")
+
+
+_PRESETS_HELP = ", ".join(f"{n} (B={s.batch_size}, T={s.seq_len}, {s.corpus})" for n, s in PRESETS.items())
+
+
 @dataclass(frozen=True)
 class MuonConfig:
     """The muon rung's optimizer for hidden matrices (the published defaults); AdamW keeps RunConfig.lr."""
 
-    lr: float = 0.02
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5  # Newton-Schulz iterations
+    lr: float = option(0.02, help="Muon's learning rate for the hidden matrices", group="muon", flag="--muon-lr")
+    momentum: float = option(0.95, help="Muon's momentum", group="muon", flag="--muon-momentum")
+    nesterov: bool = option(True, help="Nesterov momentum in Muon", group="muon", flag="--muon-nesterov")
+    ns_steps: int = option(5, help="Newton-Schulz iterations per update", group="muon", flag="--muon-ns-steps")
 
-
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp8")  # the arithmetic of a step's matmuls
-
+    def __post_init__(self) -> None:
+        positive("Muon's learning rate", self.lr)
+        at_least("Muon's momentum", self.momentum, 0)
+        at_least("Newton-Schulz steps", self.ns_steps, 1)
 
 
 @dataclass(frozen=True)
 class TimingConfig:
     """How each rung is timed (docs/measurement.md, rules 2-4)."""
 
-    steps: int | None = None  # steps per timed window; None: the preset's
-    windows: int = 5  # timed windows per rung (and per base re-timed beside it); every window's time is kept
-    warmup: int | None = None  # compile-free steps before timing; None: the preset's
-    max_warmup: int = 50  # give up waiting for compilation to settle after this many steps
+    steps: int | None = option(None, help="steps per timed window", shown="the preset's", metavar="N",
+                               group="timing")
+    windows: int = option(5, help="timed windows per rung (and per base re-timed beside it), at least 3; every "
+                                  "window's time is kept", metavar="W", group="timing")
+    warmup: int | None = option(None, help="compile-free warm-up steps in a row before timing",
+                                shown="the preset's", metavar="N", group="warmup")
+    max_warmup: int = option(50, help="stop waiting for compilation to settle after this many steps", metavar="N",
+                             group="warmup")
+    # On CUDA a preset's steps can last milliseconds, and a window of 20 such is mostly its two edge syncs: there
+    # the steps per window grow from a timed warm-up step until a window lasts this long (docs/measurement.md,
+    # rule 4). 0 keeps --steps; a CPU or MPS keeps --steps always.
+    min_window_s: float = option(0.5, help="on CUDA, steps per window grow from a timed step so that a window "
+                                           "lasts at least this many seconds; 0 keeps --steps", metavar="S",
+                                 group="timing")
+
+    def __post_init__(self) -> None:
+        positive("steps per window", self.steps)
+        at_least("warm-up steps", self.warmup, 0)
+        positive("max warm-up", self.max_warmup)
+        at_least("minimum window seconds", self.min_window_s, 0)
+        if self.windows < 3:
+            raise UsageError(f"at least 3 timed windows are needed for a verdict, got {self.windows}")
 
 
 @dataclass(frozen=True)
 class GateConfig:
     """Correctness gates (docs/measurement.md, rules 7 and 9)."""
 
-    loss_steps: int = 20  # K: steps over the same first K batches compared with eager fp32
-    loss_band: float = 0.02  # a rung's loss may differ from eager fp32's by this fraction at any of those steps
-    learns_steps: int = 300  # length of the final learns-check; 0 skips it
-    # The learns-check passes if the fastest configuration's final loss is at most this fraction above eager
-    # fp32's over the same batches and steps (and below the corpus's unigram entropy). bf16 and fp32 ended within
-    # 0.1% of each other after 300 steps here; a model with attention zeroed ended 10% above (d2l-cpu).
-    learns_band: float = 0.03
-    # A rung that changes the update rule (muon) has no loss band; it is compared with AdamW over this many
-    # batches by the tokens each needs to reach AdamW's final loss.
-    target_steps: int = 200
+    loss_steps: int = option(20, help="steps over the same first K batches compared with eager fp32", metavar="K",
+                             group="gates")
+    loss_band: float = option(0.02, help="largest allowed relative loss difference from eager fp32", metavar="F",
+                              group="gates")
+    learns_steps: int = option(300, help="steps of the final learns-check; 0 skips it", metavar="N", group="gates")
+    # bf16 and fp32 ended within 0.1% of each other after 300 steps here; a model with attention zeroed ended 10%
+    # above (d2l-cpu).
+    learns_band: float = option(0.03, help="the learns-check passes if the final loss is at most this fraction "
+                                           "above eager fp32's over the same batches (and below the corpus's "
+                                           "unigram entropy)", metavar="F", group="gates")
+    target_steps: int = option(200, help="a rung that changes the update rule (muon, a learning-rate rule) is "
+                                         "compared with AdamW by the tokens each needs to reach AdamW's loss over "
+                                         "N batches", metavar="N", group="gates")
 
-
-@dataclass(frozen=True)
-class TuneConfig:
-    """`speedladder tune`: the full ladder, then its surviving rungs together, within a time budget."""
-
-    budget_minutes: float = 10.0  # for the whole search; a rung or candidate that would not fit is not started
-    max_candidates: int = 4  # the survivors together, then each survivor left out in turn (smallest gain first)
-    finalists: int = 2  # the fastest passing configurations measured again beside eager before a winner is named
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """`speedladder train`: train one configuration, log as the source text does, then sample."""
-
-    steps: int = 300
-    log_every: int = 10
-    eval_every: int = 50  # val loss every N steps (and after the last); the best checkpoint is kept apart
-    sample_tokens: int = 200  # generated after the prompt
-    prompt_tokens: int = 16  # the corpus's first tokens start the sample
-    temperature: float = 0.8
-    top_k: int = 20  # sample among the k likeliest tokens; 0: all
-    out: str = "runs"  # the checkpoint goes to runs/<timestamp>/checkpoint.pt
-
-
-@dataclass(frozen=True)
-class RaceConfig:
-    """`speedladder race`: each configuration trained to a target val loss, over seeds, judged by the time to it."""
-
-    seeds: int = 3  # runs per configuration, seeds seed, seed+1, ...: each changes the initial weights and batches
-    target_loss: float | None = None  # None: calibrated, eager fp32's val loss after calibrate_steps steps
-    calibrate_steps: int = 300  # the calibration's length, on a seed of its own (not one of the race's)
-    eval_every: int = 10  # val loss every this many base steps' worth of tokens; the clock stops meanwhile
-    # A run that has not reached the target after this many seconds of training stops ("did not reach");
-    # None: cap_factor times the calibration's training time.
-    time_cap_s: float | None = None
-    cap_factor: float = 3.0
-    # win or loss only at p below this, one-sided each way (Welch's t-test on the times; modded-nanogpt's rule).
-    alpha: float = 0.01
-    # Power: a note says when the seeds and their spread cannot detect a change this large at alpha.
-    detect: float = 0.10
-    combos: tuple[tuple[str, ...], ...] = ()  # given: each a set of rungs composed on eager, judged against it
+    def __post_init__(self) -> None:
+        for name, value in (("loss-band steps", self.loss_steps), ("loss band", self.loss_band),
+                            ("target steps", self.target_steps)):
+            positive(name, value)
+        at_least("learns-check steps", self.learns_steps, 0)
+        at_least("learns-check band", self.learns_band, 0)
 
 
 @dataclass(frozen=True)
 class ProfileConfig:
     """The profile taken before the ladder (measure -> classify -> predict)."""
 
-    enabled: bool = True  # `run` profiles the baseline first; --no-profile skips it
-    # Profiled steps, each synchronized at its end, after the warm-up. Enough for a median and quartiles per category:
-    # one disturbed step must not move the breakdown (docs/profile.md).
-    steps: int = 15
-    timeout_s: float = 900.0  # the profiling process is given up on after this long
-    explain_miss: float = 0.25  # a rung missing its prediction by more gets profiled beside its base; 0: none
+    enabled: bool = option(True, help="skip the baseline profile and the predictions made from it",
+                           flag="--no-profile", negate=True, group="climb")
+    # Profiled steps, each synchronized at its end, after the warm-up. Enough for a median and quartiles per
+    # category: one disturbed step must not move the breakdown (docs/profile.md).
+    steps: int = option(15, help="steps profiled after the warm-up, each synchronized at its end; the breakdown "
+                                 "is their median step, with the spread across them", metavar="N",
+                        flag="--profile-steps", group="profile")
+    timeout_s: float = option(900.0, help="the profiling process is given up on after this many seconds",
+                              metavar="S", flag="--profile-timeout", group="profile")
+    explain_miss: float = option(0.25, help="a rung whose measured x misses its prediction by more than this "
+                                            "fraction has its step and its base's profiled side by side; 0: none",
+                                 metavar="F", flag="--explain-miss", group="explain")
+    rungs: tuple[str, ...] = option((), help="`profile`: profile the spec these rungs make instead of the "
+                                             "baseline (predictions then start from it)", shown="the baseline",
+                                    metavar="A,B,C", flag="--profile-rungs", parse=rung_list, group="profile-cmd")
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise UsageError(f"at least one profiled step is needed, got {self.steps}")
+        positive("the profile's timeout", self.timeout_s)
+        if not self.explain_miss >= 0:
+            raise UsageError(f"--explain-miss must be zero or more, got {self.explain_miss}")
 
 
 @dataclass(frozen=True)
 class MemoryConfig:
     """The memory meters beside each rung's timing (memory.py; docs/memory-sweep.md)."""
 
-    process_peak: bool = True  # off a GPU: the step's resident peak, every rung in turn in one child process
-    steps: int = 2  # steps measured in that child, after warm-up
-    warmup: int = 2  # steps before them: optimizer state allocated, compilation done
-    timeout_s: float = 600.0  # the child is given up on after this long
+    process_peak: bool = option(True, help="off CUDA, skip each rung's resident peak (one child process measures "
+                                           "every rung in turn)", flag="--no-process-peak", negate=True,
+                                group="memory")
+    steps: int = option(2, help="steps measured in that child, after its warm-up", metavar="N",
+                        flag="--memory-steps", group="memory")
+    warmup: int = option(2, help="steps before them: optimizer state allocated, compilation done", metavar="N",
+                         flag="--memory-warmup", group="memory")
+    timeout_s: float = option(600.0, help="the memory child is given up on after this many seconds", metavar="S",
+                              flag="--memory-timeout", group="memory")
+
+    def __post_init__(self) -> None:
+        positive("memory steps", self.steps)
+        at_least("memory warm-up steps", self.warmup, 0)
+        positive("the memory child's timeout", self.timeout_s)
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """What the user asked for. None means "the preset's" (see PRESETS)."""
 
-    preset: str | None = None  # None: d2l-512 on CUDA, d2l-cpu elsewhere
-    data: str | None = None  # an embedded corpus name, a UTF-8 text file, or a FILE.bin of token ids
-    val_data: str | None = None  # the held-out split's own file (nanoGPT's val.bin); None: data's last tenth
-    val_sequences: int = 64  # the fixed val set: this many windows of T tokens, evenly spaced over the split
-    tokenizer: str | None = None  # "char" or "gpt2"; a .bin's ids are used as they are ("ids")
-    # The model, when not the preset's GPT (docs/models.md): FILE.py:NAME or package.module:NAME ...
-    model_source: str | None = None
-    hf: str | None = None  # ... or a Hugging Face causal LM built from a config: "gpt2", "llama", PATH/config.json
-    hf_set: tuple[str, ...] = ()  # KEY=VALUE overrides of that config, e.g. "n_layer=2"
-    vocab_size: int | None = None  # None: the tokenizer's (text) or the model's (a .bin); above 65,535 a .bin is uint32
-    batch_size: int | None = None
-    seq_len: int | None = None
-    batch_multiplier: int | None = None
-    batch_lr_scale: str = "none"  # the batch rung's learning rate: "none", "sqrt" or "linear" in its multiplier
-    ladder: str | None = "source"  # a name in LADDERS; None once resolved from rungs given one by one: "source" (R0-R4) or "full" (the ladder beyond)
-    rungs: tuple[str, ...] | None = None  # None: the ladder's; given, they replace it (and its beside rungs)
-    beside: tuple[str, ...] | None = None  # rungs measured on the ladder's top, not built upon; None: the ladder's
-    device: str = "auto"  # "auto": CUDA, else MPS, else CPU
-    lr: float = 1e-3  # AdamW, as in the sources
-    seed: int = 0
-    out: str = "runs"  # each run writes runs/<timestamp>/
-    # MFU's peak TFLOP/s per matmul precision ("bf16", "fp32", "tf32", "fp8"), replacing the datasheet table
-    # (e.g. a measured ceiling); a precision not given has no MFU. None: the table's, for known GPUs.
-    peak_tflops: dict[str, float] | None = None
-    muon: MuonConfig = field(default_factory=MuonConfig)
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    gates: GateConfig = field(default_factory=GateConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
-    model_changes: dict[str, int] | None = None  # fields of the preset's GPTConfig changed (a sweep's width, ...)
+    preset: str | None = option(None, help=f"model and workload: {_PRESETS_HELP}", metavar="NAME",
+                                choices=tuple(PRESETS), group="model",
+                                shown="d2l-512 on CUDA, d2l-cpu (scaled down to finish in minutes) elsewhere")
+    data: str | None = option(None, help="embedded corpus (timemachine, tinyshakespeare), a UTF-8 text file, or a "
+                                         "FILE.bin of token ids (nanoGPT's: uint16, uint32 when --vocab-size > "
+                                         "65535; memory-mapped, never loaded whole); training batches come from "
+                                         "all but its val split", shown="the preset's corpus", metavar="NAME|PATH",
+                              group="model")
+    val_data: str | None = option(None, help="the held-out split's own file, of the same kind as --data "
+                                             "(nanoGPT's prepare.py writes val.bin beside train.bin); no training "
+                                             "batch is ever drawn from it",
+                                  shown=f"the last {100 * VAL_FRACTION:.0f}% of --data", metavar="PATH",
+                                  group="model")
+    val_sequences: int = option(64, help="the fixed val set: N windows of T tokens evenly spaced over the val "
+                                         "split, the same for every configuration and seed (race, train)",
+                                metavar="N", group="model")
+    tokenizer: str | None = option(None, help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks; "
+                                              "ids: a .bin's ids as they are (gpt2 with a .bin decodes train's "
+                                              "sample)", shown="the preset's (ids for a .bin)",
+                                   choices=TOKENIZER_NAMES, group="model")
+    model_source: str | None = option(None, help="your language model instead of the preset's GPT: FILE.py:NAME or "
+                                                 "package.module:NAME, NAME an nn.Module class or a function "
+                                                 "returning one (arguments vocab_size, block_size, seq_len get the "
+                                                 "workload's); forward conventions and hooks: docs/models.md",
+                                      shown="the preset's GPT", flag="--model", metavar="FILE.py:NAME",
+                                      group="model")
+    hf: str | None = option(None, help="a Hugging Face causal LM built from its config with random weights, "
+                                       "offline: gpt2, llama or PATH/config.json (needs pip install "
+                                       "speedladder[hf])", shown="none", metavar="gpt2|llama|CONFIG", group="model")
+    hf_set: tuple[str, ...] = option((), help="override a value of the --hf config, e.g. n_layer=2 (GPT-2's names "
+                                              "work for llama too); repeatable", shown="none", metavar="KEY=VALUE",
+                                     append=True, group="model")
+    vocab_size: int | None = option(None, help="the vocabulary (given to a model that takes vocab_size; a .bin "
+                                               "holds uint32 ids above 65535)",
+                                    shown="the tokenizer's for text, the model's for a .bin", metavar="V",
+                                    group="model")
+    batch_size: int | None = option(None, help="sequences per step", shown="the preset's", metavar="B",
+                                    group="model")
+    seq_len: int | None = option(None, help="tokens per sequence", shown="the preset's", metavar="T", group="model")
+    batch_multiplier: int | None = option(None, help="the batch rung multiplies the batch by K",
+                                          shown="the preset's", metavar="K", group="batch")
+    batch_lr_scale: str = option("none", help="the batch rung's learning rate: kept (none), times sqrt(K), or "
+                                              "times K (linear); a rule other than none changes how the model "
+                                              "learns, so the rung is judged by tokens to AdamW's loss rather than "
+                                              "the loss band", choices=BATCH_LR_SCALES, group="batch")
+    # None: "source" unless rungs are given one by one; once resolved, None means they were.
+    ladder: str | None = option(None, help="source: the source text's R0-R4; full: "
+                                           + ",".join(LADDERS["full"].rungs) + " with "
+                                           + ",".join(LADDERS["full"].beside) + " measured beside its top",
+                                shown="source", choices=tuple(LADDERS), group="rungs")
+    rungs: tuple[str, ...] | None = option(None, help="rungs in order, each building on the last that passed; wins "
+                                                      "over --ladder (and drops its beside rungs)",
+                                           shown=f"{','.join(SOURCE_LADDER)}, i.e. the --ladder's rungs",
+                                           metavar="A,B,C", parse=rung_list, group="rungs")
+    beside: tuple[str, ...] | None = option(None, help="rungs measured on the ladder's top, not built upon",
+                                            shown="the ladder's (full: ckpt)", metavar="A,B", parse=rung_list,
+                                            group="rungs")
+    device: str = option("auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps", group="model")
+    lr: float = option(1e-3, help="AdamW learning rate", group="model")
+    seed: int = option(0, help="seed of the initial weights and the batches", group="model")
+    out: str = option("runs", help="parent folder of the run folder DIR/<timestamp>/", metavar="DIR",
+                      group="output")
+    peak_tflops: dict[str, float] | None = option(
+        None, help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67 (a measured ceiling); a precision not "
+                   "given has no MFU", shown="the vendor table for known GPUs, none (MFU n/a) elsewhere",
+        metavar="P=X,...", parse=peak_list, group="climb")
+    muon: MuonConfig = option(factory=MuonConfig, help="the muon rung's optimizer")
+    timing: TimingConfig = option(factory=TimingConfig, help="how each rung is timed")
+    gates: GateConfig = option(factory=GateConfig, help="the correctness gates")
+    profile: ProfileConfig = option(factory=ProfileConfig, help="the baseline profile")
+    memory: MemoryConfig = option(factory=MemoryConfig, help="the memory meters")
+    model_changes: dict[str, int] | None = option(None, help="fields of the preset's GPTConfig changed (a sweep's "
+                                                             "width, ...)", cli=False)
+
+    def __post_init__(self) -> None:
+        for name, value in (("batch size", self.batch_size), ("sequence length", self.seq_len),
+                            ("batch multiplier", self.batch_multiplier), ("learning rate", self.lr)):
+            positive(name, value)
+        if self.vocab_size is not None and self.vocab_size <= 0:
+            raise UsageError(f"vocabulary size must be positive, got {self.vocab_size}")
+        if self.val_sequences < 1:
+            raise UsageError(f"the val set needs at least one sequence, got {self.val_sequences}")
+        if self.batch_lr_scale not in BATCH_LR_SCALES:
+            raise UsageError(f"unknown batch learning-rate rule {self.batch_lr_scale!r} "
+                             f"(choose from {', '.join(BATCH_LR_SCALES)})")
+        if self.ladder is not None and self.ladder not in LADDERS:
+            raise UsageError(f"unknown ladder {self.ladder!r} (choose from {', '.join(LADDERS)})")
+        if self.model_source and self.hf:
+            raise UsageError("give --model or --hf, not both")
+        if self.hf_set and not self.hf:
+            raise UsageError("--hf-set changes a Hugging Face config: it needs --hf")
+        for precision, value in (self.peak_tflops or {}).items():
+            if precision not in PRECISIONS:
+                raise UsageError(f"unknown precision {precision!r} in the peak TFLOP/s (use {', '.join(PRECISIONS)})")
+            positive(f"peak TFLOP/s for {precision}", value)
+
+
+# What results.json's "config" holds beside the RunConfig's own fields: from the Resolved, not from the user.
+RESOLVED_EXTRAS = ("preset_note", "model")
 
 
 @dataclass(frozen=True)
@@ -186,20 +278,10 @@ class Resolved:
     def seq_len(self) -> int:
         return self.run.seq_len  # type: ignore[return-value]
 
-    def to_dict(self) -> dict:
-        """The flat "config" of results.json (its field names are the schema's, kept since schema 1)."""
-        r = self.run
-        t = r.timing
-        return {"preset": r.preset, "preset_note": self.preset_note,
-                "model": dataclasses.asdict(self.model) if self.model else None, "model_source": r.model_source,
-                "val_data": r.val_data, "val_sequences": r.val_sequences, "batch_lr_scale": r.batch_lr_scale,
-                "hf": r.hf, "hf_set": list(r.hf_set), "vocab_size": r.vocab_size, "data": r.data, "tokenizer": r.tokenizer, "batch_size": r.batch_size, "seq_len": r.seq_len,
-                "batch_multiplier": r.batch_multiplier, "ladder": r.ladder, "rungs": list(r.rungs or ()),
-                "beside": list(r.beside or ()), "device": r.device, "lr": r.lr, "seed": r.seed, "out": r.out,
-                "peak_tflops": r.peak_tflops, "steps": t.steps, "windows": t.windows, "warmup": t.warmup,
-                "max_warmup": t.max_warmup, "gates": dataclasses.asdict(r.gates),
-                "profile": dataclasses.asdict(r.profile), "muon": dataclasses.asdict(r.muon),
-                "memory": dataclasses.asdict(r.memory), "model_changes": r.model_changes}
+    def to_dict(self) -> dict[str, Any]:
+        """results.json's "config": the resolved RunConfig through the codec, and RESOLVED_EXTRAS."""
+        return {**to_data(self.run), "preset_note": self.preset_note,
+                "model": dataclasses.asdict(self.model) if self.model else None}
 
     def with_vocab(self, vocab_size: int) -> Resolved:
         if self.model is None:
@@ -207,33 +289,8 @@ class Resolved:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
 
 
-def run_config_from_dict(d: dict, device: str | None = None) -> RunConfig:
-    """A RunConfig back from a saved one: dataclasses.asdict of a RunConfig, or results.json's flat "config"."""
-    d = dict(d)
-    if "timing" not in d:  # the flat form of Resolved.to_dict
-        d["timing"] = {k: d.pop(k) for k in ("steps", "windows", "warmup", "max_warmup") if k in d}
-    fields = RunConfig.__dataclass_fields__
-    out = {k: v for k, v in d.items() if k in fields}
-    out["timing"] = TimingConfig(**d["timing"])
-    out["gates"] = GateConfig(**{k: v for k, v in d.get("gates", {}).items() if k in GateConfig.__dataclass_fields__})
-    out["profile"] = ProfileConfig(**{k: v for k, v in d.get("profile", {}).items()
-                                      if k in ProfileConfig.__dataclass_fields__})
-    out["muon"] = MuonConfig(**d.get("muon", {}))
-    if isinstance(out.get("peak_tflops"), (int, float)):  # schema 1 kept one number for every precision
-        out["peak_tflops"] = dict.fromkeys(PRECISIONS, float(out["peak_tflops"]))
-    out["memory"] = MemoryConfig(**d.get("memory", {}))
-    for name in ("rungs", "beside", "hf_set"):  # tuples in the dataclass, lists in JSON, None for "the ladder's"
-        if out.get(name) is not None:
-            out[name] = tuple(out[name])
-    if out.get("ladder") is None:
-        out.pop("ladder", None)
-    if device is not None:
-        out["device"] = device
-    return RunConfig(**out)
-
-
-def default(cls: type, name: str):
-    """The default of a dataclass field: lets the CLI show it without repeating it."""
+def default(cls: type, name: str) -> Any:
+    """The default of a dataclass field, for code that shows it (the field itself is the one place it lives)."""
     f = cls.__dataclass_fields__[name]
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
@@ -261,58 +318,8 @@ def pick_device(requested: str) -> torch.device:
     return dev
 
 
-def _positive(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):  # NaN compares false with everything: say so, not run
-        raise UsageError(f"{name} must be positive, got {value}")
-
-
-def _check_values(cfg: RunConfig, batch_size: int, seq_len: int, mult: int, steps: int, warmup: int) -> None:
-    t = cfg.timing
-    for name, value in (("batch size", batch_size), ("sequence length", seq_len),
-                        ("batch multiplier", mult), ("steps per window", steps),
-                        ("learning rate", cfg.lr), ("loss-band steps", cfg.gates.loss_steps),
-                        ("loss band", cfg.gates.loss_band), ("max warm-up", t.max_warmup),
-                        ("target steps", cfg.gates.target_steps)):
-        _positive(name, value)
-    for name, value in (("warm-up steps", warmup), ("learns-check steps", cfg.gates.learns_steps),
-                        ("learns-check band", cfg.gates.learns_band)):
-        if not (math.isfinite(value) and value >= 0):
-            raise UsageError(f"{name} must be zero or more, got {value}")
-    if cfg.profile.steps < 1:
-        raise UsageError(f"at least one profiled step is needed, got {cfg.profile.steps}")
-    if cfg.val_sequences < 1:
-        raise UsageError(f"the val set needs at least one sequence, got {cfg.val_sequences}")
-    if cfg.batch_lr_scale not in BATCH_LR_SCALES:
-        raise UsageError(f"unknown batch learning-rate rule {cfg.batch_lr_scale!r} "
-                         f"(choose from {', '.join(BATCH_LR_SCALES)})")
-    if t.windows < 3:
-        raise UsageError(f"at least 3 timed windows are needed for a verdict, got {t.windows}")
-    for precision, value in (cfg.peak_tflops or {}).items():
-        if precision not in PRECISIONS:
-            raise UsageError(f"unknown precision {precision!r} in the peak TFLOP/s (use {', '.join(PRECISIONS)})")
-        _positive(f"peak TFLOP/s for {precision}", value)
-
-
-def check_race(race: RaceConfig) -> None:
-    """The race's values, each refused in one line (a usage error) before anything is measured."""
-    if race.target_loss is not None and not (math.isfinite(race.target_loss) and race.target_loss > 0):
-        raise UsageError(f"the target loss must be a positive finite number, got {race.target_loss}")
-    if race.seeds < 2:
-        raise UsageError(f"a verdict needs at least 2 seeds per configuration (3 by default), got {race.seeds}")
-    for name, value in (("calibration steps", race.calibrate_steps), ("eval every", race.eval_every)):
-        if value < 1:
-            raise UsageError(f"{name} must be at least 1, got {value}")
-    for name, value in (("cap factor", race.cap_factor), ("detectable change", race.detect),
-                        *((("time cap", race.time_cap_s),) if race.time_cap_s is not None else ())):
-        _positive(name, value)
-    if not 0 < race.alpha < 0.5:
-        raise UsageError(f"the significance level must be between 0 and 0.5, got {race.alpha}")
-
-
 def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
     """The ladder's name (None when the rungs were given one by one), its rungs and the rungs measured beside."""
-    if cfg.ladder is not None and cfg.ladder not in LADDERS:
-        raise UsageError(f"unknown ladder {cfg.ladder!r} (choose from {', '.join(LADDERS)})")
     ladder = LADDERS[cfg.ladder or "source"] if cfg.rungs is None else None
     rungs = ladder.rungs if ladder else tuple(cfg.rungs or ())
     if not rungs:
@@ -330,7 +337,11 @@ def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tu
         raise UsageError(f"unknown rung {unknown[0]!r} to measure beside the ladder")
     if set(beside) & set(rungs):
         raise UsageError(f"a rung cannot be both climbed and measured beside: {min(set(beside) & set(rungs))}")
-    return ((cfg.ladder or "source") if ladder else None), rungs, beside
+    # A ladder's own rungs and beside rungs given one by one are that ladder: a resolved config read back (from a
+    # config file, or by check) resolves to itself, name and all.
+    named = cfg.ladder or "source"
+    same = cfg.ladder is not None and (LADDERS[named].rungs, LADDERS[named].beside) == (rungs, beside)
+    return (named if ladder or same else None), rungs, beside
 
 
 TOKEN_FILE_SUFFIX = ".bin"  # nanoGPT's prepared token files: ids back to back, uint16 (uint32 above 65,535)
@@ -372,7 +383,6 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     mult = cfg.batch_multiplier if cfg.batch_multiplier is not None else setup.batch_multiplier
     steps = t.steps if t.steps is not None else setup.steps_per_window
     warmup = t.warmup if t.warmup is not None else setup.warmup_steps
-    _check_values(cfg, batch_size, seq_len, mult, steps, warmup)
     if ours and seq_len > model.block_size:
         raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
     ladder, rungs, beside = _rungs(cfg, known_rungs)

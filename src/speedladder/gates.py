@@ -33,15 +33,25 @@ class Gates:
         """Eager fp32 at the workload's shape (any batch): the function every other rung is checked against."""
         return spec == dataclasses.replace(self.work.base_spec, batch_size=spec.batch_size)
 
+    def micro_batch(self, batch_size: int) -> int | None:
+        """The micro-batch eager fp32 at this batch is built over: the workload's own batch, where this one is a
+        whole multiple of it (the batch rung's), else None (one batch). Eager fp32 at the workload's batch is the
+        baseline, which ran, so each micro-batch fits; the accumulated loss and gradients are the big batch's."""
+        base = self.work.cfg.batch_size
+        return base if batch_size > base and batch_size % base == 0 else None
+
     def reference(self, spec: StepSpec) -> verify.Reference | str:
         """Eager fp32 at the spec's shape, once per shape; a string says why it could not be made."""
         key = (spec.batch_size, spec.seq_len)
         if key not in self.references:
             k = self.work.cfg.run.gates.loss_steps
-            self.progress(f"eager fp32 reference at B={key[0]}, T={key[1]} ({k} steps)", "gates")
+            micro = self.micro_batch(key[0])
+            self.progress(f"eager fp32 reference at B={key[0]}, T={key[1]} ({k} steps"
+                          + (f", gradients accumulated over micro-batches of {micro})" if micro else ")"), "gates")
             eager = StepSpec(*key)
             try:
-                self.references[key] = verify.reference(self.work.step(eager), self.work.gate_batches(eager, k))
+                self.references[key] = verify.reference(self.work.step(eager), self.work.gate_batches(eager, k),
+                                                        micro)
             except Exception as e:  # noqa: BLE001 -- recorded in each gate that needed it; the ladder goes on
                 why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
                 self.references[key] = f"the eager fp32 reference at B={key[0]} {why}: not verified"
@@ -116,10 +126,12 @@ class Gates:
         (docs/measurement.md, rule 9); eager's curve is trained once per shape."""
         g = self.work.cfg.run.gates
         key = (spec.batch_size, spec.seq_len)
+        # The reference's lines are named as what they are, apart from the rung's own (which `say` names).
+        reference = self.progress.scoped(f"learns-check: eager fp32 reference, B={key[0]} T={key[1]}")
         try:
             if key not in self.eager_curves:
-                say(f"eager fp32 at B={key[0]}, T={key[1]} over the same {g.learns_steps} batches")
-                self.eager_curves[key] = self._curve(StepSpec(*key), say)
+                reference(f"over the same {g.learns_steps} batches as the rung")
+                self.eager_curves[key] = self._curve(StepSpec(*key), reference)
             check = verify.learns_check(self._curve(spec, say), self.eager_curves[key], g.learns_band,
                                         self.entropy)
         except Exception as e:  # noqa: BLE001 -- a failing learns-check fails its rung, recorded
@@ -127,9 +139,11 @@ class Gates:
         return check
 
     def _curve(self, spec: StepSpec, say: Callable[[str], None]) -> list[float]:
+        # Eager fp32 (the learns-check's baseline) at a big batch is accumulated as its reference is.
+        micro = self.micro_batch(spec.batch_size) if self.is_reference(spec) else None
         try:
             with matmul_precision(spec):
                 return verify.train_curve(self.work.step(spec), self.work.stream(spec),
-                                          self.work.cfg.run.gates.learns_steps, on_progress=say)
+                                          self.work.cfg.run.gates.learns_steps, on_progress=say, micro=micro)
         finally:
             free_device_memory(self.work.device)

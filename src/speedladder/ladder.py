@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from torch import nn
+
 from speedladder import measure, memory, results
 from speedladder.errors import is_oom, one_line
 from speedladder.gates import Gates
@@ -21,7 +23,9 @@ from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import Prediction, ProfileSummary, Results, RungResult, from_dict
-from speedladder.rungs import RUNGS, Rung, StepSpec
+from speedladder.rungs import RUNGS, Rung, StepSpec, float8_matmul_params
+from speedladder.settings import CONFIG_FILE, Settings
+from speedladder.settings import write as write_settings
 from speedladder.step import matmul_precision
 from speedladder.workload import Workload, free_device_memory, measure_spec, new_results
 
@@ -30,7 +34,8 @@ AUTO = "auto"  # predict a ladder rung on the spec it builds on
 
 class Ladder:
     def __init__(self, work: Workload, run_dir: Path, progress: Progress | None = None,
-                 budget: Callable[[], str | None] | None = None) -> None:
+                 budget: Callable[[], str | None] | None = None, settings: Settings | None = None,
+                 sections: tuple[str, ...] = ("run", "quiet")) -> None:
         self.work = work
         self.run_dir = run_dir
         self.progress = progress or Progress(quiet=True)
@@ -44,6 +49,9 @@ class Ladder:
         self.finalists: list[str] | None = None  # set by tune: the learns-check tries these, in this order
         self.peaks = memory.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
         self.save()
+        # config.toml beside results.json: the resolved run, which `speedladder run --config` repeats.
+        s = dataclasses.replace(settings or Settings(), run=work.cfg.run)
+        write_settings(run_dir / CONFIG_FILE, s, f"speedladder: the configuration of {run_dir}", sections)
 
     def save(self) -> None:
         results.save(self.results, self.run_dir)
@@ -85,20 +93,21 @@ class Ladder:
         return r
 
     def _measure(self, r: RungResult, spec: StepSpec, base: RungResult | None, say: Callable[[str], None]) -> None:
-        w, cfg = self.work, self.work.cfg
+        w = self.work
         base_spec = StepSpec.from_dict(base.spec) if base is not None else None
         with matmul_precision(spec):
             ref = None if self.gates.is_reference(spec) else self.gates.reference(spec)
             m, step = measure_spec(w, spec, say, base=base_spec)
             r.timing = dataclasses.asdict(m.timing)
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
-            r.peak_memory_bytes, r.warnings = m.peak_memory_bytes, m.warnings
+            r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
+            r.warnings = m.warnings
             if m.base_timing is not None:
                 r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
                 r.verdict, r.verdict_detail = measure.judge(m.timing, m.base_timing)
             memory.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
             fpt = w.flops_per_token(spec)
-            peak = measure.peak_for(cfg.run.peak_tflops, results.device_name(w.device), w.device.type, spec.precision)
+            peak, r.peak_basis = self._peak(spec, step.model, fpt)
             r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
             r.mfu = measure.mfu(m.tokens_per_s.median, fpt, peak)
             r.status = "ok"
@@ -111,6 +120,25 @@ class Ladder:
             + (f", {r.verdict} against {base.name} re-timed beside it" if base is not None else "")
             + "; gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}"))
 
+    def _peak(self, spec: StepSpec, model: nn.Module, fpt: int) -> tuple[float | None, str]:
+        """The peak TFLOP/s a rung's MFU is taken against, and how it was had when it blends precisions.
+
+        An fp8 rung runs only the block linears in fp8; the head and attention stay at the precision below
+        (bf16): its peak is the FLOP-weighted harmonic blend of the two (measure.blended_peak).
+        """
+        w = self.work
+
+        def peak(precision: str) -> float | None:
+            return measure.peak_for(w.cfg.run.peak_tflops, results.device_name(w.device), w.device.type, precision)
+
+        if spec.precision != "fp8":
+            return peak(spec.precision), ""
+        rest = "bf16" if spec.autocast == "bf16" else "tf32" if spec.tf32 else "fp32"
+        fp8 = min(6 * float8_matmul_params(model, w.model.blocks_prefix or "blocks."), fpt)
+        blended = measure.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": peak("fp8"), rest: peak(rest)})
+        return blended, (f"fp8's peak for the block linears' {fp8 / fpt:.0%} of the FLOPs, {rest}'s for the rest "
+                         "(head, attention), blended by FLOP share")
+
     def _derive(self, r: RungResult, base: RungResult | None) -> None:
         """Speed-ups against the rung built on (re-timed beside it) and, chained, against the baseline."""
         if not r.ok or r.tokens_per_s is None:
@@ -120,6 +148,8 @@ class Ladder:
             r.verdict = "baseline"
             return
         beside = r.base_tokens_per_s or base.tokens_per_s
+        if r.base_tokens_per_s is not None:  # the base's own measurement and the one beside this rung: drift?
+            r.base_drift = measure.drift(base.tokens_per_s, r.base_tokens_per_s)
         r.speedup_prev = r.tokens_per_s.median / beside.median
         # Chained along the ladder: each factor measured with its base beside it, so drift does not compound.
         r.speedup_cum = (base.speedup_cum or 1.0) * r.speedup_prev
@@ -191,7 +221,10 @@ class Ladder:
             explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget)
             self._learns_check()
             self.peaks.measure(self.progress.scoped("memory"))  # off CUDA, in a child process, after all else
-            self.results.status = "complete"
+            failed = self.results.failed_baseline
+            self.results.status = "failed" if failed else "complete"
+            if failed:  # every rung is measured against it: the run as a whole failed (the command exits non-zero)
+                self.results.error = f"the baseline {failed.name} did not run: {failed.status}: {failed.detail}"
         except KeyboardInterrupt:
             self.results.status = "interrupted"
             raise

@@ -9,6 +9,10 @@ is flagged and left out of the statistics.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
+import math
 import re
 import statistics
 import time
@@ -18,6 +22,29 @@ from dataclasses import dataclass, field
 import torch
 
 Step = Callable[[], torch.Tensor]  # one whole training step, batch fetch included; returns the loss
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc; None on other C libraries
+    except OSError:
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def return_host_memory() -> None:
+    """Hand the host allocator's free memory back to the system (glibc's malloc_trim), outside timed work only.
+
+    glibc keeps what a step frees (a logits tensor of tens of MB is freed every step) on its free lists: over a
+    few hundred untimed steps (the learns-check) the resident set grew by GBs on a 1B-token file with a 50k
+    vocabulary, memory nothing used. Never called inside or between timed windows: memory handed back is
+    faulted in again by the next step, which would then be timed paying for it.
+    """
+    gc.collect()
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def sync(device: torch.device) -> None:
@@ -42,6 +69,32 @@ def compile_cache_hits() -> int:
     return int(counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"])
 
 
+@contextlib.contextmanager
+def graph_recordings() -> Iterator[Callable[[], int]]:
+    """While open, counts the CUDA graphs that cudagraph trees record (at run time, after the compile).
+
+    Dynamo runs its compile callbacks with the trigger CUDAGRAPH_RECORDING around each recording (private API,
+    read in this one place; torch.compiler.reset() clears the callbacks, so one is registered per use). Where
+    torch has no such trigger, nothing is counted.
+    """
+    from torch._dynamo import callback
+
+    count = [0]
+    trigger = getattr(getattr(callback, "CallbackTrigger", None), "CUDAGRAPH_RECORDING", None)
+
+    def on_start(event: object) -> None:
+        if trigger is not None and getattr(event, "callback_trigger", None) is trigger:
+            count[0] += 1
+
+    handler = callback.callback_handler
+    handler.register_start_callback(on_start)
+    try:
+        yield lambda: count[0]
+    finally:
+        if on_start in handler.start_callbacks:
+            handler.remove_start_callback(on_start)
+
+
 @dataclass
 class Window:
     seconds: float
@@ -62,6 +115,20 @@ class Timing:
     windows: list[Window] = field(default_factory=list)
     settled: bool = True  # False if compilation never stopped within max_warmup steps
     cache_hits: int = 0  # compiled graphs that came from a cache during warm-up: compile time is a warm one
+    # Whether that warm-up step recorded CUDA graphs (cudagraph trees record after the compile, at run time):
+    # part of compile s, like a step that compiled. Empty where nothing was counted.
+    warmup_recorded: list[bool] = field(default_factory=list)
+    # The window length (docs/measurement.md, rule 4): the steps each window ran, and on CUDA the step time they
+    # were sized from so that a window lasts at least min_window_s (None where the configured steps were kept).
+    window_steps: int | None = None
+    sized_from_step_s: float | None = None
+    min_window_s: float | None = None
+
+    @property
+    def steady_warmup_s(self) -> list[float]:
+        """The warm-up steps that neither compiled nor recorded graphs: steady steps, each synchronized alone."""
+        recorded = self.warmup_recorded or [False] * len(self.warmup_step_s)
+        return [s for s, c, r in zip(self.warmup_step_s, self.warmup_compiled, recorded) if not (c or r)]
 
     @property
     def clean_windows(self) -> list[Window]:
@@ -70,9 +137,14 @@ class Timing:
 
 def warm_up(step: Step, device: torch.device, warmup: int, max_warmup: int,
             counter: Callable[[], int] = compile_count, on_progress: Callable[[str], None] = lambda msg: None,
-            edge: Callable[[], None] | None = None) -> Timing:
-    """The first step, then steps until nothing compiles for `warmup` steps in a row (rule 2): no window yet."""
+            edge: Callable[[], None] | None = None, recordings: Callable[[], int] | None = None) -> Timing:
+    """The first step, then steps until nothing compiles for `warmup` steps in a row (rule 2): no window yet.
+
+    `recordings` counts CUDA graphs recorded so far (graph_recordings): a step that recorded is not yet
+    steady either, and its time is compile time.
+    """
     edge = edge or (lambda: sync(device))
+    recorded = recordings or (lambda: 0)
     hits = compile_cache_hits()
     edge()
     t0 = time.perf_counter()
@@ -85,16 +157,35 @@ def warm_up(step: Step, device: torch.device, warmup: int, max_warmup: int,
         if len(timing.warmup_step_s) >= max_warmup:
             timing.settled = False
             break
-        c0 = counter()
+        c0, r0 = counter(), recorded()
         t0 = time.perf_counter()
         step()
         edge()
         timing.warmup_step_s.append(time.perf_counter() - t0)
         compiled = counter() != c0
         timing.warmup_compiled.append(compiled)
-        quiet = 0 if compiled else quiet + 1
+        if recordings is not None:
+            timing.warmup_recorded.append(recorded() != r0)
+        quiet = 0 if compiled or (recordings is not None and timing.warmup_recorded[-1]) else quiet + 1
     timing.cache_hits = compile_cache_hits() - hits
     return timing
+
+
+def window_steps(configured: int, step_s: float | None, min_window_s: float) -> int:
+    """Steps per timed window: the configured ones, or more so that a window of steps of `step_s` lasts at
+    least `min_window_s` (rule 4: a window this long holds many steps, so the two edge syncs and the first
+    launches are a small part of it). No step time, or no minimum: the configured steps."""
+    if step_s is None or step_s <= 0 or min_window_s <= 0:
+        return configured
+    return max(configured, math.ceil(min_window_s / step_s))
+
+
+def sizing_step_s(*timings: Timing) -> float | None:
+    """The step time windows are sized from: the fastest side's median steady warm-up step (a rung and its
+    base share one window length, so the faster one's windows are the shortest); its first step when no
+    warm-up step was steady (an overestimate: fewer steps, never more)."""
+    per_side = [statistics.median(t.steady_warmup_s) if t.steady_warmup_s else t.first_step_s for t in timings]
+    return min(per_side) if per_side else None
 
 
 def time_window(step: Step, device: torch.device, tokens_per_step: int, steps: int,
@@ -114,22 +205,6 @@ def time_window(step: Step, device: torch.device, tokens_per_step: int, steps: i
 def window_line(window: Window, i: int, n: int, who: str = "") -> str:
     flag = f", {window.recompiles} recompile(s): window invalid" if window.recompiles else ""
     return f"{who}window {i + 1}/{n}: {window.tokens_per_s:,.0f} tokens/s{flag}"
-
-
-def run_windows(step: Step, device: torch.device, tokens_per_step: int, steps: int, windows: int,
-                warmup: int, max_warmup: int, counter: Callable[[], int] = compile_count,
-                on_progress: Callable[[str], None] = lambda msg: None,
-                edge: Callable[[], None] | None = None) -> Timing:
-    """Warm up until nothing compiles for `warmup` steps in a row, then time `windows` windows.
-
-    `edge` runs at every window edge (default: synchronize the device); a
-    data-parallel job also waits there for every rank, so its windows line up.
-    """
-    timing = warm_up(step, device, warmup, max_warmup, counter, on_progress, edge)
-    for i in range(windows):
-        timing.windows.append(time_window(step, device, tokens_per_step, steps, counter, edge))
-        on_progress(window_line(timing.windows[-1], i, windows))
-    return timing
 
 
 def interleave(step: Step, base: Step, timing: Timing, base_timing: Timing, device: torch.device,
@@ -179,10 +254,12 @@ def step_ms(timing: Timing) -> float | None:
 
 
 def compile_seconds(timing: Timing, median_step_s: float) -> float:
-    """Time spent compiling: what the compiling steps took beyond a steady step."""
+    """Time spent compiling: what the compiling steps took beyond a steady step, the steps that recorded CUDA
+    graphs counted with them."""
     total = timing.first_step_s - median_step_s
-    for seconds, compiled in zip(timing.warmup_step_s, timing.warmup_compiled):
-        if compiled:
+    recorded = timing.warmup_recorded or [False] * len(timing.warmup_step_s)
+    for seconds, compiled, rec in zip(timing.warmup_step_s, timing.warmup_compiled, recorded):
+        if compiled or rec:
             total += seconds - median_step_s
     return max(total, 0.0)
 
@@ -239,6 +316,19 @@ def peak_for(override: dict[str, float] | None, device_name: str, device_type: s
     return peak_tflops(device_name, precision) if device_type == "cuda" else None
 
 
+def blended_peak(flops: dict[str, float], peaks: dict[str, float | None]) -> float | None:
+    """The peak of a step whose FLOPs run at several precisions: the FLOP-weighted harmonic blend.
+
+    At each precision's peak, F_p FLOPs take F_p / P_p seconds; the whole step's F = sum F_p FLOPs at best take
+    the sum of those, so its peak is F / sum(F_p / P_p). An fp8 rung runs the block linears in fp8 and the head
+    and attention in bf16: its MFU is taken against this, not against fp8's peak. None if a peak is unknown.
+    """
+    used = {p: f for p, f in flops.items() if f > 0}
+    if not used or any(peaks.get(p) is None for p in used):
+        return None
+    return sum(used.values()) / sum(f / peaks[p] for p, f in used.items())  # type: ignore[operator]
+
+
 def mfu(tokens_s: float, flops_token: int, peak: float | None) -> float | None:
     """Model FLOPs utilization: achieved useful FLOP/s over the device's peak; None if the peak is unknown."""
     if peak is None:
@@ -265,6 +355,16 @@ def verdict(rung: Spread, base: Spread) -> str:
     return "noise"
 
 
+def drift(own: Spread, beside: Spread) -> float | None:
+    """A base's tokens/s re-timed beside a rung over its own measurement as a rung, less 1, when the two disagree
+    beyond both spreads (their min-max ranges do not overlap): the machine's speed moved between the two
+    measurements. None when they agree. The rung's x prev is against the base beside it, so it holds; what does not
+    hold is reading absolute tokens/s across rows measured minutes apart."""
+    if beside.min > own.max or beside.max < own.min:
+        return beside.median / own.median - 1
+    return None
+
+
 def judge(rung: Timing, base: Timing) -> tuple[str, str]:
     """The verdict of a rung against its base timed beside it, and why when there is none to give."""
     r, b = tokens_per_s(rung), tokens_per_s(base)
@@ -285,4 +385,12 @@ def peak_memory(device: torch.device) -> int | None:
     """Peak bytes allocated on the device; None where the device does not report it (CPU, MPS)."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    return None
+
+
+def peak_reserved(device: torch.device) -> int | None:
+    """Peak bytes the CUDA allocator reserved: CUDA graphs' private pools are reserved whole, and what their
+    replays use is never allocated again, so the allocated peak can miss it. None off CUDA."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_reserved(device))
     return None

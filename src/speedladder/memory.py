@@ -28,7 +28,6 @@ Three figures per rung (docs/memory-sweep.md):
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import gc
 import re
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from speedladder import subproc
+from speedladder import measure, subproc
 from speedladder.config import MemoryConfig, RunConfig
 from speedladder.errors import one_line
 from speedladder.model import GPTConfig
@@ -174,10 +173,9 @@ def resident_peak(step: Callable[[], object], warmup: int, steps: int) -> dict[s
     """Warm up, then the resident set before `steps` steps and its high-water mark while they ran."""
     for _ in range(warmup):
         step()
-    gc.collect()
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc: hand freed heap pages back, so "before"
-    if trim is not None:  # is what is live (the child's fixed mmap threshold returns large blocks on free anyway)
-        trim(0)
+    # glibc hands freed heap pages back, so "before" is what is live (the child's fixed mmap threshold returns
+    # large blocks on free anyway).
+    measure.return_host_memory()
     base = _status_bytes("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
     for _ in range(steps):

@@ -32,8 +32,9 @@ from speedladder.step import TrainStep
 PROBE_AMPLIFY = 3.0  # matrices x3: attention scores ~x9, softmax selective (a wrong scale moved gradients ~10x)
 DIFF_K = 4.0  # a correct rung differs from its base by ~1x the base's own distance from fp32 (measured: 0.7-1.1x)
 CAUSAL_NOISE_K = 4.0  # the past may move at most this many times the rung's own run-to-run noise ...
-# ... or this fraction of the logits' RMS, by precision (fp8's per-tensor scales see the whole sequence).
-CAUSAL_FLOOR = {"fp32": 1e-6, "tf32": 1e-5, "bf16": 1e-4, "fp8": 5e-2}
+# ... or this fraction of the logits' RMS, by precision. fp8 is bf16's: the fp8 rung's rowwise recipe scales each
+# token's row on its own, so no scale sees the future (a per-tensor scale would, and this floor would catch it).
+CAUSAL_FLOOR = {"fp32": 1e-6, "tf32": 1e-5, "bf16": 1e-4, "fp8": 1e-4}
 # The smallest relative difference the differential check always allows, by precision: rounding-level.
 DIFF_FLOOR = {"fp32": 1e-4, "tf32": 2e-3, "bf16": 2e-3, "fp8": 2e-2}
 
@@ -54,12 +55,44 @@ def amplified(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: w * PROBE_AMPLIFY if w.ndim >= 2 else w for n, w in weights.items()}
 
 
+def accumulate(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | None,
+               rows: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One forward and backward of a batch over equal micro-batches of `micro` sequences, gradients left in
+    .grad; the logits of its first `rows` sequences (None from a model that returns a loss only) and its loss.
+
+    Each micro-batch's mean loss is backpropagated and the summed gradients divided by their count: with equal
+    micro-batches that is the gradient of the whole batch's mean loss, and the loss is the mean of theirs. Only
+    one micro-batch's activations and logits are alive at a time: how the eager fp32 reference at a big batch
+    fits where the baseline fits. micro None (or the whole batch): one forward and backward.
+    """
+    if micro is None or micro >= x.shape[0]:
+        logits, loss = step.forward_backward(x, y)
+        return (None if logits is None else logits[:rows]), loss
+    if x.shape[0] % micro:
+        raise ValueError(f"a batch of {x.shape[0]} does not split into micro-batches of {micro}")
+    kept: list[torch.Tensor] = []
+    total = torch.zeros((), device=x.device)
+    for xs, ys in zip(x.split(micro), y.split(micro)):
+        logits, loss = step.forward_backward(xs, ys)
+        need = rows - sum(k.shape[0] for k in kept)
+        if logits is not None and need > 0:
+            kept.append(logits[:need].detach().clone())  # a copy: the micro-batch's logits are freed
+        total += loss.detach().float()
+        del logits, loss
+    n = x.shape[0] // micro
+    for p in step.params.values():
+        if p.grad is not None:
+            p.grad.div_(n)
+    return (torch.cat(kept) if kept else None), total / n
+
+
 def outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
-            rows: int) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
-    """Logits of the first `rows` sequences (real vocabulary), loss and gradients of one batch at given weights."""
+            rows: int, micro: int | None = None) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+    """Logits of the first `rows` sequences (real vocabulary), loss and gradients of one batch at given weights;
+    with `micro`, accumulated over micro-batches of that many sequences (accumulate)."""
     step.reset(weights)
     x, y = (t.to(step.device) for t in batch)
-    logits, loss = step.forward_backward(x, y)
+    logits, loss = accumulate(step, x, y, micro, rows)
     # A padded vocabulary is compared on the real one: its first rows and logits.
     grads = {n: step.reference_part(n, p.grad).detach().float().cpu()
              for n, p in step.params.items() if p.grad is not None}

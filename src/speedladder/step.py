@@ -32,6 +32,15 @@ def matmul_precision(spec: StepSpec) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
+def _local_part(shard: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a whole tensor, laid out as a DTensor shard's local tensor is (no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    # Every rank holds the same whole tensor, so each takes its own part; src_data_rank=None: no scatter.
+    return distribute_tensor(full.to(shard.device), shard.device_mesh, shard.placements,  # type: ignore[attr-defined]
+                             src_data_rank=None).to_local()
+
+
 def model_def(model: ModelDef | GPTConfig) -> ModelDef:
     """A ModelDef; our GPT's config becomes the ModelDef of our GPT."""
     return model if isinstance(model, ModelDef) else models.ours(model)
@@ -40,6 +49,29 @@ def model_def(model: ModelDef | GPTConfig) -> ModelDef:
 def initial_state(model: ModelDef | GPTConfig, seed: int) -> dict[str, torch.Tensor]:
     """The weights every rung starts from, on the host, so each rung sees the same model."""
     return models.initial_state(model_def(model), seed)
+
+
+AdamWFactory = Callable[..., torch.optim.Optimizer]  # (params, **implementation) -> an AdamW-like optimizer
+
+
+def make_optimizer(params: dict[str, nn.Parameter], spec: StepSpec, lr: float, muon: MuonConfig,
+                   blocks_prefix: str = "blocks.", adamw: AdamWFactory | None = None) -> torch.optim.Optimizer | MuonAdamW:
+    """The optimizer a spec asks for, over the model's parameters by name: AdamW in the implementation named
+    (fused, foreach, or torch's default), or Muon for the hidden matrices under `blocks_prefix` and AdamW for the
+    rest; every learning rate times spec.lr_scale. `adamw` builds the AdamW part (speedladder.apply passes the
+    user's own), given the parameters and the implementation's keywords (fused=True, foreach=True or none)."""
+    scale = spec.lr_scale
+    adamw = adamw or (lambda ps, **kind: torch.optim.AdamW(ps, lr=lr * scale, **kind))
+    if spec.optimizer == "muon":
+        hidden = [p for n, p in params.items() if is_hidden_matrix(n, p, blocks_prefix)]
+        rest = [p for n, p in params.items() if not is_hidden_matrix(n, p, blocks_prefix)]
+        return MuonAdamW(muon_optimizer(hidden, lr=muon.lr * scale, momentum=muon.momentum, nesterov=muon.nesterov,
+                                        ns_steps=muon.ns_steps), adamw(rest))
+    if spec.optimizer not in ("adamw", "adamw-fused", "adamw-foreach"):
+        raise ValueError(f"unknown optimizer {spec.optimizer!r}")
+    # Plain "adamw" leaves the implementation to torch's default; the others ask for one.
+    kind = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}}.get(spec.optimizer, {})
+    return adamw(list(params.values()), **kind)
 
 
 class TrainStep:
@@ -68,7 +100,7 @@ class TrainStep:
         if any(id(p) not in ours for p in self.model.parameters()):
             raise RuntimeError(f"a model transform of {spec.transforms} made new parameter objects")
         if wrap is not None:  # e.g. DistributedDataParallel: after the transforms, before compilation
-            self.model = wrap(self.model)
+            self._wrap(wrap)
         # Called in its own convention, answering (logits, loss) with one loss for every model (models/base.py).
         adapted = self.source.adapter(self.model)
         self.eager_forward = adapted  # uncompiled: what evaluation calls, so no eval graph is compiled
@@ -79,26 +111,31 @@ class TrainStep:
         self._autocast = torch.autocast(device.type, dtype=torch.bfloat16,
                                         enabled=spec.autocast == "bf16")
 
+    def _wrap(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
+        """Wrap the model, then point params and state at the tensors the wrapped model trains.
+
+        DDP keeps the parameter objects; FSDP2's fully_shard puts a sharded DTensor Parameter in place of each
+        (on the same module, under the same attribute), so the references taken before it would go stale:
+        reset() would load weights into tensors nothing trains, and Muon would update them. Each parameter is
+        found again where it lived.
+        """
+        slots: dict[int, tuple[nn.Module, str]] = {}
+        for module in self.model.modules():
+            for attr, p in module._parameters.items():
+                if p is not None:
+                    slots.setdefault(id(p), (module, attr))
+        self.model = wrap(self.model)
+        now = {id(p): slots[id(p)][0]._parameters[slots[id(p)][1]] for p in self.params.values() if id(p) in slots}
+        self.params = {n: now.get(id(p), p) for n, p in self.params.items()}
+        self.state = {k: now.get(id(t), t) for k, t in self.state.items()}
+
     @property
     def vocab_size(self) -> int:
         """The real vocabulary (a padded head has more rows): what the gates compare."""
         return self.source.vocab_size
 
     def _new_optimizer(self) -> torch.optim.Optimizer | MuonAdamW:
-        opt = self.spec.optimizer
-        if opt == "muon":
-            prefix = self.source.blocks_prefix or "blocks."
-            hidden = [p for n, p in self.params.items() if is_hidden_matrix(n, p, prefix)]
-            rest = [p for n, p in self.params.items() if not is_hidden_matrix(n, p, prefix)]
-            m, scale = self.muon, self.spec.lr_scale
-            return MuonAdamW(muon_optimizer(hidden, lr=m.lr * scale, momentum=m.momentum, nesterov=m.nesterov,
-                                            ns_steps=m.ns_steps),
-                             torch.optim.AdamW(rest, lr=self.lr * scale))
-        if opt not in ("adamw", "adamw-fused", "adamw-foreach"):
-            raise ValueError(f"unknown optimizer {opt!r}")
-        # Plain "adamw" leaves the implementation to torch's default; the others ask for one.
-        kind = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}}.get(opt, {})
-        return torch.optim.AdamW(self.model.parameters(), lr=self.lr * self.spec.lr_scale, **kind)
+        return make_optimizer(self.params, self.spec, self.lr, self.muon, self.source.blocks_prefix or "blocks.")
 
     def reference_part(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """The part of a (possibly padded) parameter or gradient that is the reference parameter."""
@@ -117,7 +154,10 @@ class TrainStep:
             for name, p in self.params.items():
                 if p.shape != self.shapes[name]:
                     p.zero_()  # padding rows back to zero
-                self.reference_part(name, p).copy_(weights[name])
+                if hasattr(p, "device_mesh"):  # an FSDP2 shard (a DTensor): this rank's part of the weight
+                    p.to_local().copy_(_local_part(p, weights[name]))
+                else:
+                    self.reference_part(name, p).copy_(weights[name])
                 p.grad = None
         self.optimizer = self._new_optimizer()
 

@@ -29,17 +29,10 @@ from speedladder.ladder import Ladder
 from speedladder.progress import Progress
 from speedladder.records import Results, RungResult
 from speedladder.rungs import RUNGS
+from speedladder.settings import SweepConfig
 from speedladder.workload import Workload, new_results, prepare
 
 AXES: tuple[str, ...] = ("width", "layers", "seq_len", "batch_size")
-
-
-@dataclass(frozen=True)
-class SweepConfig:
-    """`speedladder sweep`: its defaults (the windows, gates and memory meters are the run's: RunConfig)."""
-
-    rungs: tuple[str, ...] = ("eager", "bf16", "compile")  # each measured beside eager at every point
-    budget_minutes: float = 30.0  # a point that would not fit in what is left is not started
 
 
 # -- one point -------------------------------------------------------------------------------

@@ -1,14 +1,14 @@
 """`speedladder train`: train one configuration, log like the source text, sample text, save a checkpoint.
 
-The configuration is a tuned or measured winner (`--run RUN_DIR`), the spec
-that `--rungs` compose to, or by default the top of the full ladder on this
-machine: every full-ladder rung whose requirement is met here, composed in
-order (not measured; a measured winner needs `--run`).
+The configuration is a tuned or measured winner (`--run RUN_DIR`, or
+`--config winner.toml`), the spec that `--rungs` compose to, or by default the
+top of the full ladder on this machine: every full-ladder rung whose
+requirement is met here, composed in order (not measured; a measured winner
+needs `--run` or tune's winner.toml).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from collections.abc import Callable
@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from speedladder import measure, models, results
-from speedladder.config import FULL_LADDER, RunConfig, TrainConfig
+from speedladder import measure, models, results, settings
+from speedladder.config import FULL_LADDER
 from speedladder.data import get_tokenizer
 from speedladder.errors import UsageError
 from speedladder.model import GPT, GPTConfig
 from speedladder.rungs import RUNGS, Env, StepSpec, compose
+from speedladder.settings import Settings, TrainConfig
 from speedladder.step import matmul_precision
 from speedladder.workload import Workload, prepare
 
@@ -36,60 +37,33 @@ def default_rungs(env: Env) -> tuple[str, ...]:
     return tuple(n for n in FULL_LADDER if RUNGS[n].requires.unmet(env) is None)
 
 
-def saved_winner(run_dir: str) -> tuple[dict, StepSpec, str]:
-    """A run folder's config, the spec of its winner (tune's, else the fastest rung), and that winner's name."""
-    saved = results.load(run_dir)
-    tuned = (saved.tune or {}).get("winner_spec")
-    if tuned and saved.tune:
-        return saved.config, StepSpec.from_dict(tuned), saved.tune["winner"]
-    fastest = saved.rung(saved.fastest) if saved.fastest else None
-    if fastest is None:
-        raise UsageError(f"{run_dir} names no configuration that passed every gate")
-    return saved.config, StepSpec.from_dict(fastest.spec), fastest.name
-
-
-def plan(args: argparse.Namespace) -> tuple[Workload, StepSpec, str]:
-    """The workload and the spec to train, and a phrase saying where the spec came from."""
-    if args.steps <= 0 or args.log_every <= 0 or args.sample_tokens < 0 or args.eval_every < 0:
-        raise UsageError("--steps and --log-every must be positive, --sample-tokens and --eval-every zero or more")
-    workload = {"preset": args.preset, "data": args.data, "tokenizer": args.tokenizer, "model_source": args.model,
-                "hf": args.hf, "hf_set": tuple(args.hf_set or ()) or None, "vocab_size": args.vocab_size,
-                "batch_size": args.batch_size, "seq_len": args.seq_len, "batch_multiplier": args.batch_multiplier}
-    if args.run:
-        if args.rungs:
-            raise UsageError("give --run or --rungs, not both")
-        given = [f"--{k.replace('_', '-')}".replace("model-source", "model") for k, v in workload.items()
-                 if v is not None]
-        if given:
-            raise UsageError(f"--run trains that run's workload; drop {given[0]}")
-        cfg, spec, name = saved_winner(args.run)
-        run = RunConfig(preset=cfg["preset"], data=cfg["data"], tokenizer=cfg["tokenizer"],
-                        model_source=cfg.get("model_source"), hf=cfg.get("hf"), hf_set=tuple(cfg.get("hf_set") or ()),
-                        vocab_size=cfg.get("vocab_size"), batch_size=spec.batch_size, seq_len=spec.seq_len,
-                        batch_multiplier=cfg["batch_multiplier"], device=args.device, lr=args.lr, seed=args.seed,
-                        val_data=args.val_data, val_sequences=args.val_sequences, rungs=("eager",))
-        return _checked(prepare(run), args), spec, f"{name} from {args.run}"
-    work = _checked(prepare(RunConfig(**{**workload, "hf_set": workload["hf_set"] or ()}, device=args.device,
-                                      lr=args.lr, seed=args.seed, val_data=args.val_data,
-                                      val_sequences=args.val_sequences, batch_lr_scale=args.batch_lr_scale,
-                                      rungs=("eager", *(n for n in args.rungs if n != "eager")) if args.rungs
-                                      else None)), args)
-    if args.rungs:
-        names = args.rungs
-        for n in names:
-            why = RUNGS[n].requires.unmet(work.env)
-            if why:
-                raise UsageError(f"rung {n} cannot run here: {why}")
-        source = "--rungs " + ",".join(names)
-    else:
+def plan(s: Settings) -> tuple[Workload, StepSpec, str]:
+    """The workload and the spec to train, and a phrase saying where the spec came from: the winner of --run
+    (whose saved workload the command line has put under the flags), --rungs, or the top of the full ladder."""
+    t = s.train
+    if t.run:
+        won = results.load(t.run).winner()
+        if won is None:
+            raise UsageError(f"{t.run} names no configuration that passed every gate")
+        name, names = won
+        source = f"{name} from {t.run}"
+    else:  # given rungs (an empty list: eager alone, a winner that was eager)
+        names = tuple(n for n in t.rungs or () if n != "eager")
+        source = "--rungs " + ",".join(t.rungs or ("eager",))
+    work = _checked(prepare(dataclasses.replace(s.run, rungs=("eager", *names), ladder=None, beside=())), t)
+    if not t.run and t.rungs is None:
         names = default_rungs(work.env)
         source = "the top of the full ladder here (" + ",".join(names) + ")"
+    for n in names:
+        why = RUNGS[n].requires.unmet(work.env)
+        if why:
+            raise UsageError(f"rung {n} cannot run here: {why}")
     return work, compose(names, work.base_spec, work.env), source
 
 
-def _checked(work: Workload, args: argparse.Namespace) -> Workload:
+def _checked(work: Workload, t: TrainConfig) -> Workload:
     """A val split that can be evaluated, when train evaluates: refused before any step is taken."""
-    if args.eval_every:
+    if t.eval_every:
         work.val_set(work.cfg.seq_len)
     return work
 
@@ -148,6 +122,7 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int, log: 
                     if out.best_val is None or v < out.best_val:
                         out.best_val, out.best_step, out.best_seconds = v, done, out.train_seconds
                         out.best_state = step.reference_state()
+                    measure.return_host_memory()  # the clock is stopped: freed memory goes back (measure.py)
                 log(f"step {done}, loss {loss:.3f}{val}, time {1e3 * seconds / n:.1f}ms, "
                     f"tokens/s {n * tps / seconds:,.0f}{note}")
                 measure.sync(work.device)
@@ -157,10 +132,10 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int, log: 
     return out
 
 
-def main(args: argparse.Namespace) -> int:
-    work, spec, source = plan(args)
-    cfg = work.cfg
-    log = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+def main(s: Settings) -> int:
+    work, spec, source = plan(s)
+    cfg, args = work.cfg, s.train
+    log = (lambda line: None) if s.quiet else (lambda line: print(line, flush=True))
     log(f"training {work.model.name if cfg.model is None else cfg.run.preset} ({work.params:,} parameters; "
           f"{work.model.convention_line}) on {work.corpus.source} with {source}: "
           f"B={spec.batch_size} T={spec.seq_len}, {spec.precision}, "
@@ -188,15 +163,17 @@ def main(args: argparse.Namespace) -> int:
         print(f"best val loss {trained.best_val:.3f} at step {trained.best_step}, after {trained.best_seconds:.2f} s "
               f"of training (of {trained.train_seconds:.2f} s; evaluation excluded"
               + ("; the first steps include compiling" if spec.compile else "") + f"): {run_dir / BEST}")
+    settings.write(run_dir / settings.CONFIG_FILE, dataclasses.replace(s, run=cfg.run),
+                   f"speedladder train: the configuration of {run_dir}", ("run", "train", "quiet"))
     if args.sample_tokens:
-        print(sample(trained.state, work, args.sample_tokens))
+        print(sample(trained.state, work, args))
     print(f"checkpoint: {path}")
     return 0
 
 
-def sample(state: dict[str, torch.Tensor], work: Workload, new_tokens: int) -> str:
+def sample(state: dict[str, torch.Tensor], work: Workload, t: TrainConfig) -> str:
     """Text generated by the trained weights in the plain model, after the corpus's first tokens."""
-    t = TrainConfig()
+    new_tokens = t.sample_tokens
     model = work.model.build(work.device)
     model.load_state_dict(state)
     model.eval()

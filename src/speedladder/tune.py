@@ -18,12 +18,13 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from speedladder.config import GateConfig, Resolved
+from speedladder.config import RunConfig
 from speedladder.ladder import Ladder
-from speedladder.models import model_flags
 from speedladder.records import Results, RungResult
 from speedladder.rungs import Env, Rung, StepSpec, compose
+from speedladder.settings import WINNER_FILE, Settings
 
 
 def _ladder_rungs(results: Results) -> list[RungResult]:
@@ -70,30 +71,23 @@ def winner(results: Results) -> RungResult | None:
 
 
 def rungs_of(record: RungResult, results: Results) -> tuple[str, ...]:
-    """The rung names that give a record's spec from eager: a candidate's own, a ladder rung's chain."""
-    if record.rungs_combined is not None:
-        return tuple(record.rungs_combined)
-    chain = []
-    r: RungResult | None = record
-    while r is not None:
-        chain.append(r.rung)
-        r = results.rung(r.built_on) if r.built_on else None
-    return tuple(reversed(chain))
+    """The rung names that give a record's spec from eager (Results.chain)."""
+    return results.chain(record)
 
 
-def commands(names: tuple[str, ...], cfg: Resolved, run_dir: str) -> dict[str, str]:
-    """The exact commands that reproduce the winner: measure it, or train it."""
-    rungs = ",".join(["eager", *(n for n in names if n != "eager")])
-    r = cfg.run
-    workload = f"--preset {r.preset} --data {r.data} --tokenizer {r.tokenizer} " \
-               f"--batch-size {r.batch_size} --seq-len {r.seq_len} --batch-multiplier {r.batch_multiplier}"
-    workload = " ".join(filter(None, (workload, model_flags(r))))  # the model, when not the preset's GPT
-    # The gates tune judged by, where they are not the defaults (the flags are the fields' names, hyphenated).
-    gates = "".join(f" --{f.name.replace('_', '-')} {getattr(r.gates, f.name)}" for f in dataclasses.fields(GateConfig)
-                    if getattr(r.gates, f.name) != f.default)
-    return {"run": f"speedladder run {workload} --rungs {rungs}{gates}",
-            "train": f"speedladder train --run {run_dir}",
-            "train_rungs": f"speedladder train {workload} --rungs {rungs}"}
+def commands(run_dir: str | Path) -> dict[str, str]:
+    """How the winner leaves the tool: measured again or trained from winner.toml, or put in the user's loop."""
+    winner = Path(run_dir) / WINNER_FILE
+    return {"run": f"speedladder run --config {winner}", "train": f"speedladder train --config {winner}",
+            "apply": f'model, optimizer, autocast = speedladder.apply(model, "{winner}")'}
+
+
+def winner_settings(s: Settings, run: RunConfig, names: tuple[str, ...]) -> Settings:
+    """winner.toml: the tuned run's resolved workload with the winner's rungs, for `run` (run.rungs) and `train`
+    (train.rungs) alike."""
+    rungs = tuple(n for n in names if n != "eager")
+    return dataclasses.replace(s, run=dataclasses.replace(run, rungs=("eager", *rungs), ladder=None, beside=()),
+                               train=dataclasses.replace(s.train, rungs=rungs, run=None))
 
 
 @dataclass
@@ -185,11 +179,11 @@ def measure_finalists(ladder: Ladder, budget: Budget, n: int, say: Callable[[str
     return [x.name for x in out]
 
 
-def summarize(results: Results, run_dir: str, cfg: Resolved) -> dict:
+def summarize(results: Results, run_dir: str | Path) -> dict:
     """The tune section of results.json once the search is over: what was kept, dropped, and who won."""
     best = winner(results)
     names = rungs_of(best, results) if best else ()
     names = tuple(n for n in names if n != "eager")
     return {"winner": best.name if best else None, "winner_rungs": list(names),
             "winner_spec": best.spec if best else None,
-            "commands": commands(names, cfg, run_dir) if best else None}
+            "commands": commands(run_dir) if best else None}

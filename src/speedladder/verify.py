@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from speedladder import probes
+from speedladder import measure, probes
 from speedladder.data import BatchStream
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
@@ -75,22 +75,40 @@ class Reference:
         return probes.amplified(self.weights)
 
 
-def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
+def train_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | None = None) -> torch.Tensor:
+    """One training step (the loss as a device tensor); with `micro`, its gradients accumulated over
+    micro-batches of that many sequences first (probes.accumulate): the same mean loss and gradients, and so
+    the same update, as one step on the whole batch."""
+    if micro is None:
+        return step(x, y)
+    _, loss = probes.accumulate(step, x, y, micro, rows=0)
+    step.optimizer.step()
+    step.optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]],
+               micro: int | None = None) -> list[float]:
     """Train from the initial weights over the given batches; the losses, read once at the end."""
     step.reset()
-    losses = [step(x.to(step.device), y.to(step.device)) for x, y in batches]
+    losses = [train_step(step, x.to(step.device), y.to(step.device), micro) for x, y in batches]
     return torch.stack(losses).float().cpu().tolist()
 
 
-def reference(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Reference:
-    """Eager fp32 at the batches' shape: its loss curve over them, then its outputs at the weights they gave."""
+def reference(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]],
+              micro: int | None = None) -> Reference:
+    """Eager fp32 at the batches' shape: its loss curve over them, then its outputs at the weights they gave.
+
+    `micro`: every forward and backward over micro-batches of that many sequences (gradient accumulation), so a
+    big batch's reference needs the memory of a micro-batch; the loss and gradients are the whole batch's.
+    """
     batch_size, seq_len = batches[0][0].shape
     rows = max(1, min(batch_size, _PROBE_LOGITS // (seq_len * step.vocab_size)))
     with matmul_precision(step.spec):
-        curve = loss_curve(step, batches)
+        curve = loss_curve(step, batches, micro)
         weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
-        logits, loss, grads = probes.outputs(step, weights, batches[0], rows)
-        p_logits, _, p_grads = probes.outputs(step, probes.amplified(weights), batches[0], rows)
+        logits, loss, grads = probes.outputs(step, weights, batches[0], rows, micro)
+        p_logits, _, p_grads = probes.outputs(step, probes.amplified(weights), batches[0], rows, micro)
     probe = probes.Probe(p_logits, p_grads, curve, "fp32", (batch_size, seq_len))
     return Reference(batches, weights, rows, logits, loss, grads, curve, probe)
 
@@ -196,15 +214,17 @@ def tokens_to_target(step: TrainStep, adamw: TrainStep, batches: list[tuple[torc
 
 
 def train_curve(step: TrainStep, stream: BatchStream, steps: int,
-                on_progress: Callable[[str], None] = lambda msg: None) -> list[float]:
-    """Train from the initial weights for `steps` steps; the losses, read back once at the end (and at log lines)."""
+                on_progress: Callable[[str], None] = lambda msg: None, micro: int | None = None) -> list[float]:
+    """Train from the initial weights for `steps` steps; the losses, read back once at the end (and at log lines).
+    `micro`: each step's gradients accumulated over micro-batches of that many sequences (train_step)."""
     step.reset()
     losses: list[torch.Tensor] = []
     every = max(1, steps // 10)
     for i in range(steps):
-        losses.append(step(*next(stream)))
+        losses.append(train_step(step, *next(stream), micro))
         if (i + 1) % every == 0 or i + 1 == steps:
             on_progress(f"step {i + 1}/{steps}, loss {float(losses[-1]):.3f}")
+            measure.return_host_memory()  # untimed: the allocator keeps what steps free unless told (measure.py)
     return torch.stack(losses).float().cpu().tolist()
 
 

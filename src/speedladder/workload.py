@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -152,10 +153,13 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
 
 
 def free_device_memory(device: torch.device) -> None:
+    """Forget compiled code, then hand the freed memory back: the next rung compiles its own (cold in dynamo),
+    and the memory pools of the CUDA graphs it held are released before the cache is emptied, not a rung later."""
     gc.collect()
+    torch.compiler.reset()
+    measure.return_host_memory()  # between rungs, untimed: what the last one freed goes back to the system
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    torch.compiler.reset()  # forget compiled code: the next rung compiles its own, cold in dynamo
 
 
 @dataclass
@@ -170,6 +174,7 @@ class Measurement:
     warnings: list[str] = field(default_factory=list)
     base_timing: measure.Timing | None = None  # the base re-timed beside it, windows interleaved
     base_tokens_per_s: measure.Spread | None = None
+    peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
 
 
 def _in_precision(spec: StepSpec, fn: Callable[[], object]) -> Callable[[], object]:
@@ -180,56 +185,88 @@ def _in_precision(spec: StepSpec, fn: Callable[[], object]) -> Callable[[], obje
     return run
 
 
+def sized_windows(device: torch.device, size: bool | None) -> bool:
+    """Whether windows are sized from a timed step: on CUDA by default, where a preset's steps can last
+    milliseconds; a CPU or MPS keeps the configured steps (its presets' windows already last 0.25-1 s)."""
+    return device.type == "cuda" if size is None else size
+
+
+def _window_steps(work: Workload, timings: list[measure.Timing], size: bool,
+                  agree: Callable[[int], int]) -> int:
+    """Steps per window for a rung (and its base beside it), recorded on each timing; `agree` makes every rank
+    of a data-parallel job take the same count (the largest)."""
+    t = work.cfg.run.timing
+    min_s = t.min_window_s if size else 0.0
+    step_s = measure.sizing_step_s(*timings) if size else None
+    steps = agree(measure.window_steps(t.steps, step_s, min_s))  # type: ignore[arg-type]
+    for timing in timings:
+        timing.window_steps = steps
+        timing.sized_from_step_s, timing.min_window_s = (step_s, min_s) if size else (None, None)
+    return steps
+
+
+def _window_warnings(timing: measure.Timing, max_warmup: int) -> list[str]:
+    out = []
+    if not timing.settled:
+        out.append(f"still compiling after {max_warmup} warm-up steps")
+    if len(timing.clean_windows) < len(timing.windows):
+        out.append(f"{len(timing.windows) - len(timing.clean_windows)} window(s) recompiled and were left out")
+    seconds = [w.seconds for w in timing.clean_windows]
+    if timing.min_window_s and seconds and statistics.median(seconds) < timing.min_window_s / 2:
+        out.append(f"windows lasted {statistics.median(seconds):.2f} s, under half the {timing.min_window_s:g} s "
+                   "they were sized for: a warm-up step, synchronized alone, overstated the step")
+    return out
+
+
 def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, base: StepSpec | None = None,
                  step: TrainStep | None = None, stream: BatchStream | None = None,
                  counter: Callable[[], int] = measure.compile_count, edge: Callable[[], None] | None = None,
-                 world: int = 1) -> tuple[Measurement, TrainStep]:
+                 world: int = 1, size_windows: bool | None = None,
+                 agree: Callable[[int], int] = lambda n: n) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
     With `base`, the base spec is built too and its windows interleaved with
     the spec's (measure.run_pair), so the comparison carries no drift. `world`
     processes each do spec.tokens_per_step a step (a data-parallel job counts
-    every rank's tokens); `counter` and `edge` let such a job agree on its
-    warm-up and line its windows up across ranks.
+    every rank's tokens); `counter`, `edge` and `agree` let such a job agree on
+    its warm-up, line its windows up across ranks and take one window length.
+    On CUDA (or with `size_windows`) the steps per window come from the
+    warm-up's steady steps, so that a window lasts at least min_window_s.
     """
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
+    size = sized_windows(device, size_windows)
     measure.reset_peak_memory(device)
     say("building" + (" and compiling (first step)" if spec.compile else "")
         + (", with its base re-timed beside it" if base is not None else ""))
     step = step or work.step(spec)
     run = _in_precision(spec, measure.stepper(step, stream or work.stream(spec)))
-    timing = measure.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge)  # type: ignore[arg-type]
-    peak = measure.peak_memory(device)  # the rung's own: read before its base is built beside it
-    base_timing = None
-    if base is None:
-        for i in range(t.windows):
-            timing.windows.append(measure.time_window(run, device, world * spec.tokens_per_step, t.steps,  # type: ignore[arg-type]
-                                                      counter, edge))
-            say(measure.window_line(timing.windows[-1], i, t.windows))
-    else:
-        base_step = work.step(base)
-        base_run = _in_precision(base, measure.stepper(base_step, work.stream(base)))
-        base_timing = measure.warm_up(base_run, device, t.warmup, t.max_warmup, counter,  # type: ignore[arg-type]
-                                      lambda m: say("base: " + m))
-        measure.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step, base.tokens_per_step,
-                           t.steps, t.windows, counter, say)  # type: ignore[arg-type]
-        del base_step, base_run
+    with measure.graph_recordings() as recorded:
+        rec = recorded if spec.cudagraphs else None
+        timing = measure.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge, rec)  # type: ignore[arg-type]
+        peak, reserved = measure.peak_memory(device), measure.peak_reserved(device)  # before its base is built
+        base_timing = None
+        if base is None:
+            steps = _window_steps(work, [timing], size, agree)
+            for i in range(t.windows):
+                timing.windows.append(measure.time_window(run, device, world * spec.tokens_per_step, steps,
+                                                          counter, edge))
+                say(measure.window_line(timing.windows[-1], i, t.windows))
+        else:
+            base_step = work.step(base)
+            base_run = _in_precision(base, measure.stepper(base_step, work.stream(base)))
+            base_timing = measure.warm_up(base_run, device, t.warmup, t.max_warmup, counter,  # type: ignore[arg-type]
+                                          lambda m: say("base: " + m), None, recorded if base.cudagraphs else None)
+            steps = _window_steps(work, [timing, base_timing], size, agree)
+            measure.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step,
+                               base.tokens_per_step, steps, t.windows, counter, say)
+            del base_step, base_run
     spread = measure.tokens_per_s(timing)
     if spread is None:
         raise RuntimeError("every timed window recompiled: no valid window")
     step_ms = measure.step_ms(timing)
-    warnings = []
-    if not timing.settled:
-        warnings.append(f"still compiling after {t.max_warmup} warm-up steps")
-    if len(timing.clean_windows) < len(timing.windows):
-        warnings.append(f"{len(timing.windows) - len(timing.clean_windows)} window(s) recompiled and were left out")
     m = Measurement(timing, spread, step_ms, measure.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
-                    peak, warnings, base_timing,
-                    measure.tokens_per_s(base_timing) if base_timing is not None else None)
+                    peak, _window_warnings(timing, t.max_warmup), base_timing,  # type: ignore[arg-type]
+                    measure.tokens_per_s(base_timing) if base_timing is not None else None,
+                    peak_reserved_bytes=reserved)
     return m, step
-
-
-def replace_run(work: Workload, **changes) -> RunConfig:
-    """The workload's resolved RunConfig with some values changed: what a child process resolves again."""
-    return dataclasses.replace(work.cfg.run, **changes)

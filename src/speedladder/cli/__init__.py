@@ -1,7 +1,5 @@
-"""The command line: parse, build, run, always leave a readable result behind.
-
-Every default shown by --help is read from the config dataclasses (cli/flags.py).
-"""
+"""The command line: parse (generated from the config dataclasses, cli/gen.py), build, run, always leave a readable
+result behind."""
 
 from __future__ import annotations
 
@@ -9,14 +7,12 @@ import sys
 
 from speedladder import __version__
 from speedladder.cli import check, commands, compare, parallel, race, sweep
-from speedladder.cli.flags import Parser
+from speedladder.cli.gen import Command, Parser, add_command, to_settings
 from speedladder.errors import UsageError
 from speedladder.parallel.launch import JobFailed
 
-COMMANDS = {"run": commands.cmd_run, "profile": commands.cmd_profile, "tune": commands.cmd_tune,
-            "train": commands.cmd_train, "report": commands.cmd_report, "predict": parallel.cmd_predict,
-            "ddp": parallel.cmd_ddp, "compare": compare.cmd_compare, "check": check.cmd_check,
-            "sweep": sweep.cmd_sweep, "race": race.cmd_race}
+ALL: tuple[Command, ...] = (*commands.COMMANDS[:3], *race.COMMANDS, *commands.COMMANDS[3:], *parallel.COMMANDS,
+                            *compare.COMMANDS, *check.COMMANDS, *sweep.COMMANDS)
 
 
 def build_parser() -> Parser:
@@ -25,17 +21,15 @@ def build_parser() -> Parser:
                                 "techniques one measured, verified rung at a time.")
     parser.add_argument("--version", action="version", version=f"speedladder {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for add in (commands.add_run, commands.add_profile, commands.add_tune, commands.add_train, commands.add_report,
-                race.add_commands, parallel.add_commands, compare.add_commands, check.add_commands,
-                sweep.add_commands):
-        add(sub)
+    for command in ALL:
+        add_command(sub, command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    ns = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        return ns._command.run(to_settings(ns), ns)
     except UsageError as e:
         print(f"speedladder: error: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """`speedladder check --baseline RUN_DIR`: speed as a CI check.
 
-Without --against, the baseline's exact configuration is run again on this machine (`rerun_argv`
-builds the `speedladder run` arguments from the saved config, run in a fresh process as a user would). Then,
-rung by rung (aligned by name):
+Without --against, the baseline's exact configuration is run again on this machine (`rerun_settings` reads it
+from the saved config through the codec; `speedladder run --config` runs it in a fresh process, as a user would).
+Then, rung by rung (aligned by name):
 
 - a regression in speed: the new median tokens/s is below the baseline's *window minimum* by more
   than the tolerance, i.e. new_median < baseline_min * (1 - tolerance). The minimum, not the
@@ -23,14 +23,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder import results, subproc
-from speedladder.cli.flags import command
-from speedladder.config import LADDERS
+from speedladder import codec, results, settings, subproc
+from speedladder.cli.gen import Command
 from speedladder.errors import UsageError
 from speedladder.records import to_dict
-from speedladder.report.compare import differences
+from speedladder.report.compare import differences, drift_warnings
+from speedladder.settings import RaceConfig, Settings, run_from_results
 
-DEFAULT_TOLERANCE = 0.05
 # Roles a plain `run` reproduces; tune's combined candidates are compared only when both runs have them.
 LADDER_ROLES = ("rung", "beside", "control")
 
@@ -53,69 +52,19 @@ class Passed:
     ratio: float  # new median / baseline median
 
 
-def rerun_argv(saved: dict) -> list[str]:
-    """The `speedladder run` arguments that repeat a saved run's configuration exactly."""
+def rerun_settings(saved: dict) -> tuple[str, Settings]:
+    """The command and the Settings that repeat a saved run (or race) exactly: its resolved configuration through
+    the codec, the race's own beside it. Nothing is re-assembled by hand, so every field (the model, its file or
+    Hugging Face config, the vocabulary, the meters) comes back."""
     if saved.get("parallel"):
         raise UsageError("a predict/ddp baseline cannot be re-run by check; run it again and use --against")
-    try:
-        c = saved["config"]
-        g, prof = c["gates"], c["profile"]
-        argv = ["run", "--preset", c["preset"], "--data", c["data"], "--tokenizer", c["tokenizer"],
-                "--batch-size", str(c["batch_size"]), "--seq-len", str(c["seq_len"]),
-                "--batch-multiplier", str(c["batch_multiplier"]), "--device", c["device"],
-                "--lr", repr(c["lr"]), "--seed", str(c["seed"]),
-                "--steps", str(c["steps"]), "--windows", str(c["windows"]), "--warmup", str(c["warmup"]),
-                "--max-warmup", str(c["max_warmup"]),
-                "--loss-steps", str(g["loss_steps"]), "--loss-band", repr(g["loss_band"]),
-                "--learns-steps", str(g["learns_steps"]), "--learns-band", repr(g.get("learns_band", 0.03)),
-                "--target-steps", str(g["target_steps"]), "--profile-steps", str(prof["steps"])]
-        rungs, beside = tuple(c["rungs"]), tuple(c.get("beside") or ())
-    except (KeyError, TypeError) as e:
-        raise UsageError(f"the baseline's config has no {e}: it is not a complete run's results") from None
-    ladder = LADDERS.get(c.get("ladder") or "")
-    if ladder is not None and (ladder.rungs, ladder.beside) == (rungs, beside):
-        argv += ["--ladder", c["ladder"]]  # a named ladder keeps its beside rungs, which --rungs would drop
-    else:
-        argv += ["--rungs", ",".join(rungs)]
-    peak = c.get("peak_tflops")
-    if isinstance(peak, (int, float)):  # schema 1: one number for every precision
-        peak = {"fp32": peak, "tf32": peak, "bf16": peak, "fp8": peak}
-    if peak:
-        argv += ["--peak-tflops", ",".join(f"{k}={v!r}" for k, v in peak.items())]
-    if not prof.get("enabled", True):
-        argv.append("--no-profile")
-    return argv
-
-
-def race_argv(saved: dict) -> list[str]:
-    """The `speedladder race` arguments that repeat a saved race: its workload, configurations and rule."""
-    race = saved["race"]
-    argv = ["race", *_workload_argv(saved["config"])]
-    entries = race.get("entries") or []
-    if any(e["role"] in ("combo", "winner") for e in entries):
-        argv += ["--combos", ",".join("+".join(e["rungs"]) for e in entries if e["role"] in ("combo", "winner"))]
-    else:
-        argv += ["--rungs", ",".join(e["name"] for e in entries)]
-    argv += ["--seeds", str(len(race["seeds"])), "--eval-every", str(race["eval_every"]),
-             "--calibrate-steps", str(race["calibrate_steps"]), "--alpha", repr(race["alpha"]),
-             "--detect", repr(race["detect"]), "--val-sequences", str(race["val_sequences"])]
-    if race.get("target_from") == "--target-loss":
-        argv += ["--target-loss", repr(race["target_loss"])]
-    if race.get("cap_from") == "--time-cap":
-        argv += ["--time-cap", repr(race["time_cap_s"])]
-    return argv
-
-
-def _workload_argv(c: dict) -> list[str]:
-    """The model, data and shape flags of a saved config (a race's: no timing, gates or profile)."""
-    argv = ["--preset", c["preset"], "--data", c["data"], "--tokenizer", c["tokenizer"],
-            "--batch-size", str(c["batch_size"]), "--seq-len", str(c["seq_len"]),
-            "--batch-multiplier", str(c["batch_multiplier"]), "--device", c["device"], "--lr", repr(c["lr"]),
-            "--seed", str(c["seed"]), "--warmup", str(c["warmup"]), "--max-warmup", str(c["max_warmup"]),
-            "--batch-lr-scale", c.get("batch_lr_scale") or "none"]
-    if c.get("val_data"):
-        argv += ["--val-data", c["val_data"]]
-    return argv
+    if not saved.get("config") or not saved.get("rungs") and not saved.get("race"):
+        raise UsageError("the baseline has no configuration to run again: it is not a complete run's results")
+    run = run_from_results(saved["config"])
+    race = saved.get("race")
+    if race:
+        return "race", Settings(run=run, race=codec.from_data(RaceConfig, race.get("config") or {}, "race"))
+    return "run", Settings(run=run)
 
 
 def race_regressions(baseline: dict, new: dict, tolerance: float) -> tuple[list[Regression], list[Passed]]:
@@ -161,8 +110,6 @@ def _by_name(results: dict) -> dict[str, dict]:
 
 def regressions(baseline: dict, new: dict, tolerance: float) -> tuple[list[Regression], list[Passed]]:
     """Every regression of `new` against `baseline`, and the rungs that held up."""
-    if not 0 <= tolerance < 1:
-        raise UsageError(f"the tolerance must be at least 0 and below 1, got {tolerance}")
     if baseline.get("race"):
         return race_regressions(baseline, new, tolerance)
     base, now = _by_name(baseline), _by_name(new)
@@ -226,15 +173,18 @@ def report(baseline: dict, new: dict, tolerance: float, label: str) -> int:
 
 
 def _rerun(baseline: dict, out: str | None, quiet: bool) -> tuple[int, dict | None]:
-    """Run the baseline's configuration again in a fresh process (`python -m speedladder run ...`), as a user
-    would: nothing compiled or cached in this process carries over. Its exit code and its results."""
-    argv = race_argv(baseline) if baseline.get("race") else rerun_argv(baseline)
+    """Run the baseline's configuration again in a fresh process (`python -m speedladder run --config ...`), as a
+    user would: nothing compiled or cached in this process carries over. Its exit code and its results."""
+    command, again = rerun_settings(baseline)
     parent = Path(out) if out else Path(tempfile.mkdtemp(prefix="speedladder-check-"))
     try:
         before = set(parent.iterdir()) if parent.is_dir() else set()
-        rc = subprocess.run([sys.executable, "-m", "speedladder", *argv, "--out", str(parent),
-                             *(["--quiet"] if quiet else [])], env=subproc.child_env(),
-                            check=False).returncode
+        with tempfile.TemporaryDirectory(prefix="speedladder-check-config-") as tmp:
+            config = settings.write(Path(tmp) / settings.CONFIG_FILE, again, "speedladder check: the baseline's",
+                                    ("run", "race"))
+            rc = subprocess.run([sys.executable, "-m", "speedladder", command, "--config", str(config),
+                                 "--out", str(parent), *(["--quiet"] if quiet else [])], env=subproc.child_env(),
+                                check=False).returncode
         made = sorted(set(parent.iterdir()) - before) if parent.is_dir() else []
         if rc != 0 or len(made) != 1:
             return rc or 1, None
@@ -249,32 +199,25 @@ def _load(path: str | Path) -> dict:
     return to_dict(results.load(path))
 
 
-def add_commands(sub) -> None:
-    p = command(sub, "check")
-    p.add_argument("--baseline", required=True, metavar="RUN_DIR",
-                   help="the run folder (or results.json) to hold this machine to. Default: none, it is required")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="F",
-                   help="allowed fraction below the baseline's slowest window. Default: %(default)s")
-    p.add_argument("--against", metavar="NEW_RUN_DIR",
-                   help="compare this existing run instead of running the baseline's configuration again. "
-                        "Default: run it again")
-    p.add_argument("--out", metavar="DIR",
-                   help="keep the new run in DIR/<timestamp>/. Default: a temporary folder, removed afterwards")
-    p.add_argument("--quiet", action="store_true", help="no progress lines from the new run on stderr")
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    if not 0 <= args.tolerance < 1:
-        raise UsageError(f"the tolerance must be at least 0 and below 1, got {args.tolerance}")
-    if args.against and args.out:
-        raise UsageError("--out keeps the re-run; with --against nothing is run")
-    baseline = _load(args.baseline)
-    if args.against:
-        new = _load(args.against)
+def cmd_check(s: Settings, _: argparse.Namespace) -> int:
+    c = s.check
+    baseline = _load(c.require_baseline())
+    if c.against:
+        new = _load(c.against)
     else:
-        # a baseline that cannot be re-run is bad input: say so before measuring anything
-        race_argv(baseline) if baseline.get("race") else rerun_argv(baseline)
-        rc, new = _rerun(baseline, args.out, args.quiet)
+        rerun_settings(baseline)  # a baseline that cannot be re-run is bad input: say so before measuring anything
+        rc, new = _rerun(baseline, c.keep, s.quiet)
         if new is None:
             return rc
-    return report(baseline, new, args.tolerance, str(args.baseline))
+    for line in drift_warnings([baseline, new], ["the baseline", "the new run"], c.drift_limit):
+        print(f"check: {line}")
+    return report(baseline, new, c.tolerance, str(c.baseline))
+
+
+COMMANDS = (
+    Command("check", "fail (exit 1) when a run is slower than a baseline or a gate newly fails",
+            "Run the baseline's configuration again here (or read --against) and exit 1 when a rung's median "
+            "tokens/s falls below the baseline's slowest window by more than the tolerance, or a gate that passed now "
+            "fails; one line per regression. A race is held to its baseline's times to the target. Exit 0 with a "
+            "one-line summary otherwise, 2 for a missing or invalid baseline.", ("check", "quiet"), cmd_check),
+)

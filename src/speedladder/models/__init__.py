@@ -18,21 +18,16 @@ from speedladder.config import Resolved, RunConfig
 from speedladder.errors import UsageError
 from speedladder.model import sample_next
 from speedladder.models import hf, user
-from speedladder.models.base import CONVENTIONS, ModelDef, count_flops
+from speedladder.models.base import CONVENTIONS, ModelDef, count_flops, find_blocks
 from speedladder.models.ours import ours
 
-__all__ = ["CONVENTIONS", "ModelDef", "count_flops", "define", "generate", "initial_state", "model_flags", "ours",
+__all__ = ["CONVENTIONS", "ModelDef", "count_flops", "define", "generate", "initial_state", "of_module", "ours",
            "rebuild", "source_of"]
 
 
 def source_of(run: RunConfig) -> str | None:
-    """Check the model flags; a FILE.py:NAME is made absolute, so a child process or a rank finds the same file."""
-    if run.model_source and run.hf:
-        raise UsageError("give --model or --hf, not both")
-    if run.hf_set and not run.hf:
-        raise UsageError("--hf-set changes a Hugging Face config: it needs --hf")
-    if run.vocab_size is not None and run.vocab_size <= 0:
-        raise UsageError(f"vocabulary size must be positive, got {run.vocab_size}")
+    """A FILE.py:NAME made absolute, so a child process or a rank finds the same file (RunConfig checked the
+    model flags themselves when it was made)."""
     where, colon, name = (run.model_source or "").rpartition(":")
     if colon and where.endswith(".py"):
         return f"{Path(where).expanduser().resolve()}:{name}"
@@ -69,6 +64,24 @@ def define(cfg: Resolved, vocab: int | None, obj: Any = None) -> tuple[Resolved,
     return cfg, d, init
 
 
+def of_module(module: torch.nn.Module) -> ModelDef:
+    """The ModelDef of a model the user already built, for its transforms and blocks alone (speedladder.apply puts
+    a winner's rungs on it in place): our GPT's rungs, a Hugging Face model's switches, or any other's blocks and
+    hooks. The convention and vocabulary are not detected here: the user's own loop calls the model."""
+    from speedladder.model import GPT
+
+    base = {"name": type(module).__name__, "factory": lambda: module, "convention": "logits", "vocab_size": 0,
+            "params": sum(p.numel() for p in module.parameters())}
+    if isinstance(module, GPT):
+        return ModelDef(kind="speedladder", blocks="blocks", **base)  # type: ignore[arg-type]
+    d = ModelDef(kind="hf" if hf.is_hf(module) else "user", blocks=find_blocks(module), **base)  # type: ignore[arg-type]
+    if d.kind == "hf":
+        hf.add_transforms(d)
+    else:
+        user.add_transforms(d, module)
+    return d
+
+
 def rebuild(record: dict[str, Any]) -> torch.nn.Module:
     """A Hugging Face or user model again, random weights, from its record (ModelDef.record, as `train` saves it);
     load a checkpoint's weights into it. A user's model is built from the same file, with the same arguments."""
@@ -78,13 +91,6 @@ def rebuild(record: dict[str, Any]) -> torch.nn.Module:
     if record["kind"] == "user":
         return user.build_checked(functools.partial(user.load(source["model"]), **source["arguments"]), record["name"])
     raise UsageError(f"no way to rebuild a model of kind {record['kind']!r}")
-
-
-def model_flags(run: RunConfig) -> str:
-    """The command-line flags that choose a run's model and vocabulary (empty for the preset's GPT)."""
-    out = [f"--model {run.model_source}" if run.model_source else "", f"--hf {run.hf}" if run.hf else "",
-           *(f"--hf-set {kv}" for kv in run.hf_set), f"--vocab-size {run.vocab_size}" if run.vocab_size else ""]
-    return " ".join(x for x in out if x)
 
 
 @torch.no_grad()

@@ -62,11 +62,18 @@ def config(name: str, overrides: tuple[str, ...], vocab: int | None) -> tuple[An
         path = path / "config.json" if path.is_dir() else path
         if not path.is_file():
             raise UsageError(f"--hf wants {', '.join(NAMED)} or a path to a config.json; {name} is neither")
-        base = json.loads(path.read_text())
-        kind = base.pop("model_type", None)
+        try:
+            base = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"{path} is not valid JSON: {e}") from None
+        kind = base.pop("model_type", None) if isinstance(base, dict) else None
         if kind is None:
             raise UsageError(f"{path} has no model_type: not a Hugging Face config.json")
-        cls = type(tf.AutoConfig.for_model(kind))
+        try:
+            cls = type(tf.AutoConfig.for_model(kind))
+        except ValueError:  # a model_type this transformers does not know
+            raise UsageError(f"{path}: model_type {kind!r} is not one that transformers {tf.__version__} "
+                             "knows") from None
     probe = cls()
     values: dict[str, Any] = dict(base, **({"vocab_size": vocab} if vocab else {}))
     for item in overrides:
@@ -178,11 +185,22 @@ def define(name: str, overrides: tuple[str, ...], vocab: int | None, seq_len: in
                  blocks=find_blocks(model), shapes=_shapes(kind, cfg),
                  dropout=("off: config " + ", ".join(f"{k}=0" for k in dropped)) if dropped else "none: its config "
                          "sets no dropout",
-                 transforms={"activation-checkpointing": checkpointing, "sdpa": use_sdpa, "pad-vocab": pad_vocab},
                  source={"hf": name, "hf_set": list(overrides), "model_type": kind,
                          "config": json.loads(cfg.to_json_string())})
+    add_transforms(d)
+    return d, init
+
+
+def add_transforms(d: ModelDef) -> None:
+    """The rungs on a Hugging Face model, through the library's own switches (d.blocks found already)."""
+    d.transforms.update({"activation-checkpointing": checkpointing, "sdpa": use_sdpa, "pad-vocab": pad_vocab})
     if d.blocks:
         d.transforms["float8"] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
     else:
         d.lacks["blocks"] = "not applicable to this model: no repeated blocks found"
-    return d, init
+
+
+def is_hf(model: nn.Module) -> bool:
+    """A Hugging Face transformers model (without importing transformers where it is not installed)."""
+    return any(c.__module__.startswith("transformers.") and c.__name__ == "PreTrainedModel"
+               for c in type(model).__mro__)

@@ -127,6 +127,8 @@ def define(obj: Any, name: str, source: dict[str, Any], vocab: int | None, seq_l
     with torch.device("cpu"):
         model = build_checked(factory, name)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UsageError(f"{name} has no trainable parameters: there is nothing to train")
     conv, seen_vocab = convention(model, seq_len, name)
     vocab_size = seen_vocab or vocab or _embedding_rows(model)
     if not vocab_size:
@@ -137,7 +139,7 @@ def define(obj: Any, name: str, source: dict[str, Any], vocab: int | None, seq_l
     if "dropout" in given and d.dropout == "none found":
         d.dropout = f"off: dropout=0.0 given to {name}"
     d.blocks = find_blocks(model)
-    _capabilities(d, model)
+    add_transforms(d, model)
     return d, init
 
 
@@ -146,7 +148,7 @@ def _embedding_rows(model: nn.Module) -> int | None:
     return first.num_embeddings if first is not None else None
 
 
-def _capabilities(d: ModelDef, model: nn.Module) -> None:
+def add_transforms(d: ModelDef, model: nn.Module) -> None:
     """The transforms this model supports through its blocks and hooks; why the others do not apply."""
     if d.blocks:
         try:

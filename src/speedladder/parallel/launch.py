@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from speedladder import results, subproc
+from speedladder.codec import to_data
 from speedladder.config import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
@@ -130,7 +131,7 @@ def torchrun_command(pcfg: ParallelConfig, nproc: int, job_path: Path, standalon
         cmd.append("--standalone")
     elif pcfg.rdzv_endpoint is not None:
         cmd += [f"--nnodes={pcfg.nnodes}", f"--node-rank={pcfg.node_rank}",
-                f"--rdzv-endpoint={pcfg.rdzv_endpoint}", f"--rdzv-backend={pcfg.rdzv_backend or 'c10d'}"]
+                f"--rdzv-endpoint={pcfg.rdzv_endpoint}", f"--rdzv-backend={pcfg.rdzv_backend}"]
         if pcfg.rdzv_id is not None:
             cmd.append(f"--rdzv-id={pcfg.rdzv_id}")
     else:
@@ -206,7 +207,7 @@ def failure_line(outcome: Outcome, log_path: Path) -> str:
 
 def write_job(run_dir: Path, mode: str, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig, device: torch.device,
               threads: int, **extra) -> Path:
-    job = {"mode": mode, "run": dataclasses.asdict(run), "spec": spec.to_dict(), "strategy": pcfg.strategy,
+    job = {"mode": mode, "run": to_data(run), "spec": spec.to_dict(), "strategy": pcfg.strategy,
            "parallel_config": dataclasses.asdict(pcfg), "device_type": device.type, "threads": threads,
            "run_dir": str(run_dir), **extra}
     path = run_dir / (JOB_FILE if mode == "train" else "single.job.json" if mode == "single"
@@ -218,11 +219,7 @@ def write_job(run_dir: Path, mode: str, run: RunConfig, spec: StepSpec, pcfg: Pa
 # -- the two commands ----------------------------------------------------------------------------------
 
 def _start(run: RunConfig, pcfg: ParallelConfig) -> tuple[Workload, StepSpec]:
-    if pcfg.strategy not in ("ddp", "fsdp"):
-        raise UsageError(f"unknown strategy {pcfg.strategy!r} (choose ddp or fsdp)")
-    if pcfg.bucket_cap_mb <= 0:
-        raise UsageError(f"--bucket-cap-mb must be positive, got {pcfg.bucket_cap_mb}")
-    work = prepare(run)
+    work = prepare(run)  # the ParallelConfig checked its own values when it was made
     spec = chosen_spec(work)
     return work, spec
 
@@ -246,19 +243,15 @@ class JobFailed(Exception):
     """A torchrun job that failed: shown as one line, exit status 1."""
 
 
-def run_predict(run: RunConfig, pcfg: ParallelConfig, ks: list[int], bandwidth_gbps: float | None,
-                measure_bandwidth: bool, latency_us: float | None, progress: Progress) -> Path:
+def run_predict(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path:
+    """Price pcfg.predict_nproc; the bandwidth given, measured (--measure-bandwidth) or from a datasheet."""
+    ks, bandwidth_gbps, latency_us = list(pcfg.predict_nproc), pcfg.bandwidth_gbps, pcfg.latency_us
+    measure_bandwidth = pcfg.measure_bandwidth
     work, spec = _start(run, pcfg)
     check_nproc(1, work.device)  # k = 1 is measured through torchrun as well
     for k in ks:
         if measure_bandwidth:
             check_nproc(k, work.device)
-        elif k < 1:
-            raise UsageError(f"--nproc must be at least 1, got {k}")
-    if bandwidth_gbps is not None and bandwidth_gbps <= 0:
-        raise UsageError(f"--bandwidth must be positive, got {bandwidth_gbps}")
-    if latency_us is not None and latency_us < 0:
-        raise UsageError(f"--latency-us must be zero or more, got {latency_us}")
     datasheet = None
     if bandwidth_gbps is None and not measure_bandwidth:
         name = results.device_name(work.device)

@@ -25,11 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 from speedladder import measure, results
-from speedladder.config import run_config_from_dict
 from speedladder.errors import one_line
 from speedladder.parallel import costmodel, section
 from speedladder.parallel.config import ParallelConfig
 from speedladder.rungs import StepSpec
+from speedladder.settings import run_from_results
 from speedladder.step import matmul_precision
 from speedladder.workload import measure_spec, prepare
 
@@ -180,7 +180,7 @@ def param_check(group: Group, model: nn.Module) -> dict:
 
 def train(job: dict, group: Group) -> dict:
     pcfg = ParallelConfig(**job["parallel_config"])
-    work = prepare(run_config_from_dict(job["run"], device=str(group.device)))
+    work = prepare(run_from_results(job["run"], device=str(group.device)))
     spec = StepSpec.from_dict(job["spec"])
     say_0 = (lambda m: say(group.rank, m)) if group.rank == 0 else (lambda m: None)
     with matmul_precision(spec):
@@ -192,8 +192,10 @@ def train(job: dict, group: Group) -> dict:
         say_0(f"on {group.world} ranks")
         # The compile count is summed over ranks, so every rank ends its warm-up on the same step.
         # Window tokens are the whole job's: every rank does tokens_per_step a step.
+        # On CUDA each rank sizes its windows from its own warm-up: the longest wins, so every rank runs as many steps.
         m, step = measure_spec(work, spec, say_0, step=step, stream=stream, world=group.world,
-                               counter=lambda: group.total(measure.compile_count()), edge=group.edge)
+                               counter=lambda: group.total(measure.compile_count()), edge=group.edge,
+                               agree=lambda n: int(group.max(n)))
     per_rank = group.gather([w.seconds for w in m.timing.windows])
     if os.environ.get(DRIFT_RANK_ENV) == str(group.rank):  # fault injection: this rank's model drifts apart
         with torch.no_grad():

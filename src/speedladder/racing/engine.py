@@ -32,12 +32,14 @@ from typing import Protocol
 import torch
 
 from speedladder import measure, models, probes, results
-from speedladder.config import RaceConfig, check_race
+from speedladder.codec import to_data
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.racing.verdicts import judge
 from speedladder.records import RaceEntry, RaceRun, RaceSection, Results
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
+from speedladder.settings import CONFIG_FILE, RaceConfig, Settings
+from speedladder.settings import write as write_settings
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, free_device_memory, new_results
 
@@ -87,8 +89,7 @@ def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
 
 class Race:
     def __init__(self, work: Workload, run_dir: Path, race: RaceConfig, progress: Progress | None = None,
-                 clock: Clock | None = None, role: str = "rung") -> None:
-        check_race(race)
+                 clock: Clock | None = None, role: str = "rung", settings: Settings | None = None) -> None:
         self.work = work
         self.run_dir = run_dir
         self.cfg = race
@@ -104,8 +105,12 @@ class Race:
             val_seq_len=work.cfg.seq_len, alpha=race.alpha, detect=race.detect,
             batch_lr_scale=work.cfg.run.batch_lr_scale, calibrate_steps=race.calibrate_steps,
             order="seed by seed: every configuration's run of one seed, then the next seed")
+        self.section.config = to_data(race)
         self.results: Results = new_results(work, kind="race")
         self.results.race = self.section
+        # config.toml: the resolved run and this race, which `speedladder race --config` repeats.
+        write_settings(run_dir / CONFIG_FILE, dataclasses.replace(settings or Settings(), run=work.cfg.run, race=race),
+                       f"speedladder race: the configuration of {run_dir}", ("run", "race", "quiet"))
         self.prepared: list[Prepared] = []
         self._inits: dict[int, dict[str, torch.Tensor]] = {}
         self.save()
@@ -207,6 +212,7 @@ class Race:
         clock passes `cap_s`, `max_steps` are done, or the loss is not finite."""
         spec = step.spec
         step.reset(self._init(seed))
+        measure.return_host_memory()  # before the clock starts: what the last run freed goes back to the system
         stream = self.work.stream(spec, seed=seed)
         run = RaceRun(seed=seed, stopped="")
         interval, tps = self.section.eval_tokens, spec.tokens_per_step

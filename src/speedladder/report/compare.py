@@ -11,19 +11,20 @@ changes (passed -> failed or back) and configuration or environment differences 
 
 from __future__ import annotations
 
-import statistics
+import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder import results, stats
+from speedladder import results
 from speedladder.errors import UsageError
 from speedladder.measure import Spread, verdict
 from speedladder.records import to_dict
 from speedladder.report import htmlkit
+from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, race_columns, race_rows
 
-FASTER, SLOWER, WITHIN = "faster", "slower", "within spread"
+WITHIN = "within spread"
 PASSED, FAILED = "passed", "failed"
 
 
@@ -59,30 +60,6 @@ class Difference:
     values: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class RaceCell:
-    """One race configuration in one run: its time to the target over its seeds."""
-
-    status: str  # "ok", the entry's status when it did not race, "did not reach", or "missing"
-    mean: float | None = None  # seconds to the target
-    sd: float | None = None
-    reached: str = ""  # "3/3"
-    ratio: float | None = None  # mean / the first run's mean
-    change: str | None = None  # FASTER, SLOWER or NOISE against the first run (Welch, one-sided each way)
-    p: float | None = None  # the p-value of that change's side (the smaller of the two)
-
-
-@dataclass(frozen=True)
-class RaceRow:
-    config: str
-    cells: tuple[RaceCell, ...]
-
-    @property
-    def changed(self) -> bool:
-        return any(c.change in (FASTER, SLOWER) for c in self.cells)
-
-
-NOISE = "noise"
 
 
 @dataclass(frozen=True)
@@ -91,6 +68,7 @@ class Comparison:
     rows: tuple[Row, ...]
     differences: tuple[Difference, ...]
     race_rows: tuple[RaceRow, ...] = ()  # the runs' race configurations, when any run is a race
+    warnings: tuple[str, ...] = ()  # runs that drifted beyond the limit (drift_warnings)
 
     def row(self, rung: str) -> Row:
         return next(r for r in self.rows if r.rung == rung)
@@ -116,7 +94,7 @@ FIELDS: tuple[tuple[str, Callable[[dict], object]], ...] = (
     ("preset", _get("config.preset")), ("batch size", _get("config.batch_size")),
     ("seq len", _get("config.seq_len")), ("batch multiplier", _get("config.batch_multiplier")),
     ("rungs", _get("config.rungs")), ("data", _get("config.data")), ("tokenizer", _get("config.tokenizer")),
-    ("steps per window", _get("config.steps")), ("windows", _get("config.windows")),
+    ("steps per window", _get("config.timing.steps")), ("windows", _get("config.timing.windows")),
     ("seed", _get("config.seed")), ("lr", _get("config.lr")), ("git commit", _get("environment.git_commit")),
 )
 
@@ -186,46 +164,18 @@ def _cell(rec: dict | None, ref: dict | None) -> Cell:
                 gate_change=f"{ref_gate} -> {gate}" if ref_gate and gate and ref_gate != gate else None)
 
 
-def _times(entry: dict) -> list[float] | None:
-    """An entry's seconds to the target, one per seed, if it reached in every seed."""
-    runs = entry.get("runs") or []
-    if entry.get("status") != "ok" or not runs or any(r.get("stopped") != "reached" for r in runs):
-        return None
-    return [r["seconds"] for r in runs]
-
-
-def _race_cell(entry: dict | None, ref: dict | None, alpha: float) -> RaceCell:
-    if entry is None:
-        return RaceCell("missing")
-    runs = entry.get("runs") or []
-    reached = f"{sum(r.get('stopped') == 'reached' for r in runs)}/{len(runs)}"
-    mine = _times(entry)
-    if entry.get("status") != "ok":
-        return RaceCell(entry.get("status") or "unknown", reached=reached)
-    if mine is None:
-        return RaceCell("did not reach", reached=reached)
-    s = stats.summary(mine)
-    assert s is not None
-    theirs = _times(ref) if ref is not None else None
-    if theirs is None or len(mine) < 2 or len(theirs) < 2:
-        return RaceCell("ok", s.mean, s.sd, reached)
-    v, w = stats.verdict(mine, theirs, alpha)
-    change = {stats.WIN: FASTER, stats.LOSS: SLOWER}.get(v, NOISE)
-    return RaceCell("ok", s.mean, s.sd, reached, s.mean / statistics.fmean(theirs), change, min(w.p_less, w.p_greater))
-
-
-def race_rows(runs: Sequence[dict]) -> tuple[RaceRow, ...]:
-    """Race configurations aligned by name; each later run's times tested against the first run's (Welch, at the
-    first run's alpha)."""
-    races = [r.get("race") or {} for r in runs]
-    if not any(races):
-        return ()
-    alpha = races[0].get("alpha") or 0.01
-    by_name = [{e["name"]: e for e in race.get("entries") or []} for race in races]
-    names = list(dict.fromkeys(n for entries in by_name for n in entries))
-    return tuple(RaceRow(n, (_race_cell(by_name[0].get(n), None, alpha),
-                             *(_race_cell(b.get(n), by_name[0].get(n), alpha) for b in by_name[1:])))
-                 for n in names)
+def drift_warnings(runs: Sequence[dict], labels: Sequence[str], limit: float) -> list[str]:
+    """A line per run whose rungs' bases drifted beyond `limit` (records' base_drift): its absolute tokens/s moved
+    with the machine within the run, so across runs compare the ratios."""
+    out = []
+    for run, name in zip(runs, labels):
+        moved = [(r["name"], r["base_drift"]) for r in run.get("rungs") or []
+                 if r.get("base_drift") is not None and abs(r["base_drift"]) > limit]
+        if moved:
+            out.append(f"warning: {name} drifted beyond {limit:.0%}: " + ", ".join(
+                f"{n}'s base ran {d:+.0%} beside it" for n, d in moved)
+                + "; its × prev hold, its absolute tokens/s do not.")
+    return out
 
 
 def compare(runs: Sequence[dict], labels: Sequence[str]) -> Comparison:
@@ -258,9 +208,13 @@ def labels_for(paths: Sequence[str]) -> list[str]:
     return given if len(set(given)) == len(given) else [f"{p} (#{i + 1})" for i, p in enumerate(given)]
 
 
-def load(paths: Sequence[str]) -> Comparison:
+def load(paths: Sequence[str], drift_limit: float | None = None) -> Comparison:
     """Compare saved runs as their files hold them (docs/results.md): any schema this project has written."""
-    return compare([to_dict(results.load(p)) for p in paths], labels_for(paths))
+    runs, labels = [to_dict(results.load(p)) for p in paths], labels_for(paths)
+    comp = compare(runs, labels)
+    if drift_limit is None:
+        return comp
+    return dataclasses.replace(comp, warnings=tuple(drift_warnings(runs, letters(comp), drift_limit)))
 
 
 # -- output ----------------------------------------------------------------------------------------
@@ -304,26 +258,6 @@ def columns(comp: Comparison) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
-def race_columns(comp: Comparison) -> tuple[list[str], list[list[str]]]:
-    """The race rows as display strings: seconds to the target (mean ± sd), seeds reached, × A, change and p."""
-    names = letters(comp)
-    headers = ["config"]
-    for i, n in enumerate(names):
-        headers.extend([f"{n} s to target", f"{n} reached"] + ([f"{n} × {names[0]}", f"{n} change"] if i else []))
-    rows = []
-    for row in comp.race_rows:
-        cells = [row.config]
-        for i, c in enumerate(row.cells):
-            cells.extend([f"{c.mean:.2f} ± {c.sd:.2f}" if c.mean is not None else c.status, c.reached or "—"])
-            if i:
-                mark = "—" if c.change is None else (("▲ " if c.change == FASTER else "▼ " if c.change == SLOWER
-                                                      else "") + c.change + (f" (p={c.p:.2g})" if c.p is not None
-                                                                              else ""))
-                cells.extend(["—" if c.ratio is None else f"{c.ratio:.2f}×", mark])
-        rows.append(cells)
-    return headers, rows
-
-
 def legend(comp: Comparison) -> str:
     return ", ".join(f"{n} = {label}" + (" (reference)" if i == 0 else "")
                      for i, (n, label) in enumerate(zip(letters(comp), comp.labels)))
@@ -363,7 +297,7 @@ def print_comparison(comp: Comparison) -> None:
         for row, cells in zip(comp.race_rows, rows):
             rt.add_row(*(escape(v) for v in cells), style="bold" if row.changed else None)
         console.print(rt)
-    for line in difference_lines(comp):
+    for line in (*difference_lines(comp), *comp.warnings):
         console.print(escape(line), soft_wrap=True)
 
 
@@ -395,5 +329,6 @@ def html(comp: Comparison, paths: Sequence[str] = ()) -> str:
                                                                         if h == "config" or h.endswith("change")])
                                + "<p>faster / slower: Welch's t-test on the seeds' times, one-sided, p &lt; 0.01; "
                                  "noise otherwise.</p>")] if comp.race_rows else []),
-            htmlkit.section("differences", "Configuration and environment", diffs)]
+            htmlkit.section("differences", "Configuration and environment",
+                            diffs + htmlkit.notes(comp.warnings))]
     return htmlkit.page("speedladder compare · " + " vs ".join(comp.labels), body)

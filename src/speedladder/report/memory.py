@@ -26,10 +26,15 @@ def short_bytes(n: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+RESERVED = "res"  # marks the CUDA allocator's reserved peak beside its allocated one
+
+
 def peak_cell(r: RungResult) -> str:
-    """The measured peak: the CUDA allocator's, else the resident set's rise during the step (marked rss)."""
+    """The measured peak: the CUDA allocator's (allocated, then reserved: CUDA graphs' pools are reserved), else
+    the resident set's rise during the step (marked rss)."""
     if r.peak_memory_bytes is not None:
-        return short_bytes(r.peak_memory_bytes)
+        reserved = f" ({RESERVED} {short_bytes(r.peak_reserved_bytes)})" if r.peak_reserved_bytes is not None else ""
+        return short_bytes(r.peak_memory_bytes) + reserved
     rise = r.resident_rise
     return "n/a" if rise is None else f"{short_bytes(rise)} {RSS}"
 
@@ -62,7 +67,9 @@ def memory_notes(results: Results) -> list[str]:
            "parameters left out); `pred act` the same from the shapes (eager autograd's saves)"
            + (f"; `peak mem` marked rss: the resident set's rise during {steps} steps over what the process held "
               "before them, in a child process" if any(r.resident_rise is not None for r in measured)
-              else "") + "."]
+              else "")
+           + (f"; `peak mem` is CUDA's peak allocated, then ({RESERVED} ...) its peak reserved, which holds CUDA "
+              "graphs' memory pools" if any(r.peak_reserved_bytes is not None for r in measured) else "") + "."]
     by_name = {r.name: r for r in results.rungs}
     for r in measured:
         base = by_name.get(r.built_on or "")

@@ -46,7 +46,8 @@ def rows(results: Results) -> list[dict[str, str]]:
             t = r.tokens_per_s
             row.update({
                 "tokens/s": f"{t.median:,.0f}", "min–max": f"{t.min:,.0f}–{t.max:,.0f}",
-                "× prev": times(r.speedup_prev), "× cum": times(r.speedup_cum),
+                "× prev": times(r.speedup_prev) + (DRIFT_MARK if r.base_drift is not None else ""),
+                "× cum": times(r.speedup_cum),
                 "err": "—" if r.prediction_error is None else f"{100 * r.prediction_error:+.0f}%",
                 "step ms": f"{r.step_ms:.1f}", "peak mem": peak_cell(r), "saved act": saved_cell(r),
                 "pred act": short_bytes(r.predicted_activation_bytes),
@@ -77,6 +78,27 @@ def table(results: Results) -> Table:
     for r, row in zip(results.rungs, data):
         t.add_row(*(escape(v) for v in row.values()), style="bold" if r.name == results.fastest else None)
     return t
+
+
+DRIFT_MARK = " †"  # on a × prev whose base ran at another speed beside it than as its own rung
+
+
+def drift_lines(results: Results) -> list[str]:
+    """Each rung whose base drifted between its own measurement and the one beside the rung, with both figures,
+    and once the rule: the ratios hold, the absolute tokens/s across rows do not."""
+    by_name = {r.name: r for r in results.rungs}
+    out = []
+    for r in results.rungs:
+        base = by_name.get(r.built_on or "")
+        if r.base_drift is None or base is None or base.tokens_per_s is None or r.base_tokens_per_s is None:
+            continue
+        out.append(f"{r.name}: † drift — {base.name} ran at {r.base_tokens_per_s.median:,.0f} tokens/s re-timed beside "
+                   f"it, {abs(r.base_drift):.0%} {'below' if r.base_drift < 0 else 'above'} its own "
+                   f"{base.tokens_per_s.median:,.0f} as a rung (the ranges do not overlap): the machine's speed moved.")
+    if out:
+        out.append("† drift: × prev and × cum are ratios measured side by side and hold; the tokens/s of rows measured "
+                   "at different times are not comparable with each other.")
+    return out
 
 
 def _control_note(rung: RungResult, control: RungResult) -> str:
@@ -119,6 +141,16 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
                    f"{ours} vs AdamW {theirs}" + (f" ({t['token_ratio']:.2f}× fewer)" if t["token_ratio"] else "")
                    + f"; tokens/s {r.tokens_per_s.median:,.0f}.")
     return out
+
+
+def _window_note(ok: list[RungResult]) -> list[str]:
+    """On CUDA the steps per window come from a timed step: say so, and how many each rung's windows ran."""
+    sized = [r for r in ok if (r.timing or {}).get("sized_from_step_s")]
+    if not sized:
+        return []
+    least = sized[0].timing["min_window_s"]  # type: ignore[index]
+    return [f"windows: steps per window sized from a timed warm-up step so that a window lasts at least {least:g} s: "
+            + ", ".join(f"{r.name} {r.timing['window_steps']}" for r in sized) + "."]  # type: ignore[index]
 
 
 def _learns_note(lc: dict | None) -> list[str]:
@@ -170,6 +202,10 @@ def notes(results: Results) -> list[str]:
                    "a cold compile takes longer.")
     if ok and all(r.mfu is None for r in ok):
         out.append("MFU n/a: no peak FLOP/s is known for this device; --peak-tflops sets one.")
+    out.extend(f"{r.name}: MFU against {r.peak_tflops:,.0f} TFLOP/s, {r.peak_basis}." for r in ok
+               if r.peak_basis and r.peak_tflops)
+    out.extend(_window_note(ok))
+    out.extend(drift_lines(results))
     out.extend(_learns_note(results.learns_check))
     out.extend(memory_notes(results))
     out.extend(profile_notes(results))
@@ -181,6 +217,8 @@ def notes(results: Results) -> list[str]:
                    f"({fastest.tokens_per_s.median:,.0f} tokens/s).")
     elif results.status == "complete":
         out.append("no rung passed every gate.")
+    elif results.status == "failed" and results.error:
+        out.append(f"run failed: {results.error}.")
     if any(r.base_tokens_per_s is not None for r in results.rungs):
         out.append("× prev: each rung against the rung it built on, re-timed beside it with windows interleaved; "
                    "× cum is the product of the × prev below it.")

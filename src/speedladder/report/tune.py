@@ -28,14 +28,34 @@ def tune_lines(results: Results) -> list[str]:
         out.append("tune: stopped before the survivors were combined.")
     if t.get("winner"):
         out.append(f"tune: winner {t['winner']}: eager + {' + '.join(t['winner_rungs']) or 'nothing'}.")
-        out.append(f"measure it: {t['commands']['run']}")
-        out.append(f"train it:   {t['commands']['train']}")
-        out.append(f"       or:  {t['commands']['train_rungs']}")
+        cmds = t["commands"]
+        out.append(f"measure it: {cmds['run']}")
+        out.append(f"train it:   {cmds['train']}")
+        if "train_rungs" in cmds:  # a file from before winner.toml: the command line that trained the winner
+            out.append(f"       or:  {cmds['train_rungs']}")
+        if "apply" in cmds:
+            out.extend(paste_lines(results, cmds["apply"]))
     else:
         out.append("tune: no configuration passed every gate.")
     if "seconds" in t:
         out.append(f"tune: {t['seconds']:.0f} s of a {t.get('budget_minutes', '?')}-minute "
                    "budget.")
+    return out
+
+
+def paste_lines(results: Results, apply: str) -> list[str]:
+    """The lines to paste into a nanoGPT-style loop, and what they apply (the batch size stays the loop's own)."""
+    t = results.tune or {}
+    spec = t.get("winner_spec") or {}
+    applied = [f"torch.compile (mode {spec.get('compile_mode') or 'default'})" if spec.get("compile") else "",
+               f"{spec.get('autocast')} autocast" if spec.get("autocast") else "", "TF32" if spec.get("tf32") else "",
+               *spec.get("transforms", []), spec.get("optimizer", "adamw")]
+    out = ["in your own loop: " + apply,
+           "                  with autocast: logits, loss = model(X, Y)  # then loss.backward(); optimizer.step()",
+           (f"                  applies {', '.join(a for a in applied if a)}; the batch is yours to set "
+           f"(the winner trained B={spec.get('batch_size')}, T={spec.get('seq_len')})")]
+    if spec.get("compile_mode") in ("max-autotune", "reduce-overhead"):
+        out.append("                  CUDA graphs: call torch.compiler.cudagraph_mark_step_begin() before each step")
     return out
 
 

@@ -46,6 +46,8 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
     ax.errorbar(i, level, yerr=[[level * (1 - t.min / t.median)], [level * (t.max / t.median - 1)]],
                 color="black", capsize=3, linewidth=1)
     text = f"{level:.2f}×"
+    if r.base_drift is not None:  # its base ran at another speed beside it: the ratio holds, say so on the bar
+        text += f"\ndrift {r.base_drift:+.0%}"
     if bar_label(r):  # saved activations and the measured peak (the CUDA allocator's, or a CPU's resident rise)
         text += f"\n{bar_label(r)}"
     pred_level = _predicted_level(r, by_name)

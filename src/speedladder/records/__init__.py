@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from speedladder.measure import Spread
-from speedladder.stats import Summary
+from speedladder.records.race import EqualTokens, RaceEntry, RaceRun, RaceSection
+
+__all__ = ["EXTRA", "EqualTokens", "Gate", "ParallelSection", "Prediction", "ProfileSummary", "RaceEntry", "RaceRun",
+           "RaceSection", "Results", "RungResult", "from_dict", "to_dict"]
 
 T = TypeVar("T")
 EXTRA = "extra"  # the field that keeps what a record does not declare
@@ -114,6 +117,7 @@ class RungResult:
     predicted: Prediction | None = None
     wall_s: float | None = None  # the whole rung: build, compile, windows and gates
     peak_memory_bytes: int | None = None
+    peak_reserved_bytes: int | None = None  # CUDA's reserved peak: CUDA graphs' pools are reserved, not allocated
     timing: dict[str, Any] | None = None  # measure.Timing as saved: every window's raw time
     tokens_per_s: Spread | None = None
     step_ms: float | None = None
@@ -122,6 +126,7 @@ class RungResult:
     flops_per_token: int | None = None
     tflops: float | None = None
     peak_tflops: float | None = None
+    peak_basis: str = ""  # how peak_tflops was had when it is not one precision's (fp8: blended by FLOP share)
     mfu: float | None = None
     gate: Gate | None = None
     speedup_prev: float | None = None
@@ -130,6 +135,9 @@ class RungResult:
     verdict_detail: str = ""  # why a verdict is inconclusive
     base_timing: dict[str, Any] | None = None  # the base re-timed beside this rung: its interleaved windows
     base_tokens_per_s: Spread | None = None  # ... and their tokens/s; x prev and the verdict use these
+    # The base re-timed beside this rung against its own measurement as a rung, less 1, when they disagree beyond
+    # both spreads (measure.drift): the machine drifted between the two; None when they agree.
+    base_drift: float | None = None
     prediction_error: float | None = None  # measured x prev over predicted, less 1
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
     # Memory (memory.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the
@@ -239,124 +247,6 @@ class ParallelSection:
 
 
 @dataclass
-class RaceRun:
-    """One configuration trained from one seed until its val loss reached the target, or it was stopped.
-
-    The curve is kept as columns, one entry per evaluation (the first at step 0, before any training):
-    `seconds` is the training clock there, which runs over training steps only (compile, warm-up and every
-    evaluation are outside it).
-    """
-
-    seed: int
-    stopped: str  # "reached", "time cap", "diverged" (a non-finite val loss) or "error: ..."
-    seconds: float | None = None  # the training clock at the first evaluation at or below the target
-    tokens: int | None = None  # tokens trained by then
-    steps: int | None = None
-    best_loss: float | None = None  # the lowest val loss seen, and when
-    best_seconds: float | None = None
-    best_tokens: int | None = None
-    train_seconds: float = 0.0  # the training clock when it stopped
-    eval_seconds: float = 0.0  # wall time of its evaluations, the clock paused
-    recompiles: int = 0  # graphs compiled while the clock ran: a time that includes compiling
-    curve_steps: list[int] = field(default_factory=list)
-    curve_tokens: list[int] = field(default_factory=list)
-    curve_seconds: list[float] = field(default_factory=list)
-    curve_val: list[float | None] = field(default_factory=list)  # None: a non-finite loss
-    curve_train: list[float | None] = field(default_factory=list)  # the training loss of the step before
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def reached(self) -> bool:
-        return self.stopped == "reached"
-
-
-@dataclass
-class EqualTokens:
-    """A rung that changes how the model learns (batch, optimizer, learning rate) against its base at equal tokens:
-    per seed, both val losses where the shorter of the two runs stopped; one-sided Welch test that it is worse."""
-
-    tokens: list[int]  # per seed: the tokens both runs trained
-    loss: list[float]  # the rung's val loss there (interpolated between evaluations)
-    base_loss: list[float]
-    p_worse: float | None
-    worse: bool  # p_worse below alpha
-    detail: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RaceEntry:
-    """One configuration of a race: what it is, how it was prepared, its runs and its verdict."""
-
-    name: str
-    rungs: list[str]  # composed on the workload's eager fp32 spec, in order
-    role: str  # "rung" (a step of the cumulative ladder), "combo" (given rungs together) or "winner" (a run's)
-    reason: str
-    kind: str  # the last rung's kind: "speed", "memory" or "optimizer"
-    built_on: str | None  # the entry it is judged against
-    spec: dict[str, Any]
-    precision: str
-    status: str = "pending"  # "ok", "skipped", "error", "failed" (the causality probe) or "pending"
-    detail: str = ""
-    changes_learning: bool = False  # batch, optimizer or learning rate differ from its base's
-    compile_s: float | None = None  # first step and compiling warm-up steps, less steady steps: outside the clock
-    warmup_s: float | None = None  # the whole warm-up, outside the clock
-    causality: dict[str, Any] | None = None
-    runs: list[RaceRun] = field(default_factory=list)
-    time: Summary | None = None  # seconds to the target over the seeds that reached it
-    tokens: Summary | None = None
-    steps: Summary | None = None
-    tokens_per_s: float | None = None  # median over seeds of tokens trained / training clock
-    speedup_prev: float | None = None  # the base's mean time to target / this one's
-    speedup_cum: float | None = None  # ... the baseline's / this one's
-    tokens_per_s_prev: float | None = None  # tokens/s against the base's, from the same runs
-    tokens_per_s_cum: float | None = None
-    token_ratio: float | None = None  # mean tokens to target over the base's: above 1 needs more tokens
-    verdict: str | None = None  # "baseline", "win", "loss", "noise", "did not reach", "not a win" or None
-    verdict_detail: str = ""
-    p_win: float | None = None  # Welch, one-sided: faster than its base
-    p_loss: float | None = None  # ... slower
-    detectable: float | None = None  # the smallest relative change these seeds and spreads could detect at alpha
-    equal_tokens: EqualTokens | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def reached_all(self) -> bool:
-        return bool(self.runs) and all(r.reached for r in self.runs)
-
-
-@dataclass
-class RaceSection:
-    """`speedladder race`: the target, how it was set, the val set, the rule, and every configuration's runs."""
-
-    target_loss: float | None = None
-    target_from: str = ""  # "--target-loss", or the calibration that set it
-    calibration: RaceRun | None = None  # eager fp32 on a seed of its own, when the target was calibrated
-    calibrate_steps: int | None = None
-    seeds: list[int] = field(default_factory=list)
-    eval_every: int = 0  # base steps' worth of tokens between evaluations
-    eval_tokens: int = 0  # ... in tokens
-    val_sequences: int = 0
-    val_seq_len: int = 0
-    time_cap_s: float | None = None
-    cap_from: str = ""
-    alpha: float = 0.01
-    detect: float = 0.10
-    batch_lr_scale: str = "none"
-    order: str = ""  # how runs were ordered (seed by seed across configurations, so drift lands on all alike)
-    entries: list[RaceEntry] = field(default_factory=list)
-    fastest: str | None = None  # the configuration with the shortest mean time that reached in every seed
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def entry(self, name: str) -> RaceEntry | None:
-        return next((e for e in self.entries if e.name == name), None)
-
-
-@dataclass
 class Results:
     """A whole results.json: the header (what the numbers need to be trusted), then what was measured."""
 
@@ -392,3 +282,31 @@ class Results:
     def baseline(self) -> RungResult | None:
         """The first ladder rung that ran: what every x cum is against."""
         return next((r for r in self.rungs if r.role == "rung" and r.ok), None)
+
+    @property
+    def failed_baseline(self) -> RungResult | None:
+        """The first ladder rung when it was tried and failed (an error, out of memory): nothing is measured against
+        it, so the run failed. One that was skipped (a budget, a requirement) is not a failure."""
+        first = next((r for r in self.rungs if r.role == "rung"), None)
+        return first if first is not None and first.status in ("error", "oom") else None
+
+    def chain(self, record: RungResult) -> tuple[str, ...]:
+        """The rung names that give a record's spec from eager: a candidate's own, a ladder rung's chain."""
+        if record.rungs_combined is not None:
+            return tuple(record.rungs_combined)
+        names = []
+        r: RungResult | None = record
+        while r is not None:
+            names.append(r.rung)
+            r = self.rung(r.built_on) if r.built_on else None
+        return tuple(reversed(names))
+
+    def winner(self) -> tuple[str, tuple[str, ...]] | None:
+        """The configuration this file names best, and its rungs above eager: tune's winner, else the fastest rung
+        that passed every gate; None when there is none."""
+        if self.tune and self.tune.get("winner"):
+            return self.tune["winner"], tuple(self.tune.get("winner_rungs") or ())
+        best = self.rung(self.fastest) if self.fastest else None
+        if best is None:
+            return None
+        return best.name, tuple(n for n in self.chain(best) if n != "eager")

@@ -1,0 +1,140 @@
+"""The command line, generated from the config dataclasses (settings.Settings).
+
+Each config field is one flag: its spelling, type, choices, help and default all come from the field
+(codec.option). A command takes the flag groups it names. Only the flags given on the command line are kept,
+and they override `--config FILE.toml`, which overrides the dataclass defaults; `--run RUN_DIR` (train, race)
+puts that run's saved configuration under both. What comes out is one Settings, checked as it is made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from speedladder import codec, results, settings
+from speedladder.codec import int_list, rung_list
+from speedladder.settings import Settings
+
+DEST = "@"  # the namespace keys of config fields start with this: "@run.timing.steps"
+RUN_SOURCES = ("train", "race")  # commands whose --run RUN_DIR brings that run's workload
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str  # one line, in `speedladder --help`
+    description: str  # the paragraph of `speedladder NAME --help`
+    groups: tuple[str, ...]  # the flag groups (a field's option(group=...)) this command takes
+    run: Callable[[Settings, argparse.Namespace], int]
+    inputs: Callable[[argparse.ArgumentParser], None] | None = None  # arguments that are not configuration
+
+
+def leaves(cls: type = Settings, path: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """Every field a flag can set: (its dotted path, the field, its type), nested configs walked."""
+    types = codec.hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = types[f.name]
+        here = f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(tp):
+            yield from leaves(tp, here)
+        elif f.metadata.get("cli", True):
+            yield here, f, tp
+
+
+def shown_default(f: dataclasses.Field) -> str:
+    """The default as --help says it: the field's own words where it has them, else its value."""
+    if f.metadata.get("shown"):
+        return f.metadata["shown"]
+    value = codec.default_of(f)
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
+
+
+def _text_type(tp: Any) -> Callable[[str], Any] | None:
+    """How a flag's text becomes the field's type, for the types the generator knows."""
+    base, _ = codec._optional(tp)
+    if typing.get_origin(base) is tuple:
+        (item, *_rest) = typing.get_args(base) or (str,)
+        return int_list if item is int else rung_list
+    return {int: int, float: float, str: None}.get(base)
+
+
+def add_flag(p: argparse.ArgumentParser, path: str, f: dataclasses.Field, tp: Any) -> None:
+    m = f.metadata
+    flag = m.get("flag") or "--" + f.name.replace("_", "-")
+    kw: dict[str, Any] = {"dest": DEST + path, "default": argparse.SUPPRESS}
+    base, _ = codec._optional(tp)
+    if base is bool:
+        if m.get("negate"):
+            kw.update(action="store_const", const=False, help=m["help"])
+        elif codec.default_of(f) is False:
+            kw.update(action="store_const", const=True, help=m["help"])
+        else:
+            kw.update(action=argparse.BooleanOptionalAction, help=f"{m['help']}. Default: on")
+        kw["help"] = kw["help"].replace("%", "%%")  # argparse %-formats help; no default is spliced in that way
+        p.add_argument(flag, **kw)
+        return
+    choices = m.get("choices")
+    kw["help"] = f"{m['help']}. Default: {shown_default(f)}".replace("%", "%%")
+    if m.get("append"):  # one item per use of the flag: the item's own text, no comma list
+        kw["action"] = "append"
+    convert = m.get("parse") or (None if m.get("append") else _text_type(tp))
+    if convert is not None:
+        kw["type"] = convert
+    if choices:
+        kw["choices"] = list(choices() if callable(choices) else choices)
+    if m.get("metavar") or not choices:
+        kw["metavar"] = m.get("metavar") or f.name.upper()
+    p.add_argument(flag, **kw)
+
+
+def add_command(sub: Any, command: Command) -> argparse.ArgumentParser:
+    p = sub.add_parser(command.name, help=command.help, description=command.description)
+    if command.inputs is not None:
+        command.inputs(p)
+    for path, f, tp in leaves():
+        if f.metadata.get("group") in command.groups:
+            add_flag(p, path, f, tp)
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="read the configuration from a TOML file (a run's config.toml, tune's winner.toml, or your "
+                        "own); flags given here override it. Default: none")
+    p.set_defaults(_command=command)
+    return p
+
+
+def given(ns: argparse.Namespace) -> dict[str, Any]:
+    """The config values given as flags, nested by their paths."""
+    return codec.nest({k[len(DEST):]: v for k, v in vars(ns).items() if k.startswith(DEST)})
+
+
+def _saved_run(folder: str) -> dict[str, Any]:
+    """A run folder's resolved workload, as the base of a train or race of its winner: its device, output and
+    rungs left to this command."""
+    run = settings.run_from_results(results.load(folder).config)
+    data = codec.to_data(run)
+    for key in ("device", "out", "rungs", "ladder", "beside"):
+        data.pop(key, None)
+    return data
+
+
+def to_settings(ns: argparse.Namespace) -> Settings:
+    """The defaults, under `--run RUN_DIR`'s saved workload, under `--config FILE`, under the flags given."""
+    data = settings.read(ns.config) if getattr(ns, "config", None) else {}
+    data = codec.merge(data, given(ns))
+    command = ns._command.name
+    source = (data.get(command) or {}).get("run") if command in RUN_SOURCES else None
+    if source:
+        data = codec.merge({"run": _saved_run(source)}, data)
+    return codec.from_data(Settings, data)

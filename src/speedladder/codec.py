@@ -1,0 +1,263 @@
+"""One codec for every configuration: config dataclasses to and from plain data (JSON, TOML files, flags).
+
+A field is declared once, with `option(...)`: its type (the annotation), its default, its help and how its
+flag is spelled. The command line (cli/gen.py), config files (`--config FILE.toml`, the `config.toml` every run
+writes), results.json's saved config and the Python API all go through `to_data` / `from_data` here, so no
+module maps fields by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import sys
+import types
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from speedladder.errors import UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as the tomli backport (a dependency there)
+    import tomli as tomllib
+
+T = TypeVar("T")
+MISSING = dataclasses.MISSING
+
+
+def option(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING, help: str, flag: str | None = None,
+           metavar: str | None = None, choices: Callable[[], tuple[str, ...]] | tuple[str, ...] | None = None,
+           parse: Callable[[str], Any] | None = None, shown: str | None = None, group: str = "",
+           append: bool = False, negate: bool = False, cli: bool = True) -> Any:
+    """A config field: its default (or factory) and what the command line needs to offer it.
+
+    help: one sentence, without its default (the generator adds "Default: ..."); shown: the default as said when
+    it is not a plain value ("the preset's"); flag: the spelling when it is not --the-field-name; group: the flag
+    group commands choose by; parse: text -> value for a flag of a type the generator does not know; append: a
+    repeatable flag; negate: a bool field set off by its flag (--no-profile); cli: False for a field no flag sets.
+    """
+    meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "parse": parse, "shown": shown,
+            "group": group, "append": append, "negate": negate, "cli": cli}
+    if factory is not MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# -- checks and flag parsers every config shares ------------------------------------------------
+
+def positive(name: str, value: float | None) -> None:
+    """A value that must be a positive finite number (None: not given, nothing to check)."""
+    if value is not None and not (math.isfinite(value) and value > 0):  # NaN compares false: said, not run
+        raise UsageError(f"{name} must be positive, got {value}")
+
+
+def at_least(name: str, value: float | None, least: float) -> None:
+    if value is not None and not (math.isfinite(value) and value >= least):
+        raise UsageError(f"{name} must be {'zero or more' if least == 0 else f'at least {least:g}'}, got {value}")
+
+
+def rung_list(text: str) -> tuple[str, ...]:
+    return tuple(r.strip() for r in text.split(",") if r.strip())
+
+
+def peak_list(text: str) -> dict[str, float]:
+    """'bf16=989,fp32=67' -> {"bf16": 989.0, "fp32": 67.0}: one peak per precision, never one for all."""
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(
+                f"give the peak per precision, e.g. bf16=989,fp32=67, not {part!r} (one number for every "
+                "precision would overstate the MFU of the others)")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of TFLOP/s: {value!r}") from None
+    return out
+
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"positive integers wanted, got {text!r}")
+    return values
+
+
+@functools.cache
+def hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+
+
+def _args(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp)
+
+
+def _optional(tp: Any) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in _args(tp) if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else Any), len(rest) < len(_args(tp))
+    return tp, False
+
+
+def to_data(obj: Any) -> Any:
+    """A config (or anything holding configs) as plain data: dicts, lists, numbers, strings, None."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_data(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_data(v) for v in obj]
+    return obj
+
+
+def _value(tp: Any, value: Any, where: str, strict: bool) -> Any:
+    """One value as its annotated type, or a usage error that names where it was."""
+    base, nullable = _optional(tp)
+    if value is None:
+        if nullable:
+            return None
+        raise UsageError(f"{where}: a value is required")
+    origin = typing.get_origin(base)
+    if dataclasses.is_dataclass(base):
+        if not isinstance(value, Mapping):
+            raise UsageError(f"{where}: expected a table of {base.__name__} fields, got {value!r}")
+        return from_data(base, value, where, strict)
+    if origin is tuple:
+        items = _args(base)
+        if not isinstance(value, (list, tuple)):
+            raise UsageError(f"{where}: expected a list, got {value!r}")
+        item = items[0] if items else Any
+        return tuple(_value(item, v, f"{where}[{i}]", strict) for i, v in enumerate(value))
+    if origin is dict:
+        _, val_t = _args(base) or (str, Any)
+        if not isinstance(value, Mapping):
+            raise UsageError(f"{where}: expected a table, got {value!r}")
+        return {str(k): _value(val_t, v, f"{where}.{k}", strict) for k, v in value.items()}
+    if base is bool:
+        if not isinstance(value, bool):
+            raise UsageError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{where}: expected a whole number, got {value!r}")
+        return value
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if base is str:
+        if not isinstance(value, str):
+            raise UsageError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value  # Any, or a union of several kinds: taken as given
+
+
+def from_data(cls: type[T], data: Mapping[str, Any], where: str = "", strict: bool = True) -> T:
+    """A config from plain data: nested tables become nested configs, lists tuples; a missing key takes the
+    field's default. strict: an unknown key is a usage error (a file or flag of the user's); otherwise it is
+    skipped (a results file written by another version). The dataclass's own checks run as it is made."""
+    names = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = [k for k in data if k not in names]
+    if unknown and strict:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise UsageError(f"unknown key {key!r} (known{' in ' + where if where else ''}: {', '.join(names)})")
+    kwargs = {k: _value(hints(cls)[k], v, f"{where}.{k}" if where else k, strict)
+              for k, v in data.items() if k in names}
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field missing
+        raise UsageError(f"{where or cls.__name__}: {e}") from None
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, table by table (flags over a config file)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{"run.timing.steps": 5} -> {"run": {"timing": {"steps": 5}}}."""
+    out: dict[str, Any] = {}
+    for path, v in flat.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
+
+
+# -- TOML ---------------------------------------------------------------------------------------------
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file as data; a missing or malformed file is one line."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"config file not found: {path}")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def _toml_key(k: str) -> str:
+    return k if k and all(c.isalnum() or c in "-_" for c in k) else json.dumps(k)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return ("inf" if v > 0 else "-inf") if math.isinf(v) else "nan" if math.isnan(v) else repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v if x is not None) + "]"
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + " }"
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+def to_toml(obj: Any, header: str = "", only: tuple[str, ...] | None = None) -> str:
+    """A config dataclass as TOML: its values first, then each nested config as a [dotted.table]; a dict-valued
+    field (peak_tflops) is an inline table. None has no TOML form: such a key is left out, and reads back as its
+    field's default, which is None for every field that may hold None.
+    only: the top-level fields to write (the others keep their defaults when the file is read)."""
+    lines = [f"# {line}" for line in header.splitlines()]
+
+    def table(prefix: str, o: Any) -> None:
+        nested = []
+        if prefix:
+            lines.append(f"\n[{prefix}]")
+        for f in dataclasses.fields(o):
+            if not prefix and only is not None and f.name not in only:
+                continue
+            v = getattr(o, f.name)
+            if dataclasses.is_dataclass(v):
+                nested.append((f.name, v))
+            elif v is not None:
+                lines.append(f"{_toml_key(f.name)} = {_toml_value(to_data(v))}")
+        for name, v in nested:
+            table(f"{prefix}.{_toml_key(name)}" if prefix else _toml_key(name), v)
+
+    table("", obj)
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,0 +1,103 @@
+"""`speedladder.apply`: the winner, in the user's own training loop.
+
+    model, optimizer, autocast = speedladder.apply(model, "runs/<tune folder>/winner.toml")
+    for X, Y in batches:
+        with autocast:
+            logits, loss = model(X, Y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+It puts on the user's own module, in place, what speedladder's own step does for the same spec (step.TrainStep):
+the model transforms (checkpointing, fused attention, padded vocabulary, fp8), the optimizer (its implementation,
+Muon for the hidden matrices, the learning-rate scale), torch.compile in the winner's mode, TF32, and the autocast
+context to train under. The batch size is the loop's own to set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from speedladder import codec, models, results, settings
+from speedladder.config import MuonConfig, RunConfig, pick_device, resolve
+from speedladder.errors import UsageError
+from speedladder.optim import MuonAdamW
+from speedladder.rungs import RUNGS, Env, StepSpec, compose
+from speedladder.step import AdamWFactory, make_optimizer
+
+
+class Applied(NamedTuple):
+    model: nn.Module  # the user's module with the winner's transforms, compiled when the winner compiles
+    optimizer: torch.optim.Optimizer | MuonAdamW
+    autocast: contextlib.AbstractContextManager  # enter it around the forward (and the loss)
+    spec: StepSpec  # what was applied
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _from_settings(path: Path, device: torch.device) -> tuple[StepSpec, RunConfig]:
+    """A config file's spec: its rungs (train's, else run's) composed on its workload's eager step, for this device."""
+    s = codec.from_data(settings.Settings, settings.read(path))
+    names = tuple(n for n in (s.train.rungs or s.run.rungs or ()) if n != "eager")
+    cfg = resolve(s.run, pick_device(str(device)), known_rungs=tuple(RUNGS))
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    env = Env(device.type, cap, cfg.run.batch_multiplier, batch_lr_scale=cfg.run.batch_lr_scale)  # type: ignore[arg-type]
+    for n in names:
+        why = RUNGS[n].requires.unmet(env)
+        if why:
+            raise UsageError(f"rung {n} cannot run here: {why}")
+    return compose(names, StepSpec(cfg.batch_size, cfg.seq_len), env), s.run
+
+
+def winner(where: str | Path | StepSpec, device: torch.device) -> tuple[StepSpec, RunConfig]:
+    """The spec to apply and the run configuration it came with (its learning rate, Muon's settings): a StepSpec
+    as given; a config file (tune's winner.toml, a run's config.toml); or a run folder's winner (tune's, else its
+    fastest rung)."""
+    if isinstance(where, StepSpec):
+        return where, RunConfig()
+    path = Path(where)
+    if path.suffix == ".toml":
+        return _from_settings(path, device)
+    saved = results.load(path)
+    tuned = (saved.tune or {}).get("winner_spec")
+    best = saved.rung(saved.fastest) if saved.fastest else None
+    if not tuned and best is None:
+        raise UsageError(f"{where} names no configuration that passed every gate")
+    return StepSpec.from_dict(tuned or best.spec), settings.run_from_results(saved.config)  # type: ignore[union-attr]
+
+
+def apply(model: nn.Module, where: str | Path | StepSpec, optimizer: AdamWFactory | None = None,
+          lr: float | None = None) -> Applied:
+    """The winner's rungs on `model`, in place; the optimizer over its parameters; the autocast to train under.
+
+    where: tune's winner.toml, a run's config.toml, a run folder, or a StepSpec. optimizer: builds the AdamW part
+    from the parameters and the implementation's keywords (fused=True, foreach=True or none), e.g.
+    `lambda params, **kw: torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, **kw)`; by default AdamW at the
+    run's learning rate (or `lr`), times the spec's learning-rate scale, as speedladder's own step makes it.
+    TF32 is process-wide: it is switched on when the winner asks for it. A CUDA-graph spec (max-autotune,
+    reduce-overhead) wants torch.compiler.cudagraph_mark_step_begin() before each step.
+    """
+    device = _device(model)
+    spec, run = winner(where, device)
+    source = models.of_module(model)
+    named = dict(model.named_parameters())  # by reference name, before any transform: the objects stay
+    for name in spec.transforms:
+        try:
+            model = source.transform(name)(model)
+        except RuntimeError as e:  # a capability the model lacks: said as the ladder says it
+            raise UsageError(f"the winner's {e} (docs/models.md)") from None
+    if spec.tf32:
+        torch.set_float32_matmul_precision("high")
+    opt = make_optimizer(named, spec, run.lr if lr is None else lr, run.muon or MuonConfig(),
+                         source.blocks_prefix or "blocks.", optimizer)
+    if spec.compile:
+        model = torch.compile(model, dynamic=False, mode=spec.compile_mode)  # type: ignore[assignment]
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.autocast == "bf16")
+    return Applied(model, opt, autocast, spec)
