@@ -9,7 +9,7 @@ import torch
 
 from speedladder import verify
 from speedladder.config import FULL_LADDER, PRESETS
-from speedladder.model import GPT
+from speedladder.gpt import GPT
 from speedladder.optim import Muon, MuonAdamW, orthogonalize
 from speedladder.rungs import RUNGS, Env, PaddedHead, SDPAttention, StepSpec, compose, pad_vocab, padded_vocab, use_sdpa
 from speedladder.step import TrainStep
@@ -94,10 +94,10 @@ def test_new_rungs_pass_their_gates_against_eager_fp32(tiny, ref, names):
     spec = compose(names, tiny.base_spec, tiny.env)
     step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     eq = verify.equivalence(step, ref)
-    assert eq["passed"], eq["detail"]
-    assert eq["precision"] == "fp32" and eq["logits_rel_err"] < 1e-5
+    assert eq.passed, eq.detail
+    assert eq.precision == "fp32" and eq.logits_rel_err < 1e-5
     band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
-    assert band["passed"] and band["max_rel_diff"] < 1e-5  # the same update rule: the same curve
+    assert band.passed and band.max_rel_diff < 1e-5  # the same update rule: the same curve
     if "pad-vocab" in names:
         # Reset and gradients map the padded parameters back to the reference names and shapes.
         assert step.params["wte.weight"].shape[0] == 64
@@ -122,7 +122,7 @@ def test_a_gate_catches_a_padded_head_that_leaks_probability(tiny, ref, monkeypa
     step = TrainStep(compose(("pad-vocab",), tiny.base_spec, tiny.env), tiny.cfg.model, tiny.init, tiny.device,
                      tiny.cfg.run.lr)
     eq = verify.equivalence(step, ref)
-    assert not eq["passed"] and "loss" in eq["detail"]
+    assert not eq.passed and "loss" in eq.detail
 
 
 def test_muon_orthogonalizes_its_update():
@@ -162,16 +162,16 @@ def test_muon_gate_has_no_loss_band_but_a_tokens_to_target_comparison(tiny, ref)
     spec = compose(("muon",), tiny.base_spec, tiny.env)
     assert not spec.same_update and compose(("fused-adamw",), tiny.base_spec, tiny.env).same_update
     step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
-    assert verify.equivalence(step, ref)["passed"]  # same weights, same batch: the same forward and backward
+    assert verify.equivalence(step, ref).passed  # same weights, same batch: the same forward and backward
     band = verify.no_loss_band(spec)
-    assert band["applies"] is False and band["passed"] and "not applicable" in band["detail"]
+    assert not band.applies and band.passed and "not applicable" in band.detail
     adamw = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
     t = verify.tokens_to_target(step, adamw, ref.batches)
-    assert t["steps"] == 20 and t["window"] == 2 and len(t["losses"]) == len(t["adamw_losses"]) == 20
-    assert t["adamw_losses"] == pytest.approx(ref.curve, rel=1e-6)  # AdamW over the same batches: eager's curve
-    assert t["target_loss"] == pytest.approx(sum(ref.curve[-2:]) / 2)
-    assert t["adamw_tokens"] is not None and t["adamw_tokens"] <= 20 * 128
-    assert t["passed"] == (t["tokens"] is not None and t["tokens"] <= t["adamw_tokens"])
+    assert t.steps == 20 and t.window == 2 and len(t.losses) == len(t.adamw_losses) == 20
+    assert t.adamw_losses == pytest.approx(ref.curve, rel=1e-6)  # AdamW over the same batches: eager's curve
+    assert t.target_loss == pytest.approx(sum(ref.curve[-2:]) / 2)
+    assert t.adamw_tokens is not None and t.adamw_tokens <= 20 * 128
+    assert t.passed == (t.tokens is not None and t.tokens <= t.adamw_tokens)
 
 
 def test_tokens_to_a_target_loss():

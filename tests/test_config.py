@@ -19,7 +19,7 @@ from speedladder.cli import ALL, build_parser, main
 from speedladder.cli.gen import DEST, leaves, shown_default, to_settings
 from speedladder.config import RunConfig, TimingConfig
 from speedladder.errors import UsageError
-from speedladder.model import GPT
+from speedladder.gpt import GPT
 from speedladder.rungs import RUNGS, Env, StepSpec, compose
 from speedladder.settings import Settings
 from speedladder.workload import prepare

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from speedladder.config import PRESETS
-from speedladder.model import GPT
+from speedladder.gpt import GPT
 from speedladder.parallel import costmodel as cm
 
 

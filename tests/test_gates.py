@@ -13,7 +13,7 @@ from speedladder import verify
 from speedladder.config import RunConfig
 from speedladder.data import unigram_entropy
 from speedladder.gates import Gates
-from speedladder.model import merge_heads, split_heads
+from speedladder.gpt import merge_heads, split_heads
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, SDPAttention
 from speedladder.step import TrainStep
@@ -101,13 +101,13 @@ def test_a_wrong_rung_after_bf16_fails_its_gate(tiny, bench, planted, transform,
     spec = dataclasses.replace(bench[2], transforms=(transform,))
     gate = check_after_bf16(bench, tiny.step(spec))
     assert not gate.passed
-    assert not getattr(gate, caught_by)["passed"], gate.detail
+    assert not getattr(gate, caught_by).passed, gate.detail
     # The check that caught it says by how much: a number well past what it allows.
     if caught_by == "causality":
-        assert gate.causality["past_max_abs"] > 4 * gate.causality["allowed"]
+        assert gate.causality.past_max_abs > 4 * gate.causality.allowed
     else:
         d = gate.differential
-        assert d["grad_rel"] > 2 * d["grad_allowed"] or d["logits_rel"] > 2 * d["logits_allowed"]
+        assert d.grad_rel > 2 * d.grad_allowed or d.logits_rel > 2 * d.logits_allowed
 
 
 def test_skipping_every_other_optimizer_step_after_bf16_fails(tiny, bench):
@@ -117,7 +117,7 @@ def test_skipping_every_other_optimizer_step_after_bf16_fails(tiny, bench):
     gate = check_after_bf16(bench, step)
     assert not gate.passed
     d = gate.differential
-    assert d["curve_rel"] > d["curve_allowed"], d  # the loss curve strays from bf16's
+    assert d.curve_rel > d.curve_allowed, d  # the loss curve strays from bf16's
 
 
 @pytest.mark.parametrize("names", [("sdpa",), ("pad-vocab",), ("activation-checkpointing",)])
@@ -125,9 +125,9 @@ def test_a_right_rung_after_bf16_passes_every_check(tiny, bench, names):
     spec = dataclasses.replace(bench[2], transforms=names)
     gate = check_after_bf16(bench, tiny.step(spec))
     assert gate.passed, gate.detail
-    assert gate.causality["passed"] and gate.differential["applies"] and gate.differential["passed"]
+    assert gate.causality.passed and gate.differential.applies and gate.differential.passed
     # Measured, not assumed: the differences are a small multiple of bf16's own distance from fp32.
-    assert gate.differential["logits_rel"] <= gate.differential["logits_allowed"]
+    assert gate.differential.logits_rel <= gate.differential.logits_allowed
 
 
 def test_fused_adamw_after_bf16_passes_and_a_precision_change_is_not_compared_with_its_base(tiny, bench):
@@ -136,7 +136,7 @@ def test_fused_adamw_after_bf16_passes_and_a_precision_change_is_not_compared_wi
     gates, ref, _, _ = bench
     fp32_base = ref.probe  # eager fp32 as the base of a bf16 rung: not the same arithmetic
     gate, _ = gates.check(tiny.step(bench[2]), ref, fp32_base, "eager", lambda m: None)
-    assert gate.differential["applies"] is False and "fp32 -> bf16" in gate.differential["detail"]
+    assert gate.differential.applies is False and "fp32 -> bf16" in gate.differential.detail
 
 
 def test_gradients_are_judged_per_tensor(tiny, bench):
@@ -155,8 +155,8 @@ def test_gradients_are_judged_per_tensor(tiny, bench):
 def test_the_eager_reference_itself_passes_the_causality_probe(tiny, bench):
     gates, _, _, _ = bench
     gate, _probe = gates.check(tiny.step(tiny.base_spec), None, None, None, lambda m: None)
-    assert gate.reference and gate.passed and gate.causality["passed"]
-    assert gate.causality["future_max_abs"] > 0  # the probe changed something: it can see a leak
+    assert gate.reference and gate.passed and gate.causality.passed
+    assert gate.causality.future_max_abs > 0  # the probe changed something: it can see a leak
 
 
 def test_unigram_entropy_of_the_time_machine(tiny):
@@ -187,18 +187,18 @@ def d2l_curves():
 def test_a_context_free_model_fails_the_learns_check_and_the_real_one_passes(d2l_curves):
     curves, entropy = d2l_curves
     free = verify.learns_check(curves["context-free"], curves["eager"], 0.03, entropy)
-    assert free["final_loss"] < entropy  # it does learn letter pairs: the old "loss fell 10%" would pass it
-    assert free["drop"] > 0.10
-    assert not free["passed"] and free["final_loss"] > 1.03 * free["eager_final_loss"]
+    assert free.final_loss < entropy  # it does learn letter pairs: the old "loss fell 10%" would pass it
+    assert free.drop > 0.10
+    assert not free.passed and free.final_loss > 1.03 * free.eager_final_loss
     real = verify.learns_check(curves["bf16"], curves["eager"], 0.03, entropy)
-    assert real["passed"], real["detail"]
-    assert real["eager_losses"] == curves["eager"] and real["losses"] == curves["bf16"]  # both curves saved
+    assert real.passed, real.detail
+    assert real.eager_losses == curves["eager"] and real.losses == curves["bf16"]  # both curves saved
 
 
 def test_a_model_that_learns_only_frequencies_fails_below_the_unigram_entropy():
     flat = [3.3] + [2.9] * 99  # stuck above the unigram entropy, like eager at the same steps
     check = verify.learns_check(flat, flat, 0.03, 2.846)
-    assert not check["passed"] and "unigram entropy" in check["detail"]
+    assert not check.passed and "unigram entropy" in check.detail
 
 
 def test_the_accumulated_reference_at_a_big_batch_is_the_one_big_batch(tiny):
@@ -242,9 +242,9 @@ def test_an_fp8_rung_with_rowwise_scales_passes_its_gates_and_tensorwise_fails_c
     monkeypatch.setitem(MODEL_TRANSFORMS, "float8", _float8("rowwise"))
     gate = check_after_bf16(bench, tiny.step(spec))
     assert gate.passed, gate.detail
-    assert gate.causality["past_max_abs"] == 0.0  # a token's scale is its own
-    assert gate.equivalence["precision"] == "fp8" and gate.differential["applies"] is False  # bf16 -> fp8
+    assert gate.causality.past_max_abs == 0.0  # a token's scale is its own
+    assert gate.equivalence.precision == "fp8" and gate.differential.applies is False  # bf16 -> fp8
     monkeypatch.setitem(MODEL_TRANSFORMS, "float8", _float8("tensorwise"))
     gate = check_after_bf16(bench, tiny.step(spec))
-    assert not gate.passed and not gate.causality["passed"], gate.detail
-    assert gate.causality["past_max_abs"] > 10 * gate.causality["allowed"]
+    assert not gate.passed and not gate.causality.passed, gate.detail
+    assert gate.causality.past_max_abs > 10 * gate.causality.allowed

@@ -121,7 +121,7 @@ def test_flops_per_token_palm_convention():
 
 def test_flops_per_token_against_counted_flops(tiny):
     """6N + 12LHQT against the FLOPs torch counts in one forward and backward of the real model."""
-    from speedladder.model import GPT
+    from speedladder.gpt import GPT
 
     cfg = tiny.cfg.model
     torch.manual_seed(0)
@@ -242,7 +242,7 @@ def test_graph_recordings_are_counted_through_dynamos_recording_callbacks():
 def test_the_fp8_peak_is_blended_by_flop_share_with_gpt2s_shapes():
     """GPT-2 124M at T=1024 on an H200: the block linears (fp8) are 60% of the FLOPs, the head and attention
     (bf16) the rest; the step's peak is the FLOP-weighted harmonic blend, between bf16's and fp8's."""
-    from speedladder.model import GPT
+    from speedladder.gpt import GPT
     from speedladder.presets import PRESETS
     from speedladder.rungs import float8_matmul_params
 

@@ -26,7 +26,8 @@ from speedladder.workload import prepare
 
 # Tiny and quick: two steps a window, gates over 4 batches, a 60-step learns-check, no resident-peak child per rung;
 # MFU against a stated peak.
-FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "60",
+# 120 learns-check steps: at 60 the small user models end within 0.001 of the unigram entropy, either side.
+FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "120",
         "--no-profile", "--no-process-peak", "--peak-tflops", "fp32=1,bf16=1"]
 
 

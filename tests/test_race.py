@@ -280,7 +280,7 @@ def test_the_race_is_saved_typed_and_complete(raced):
     assert [e.name for e in s.entries] == ["eager", "bf16", "batch", "muon"]
     assert [e.built_on for e in s.entries] == [None, "eager", "bf16", "batch"]
     for e in s.entries:
-        assert e.status == "ok" and e.causality["passed"] and len(e.runs) == 3
+        assert e.status == "ok" and e.causality.passed and len(e.runs) == 3
         assert e.verdict in ("baseline", "win", "loss", "noise", "not a win", "did not reach")
         for r in e.runs:
             assert r.curve_steps[0] == 0 and r.curve_seconds[0] == 0.0  # the curve starts before any training

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from speedladder.config import PRESETS, SOURCE_LADDER
-from speedladder.model import GPT
+from speedladder.gpt import GPT
 from speedladder.rungs import RUNGS, Checkpointed, Env, Requirement, StepSpec, checkpoint_blocks
 
 CPU = Env("cpu", None, batch_multiplier=8)

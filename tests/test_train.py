@@ -10,7 +10,7 @@ import torch
 
 from speedladder.cli import main
 from speedladder.config import FULL_LADDER
-from speedladder.model import GPT
+from speedladder.gpt import GPT
 from speedladder.rungs import Env
 from speedladder.train import BEST, CHECKPOINT, default_rungs, load_checkpoint
 

@@ -63,33 +63,33 @@ def test_eager_and_bf16_pass_the_gates(tiny, ref):
     for spec in ({}, {"autocast": "bf16"}, {"autocast": "bf16", "transforms": ("activation-checkpointing",)}):
         step = step_for(tiny, **spec)
         eq = verify.equivalence(step, ref)
-        assert eq["passed"], eq["detail"]
+        assert eq.passed, eq.detail
         band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
-        assert band["passed"], band["detail"]
-    assert eq["precision"] == "bf16" and eq["logits_rel_err"] > 0  # bf16 is not bit-identical
+        assert band.passed, band.detail
+    assert eq.precision == "bf16" and eq.logits_rel_err > 0  # bf16 is not bit-identical
 
 
 def test_equivalence_catches_attention_that_sees_the_future(tiny, ref, wrong_transforms):
     eq = verify.equivalence(step_for(tiny, transforms=("no-causal-mask",)), ref)
-    assert not eq["passed"]
-    assert eq["detail"].startswith("logits: Tensor-likes are not close!")
-    assert eq["logits_max_abs_err"] > eq["atol"]
+    assert not eq.passed
+    assert eq.detail.startswith("logits: Tensor-likes are not close!")
+    assert eq.logits_max_abs_err > eq.atol
 
 
 def test_loss_band_catches_a_rung_that_does_not_train(tiny, ref, wrong_transforms):
     step = step_for(tiny, transforms=("frozen",))
     band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
-    assert not band["passed"]
-    assert band["max_rel_diff"] > 0.02
-    assert "strays" in band["detail"]
-    assert not verify.equivalence(step, ref)["passed"]  # its gradients are missing
+    assert not band.passed
+    assert band.max_rel_diff > 0.02
+    assert "strays" in band.detail
+    assert not verify.equivalence(step, ref).passed  # its gradients are missing
 
 
 def test_loss_band_arithmetic():
-    assert verify.loss_band([3.0, 2.0], [3.0, 2.02], 0.02)["passed"]
+    assert verify.loss_band([3.0, 2.0], [3.0, 2.02], 0.02).passed
     out = verify.loss_band([3.0, 2.1], [3.0, 2.0], 0.02)
-    assert not out["passed"] and out["max_rel_diff"] == pytest.approx(0.05)
-    assert not verify.loss_band([3.0, math.nan], [3.0, 2.0], 0.02)["passed"]
+    assert not out.passed and out.max_rel_diff == pytest.approx(0.05)
+    assert not verify.loss_band([3.0, math.nan], [3.0, 2.0], 0.02).passed
 
 
 def test_learns_check(tiny):
@@ -97,9 +97,9 @@ def test_learns_check(tiny):
     eager = verify.train_curve(step_for(tiny), stream, 120)
     again = verify.train_curve(step_for(tiny), BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
     good = verify.learns_check(again, eager, band=0.03, unigram_entropy=2.846)
-    assert good["passed"], good["detail"]
-    assert good["final_loss"] == pytest.approx(good["eager_final_loss"]) and len(good["losses"]) == 120
+    assert good.passed, good.detail
+    assert good.final_loss == pytest.approx(good.eager_final_loss) and len(good.losses) == 120
     still = TrainStep(StepSpec(4, 32), tiny.cfg.model, tiny.init, tiny.device, lr=0.0)
     flat = verify.train_curve(still, BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
     bad = verify.learns_check(flat, eager, band=0.03, unigram_entropy=2.846)
-    assert not bad["passed"] and bad["final_loss"] > 1.03 * bad["eager_final_loss"]
+    assert not bad.passed and bad.final_loss > 1.03 * bad.eager_final_loss

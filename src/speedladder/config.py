@@ -17,8 +17,8 @@ import torch
 
 from speedladder.codec import at_least, option, peak_list, positive, rung_list, to_data
 from speedladder.errors import UsageError
+from speedladder.gpt import GPTConfig
 from speedladder.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
-from speedladder.model import GPTConfig
 from speedladder.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
 
 # presets.py's and ladders.py's, read through here too

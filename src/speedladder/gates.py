@@ -15,7 +15,7 @@ from speedladder import probes, verify
 from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
-from speedladder.records import Gate
+from speedladder.records import Differential, Gate, LearnsCheck, not_applicable
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, free_device_memory
@@ -70,8 +70,8 @@ class Gates:
             if isinstance(ref, str):
                 return Gate(passed=False, reference=True, detail=ref), None
             causal = verify.causality(step, ref)
-            return Gate(passed=causal["passed"], reference=True, causality=causal,
-                        detail=causal["detail"] or "eager fp32 is the reference the other rungs are checked "
+            return Gate(passed=causal.passed, reference=True, causality=causal,
+                        detail=causal.detail or "eager fp32 is the reference the other rungs are checked "
                                                    "against"), ref.probe
         if isinstance(ref, str) or ref is None:
             return Gate(passed=False, detail=ref or "no reference"), None
@@ -102,26 +102,26 @@ class Gates:
         mine = verify.probe(step, ref, curve)
         diff = self._differential(mine, base, base_name, ref)
         checks = [eq, band, causal, diff] + ([target] if target else [])
-        failed = next((c for c in checks if not c["passed"]), None)
-        gate = Gate(passed=failed is None, detail=failed["detail"] if failed else "", equivalence=eq, loss_band=band,
+        failed = next((c for c in checks if not c.passed), None)
+        gate = Gate(passed=failed is None, detail=failed.detail if failed else "", equivalence=eq, loss_band=band,
                     tokens_to_target=target, causality=causal, differential=diff)
         return gate, mine
 
     @staticmethod
     def _differential(mine: probes.Probe, base: probes.Probe | None, base_name: str | None,
-                      ref: verify.Reference) -> dict:
+                      ref: verify.Reference) -> Differential:
         """The rung against the rung it built on, where the two are comparable; else why not."""
         if base is None or base_name is None:
-            return probes.not_applicable("no measured rung below it to compare with")
+            return not_applicable(Differential, "no measured rung below it to compare with")
         if base.shape != mine.shape:
-            return probes.not_applicable(f"the batch changed ({base.shape[0]} -> {mine.shape[0]}): checked against "
-                                         "eager fp32 at the new shape")
+            return not_applicable(Differential, f"the batch changed ({base.shape[0]} -> {mine.shape[0]}): checked "
+                                                "against eager fp32 at the new shape")
         if base.precision != mine.precision:
-            return probes.not_applicable(f"the arithmetic changed ({base.precision} -> {mine.precision}): checked "
-                                         f"against eager fp32 at {mine.precision}'s tolerance")
+            return not_applicable(Differential, f"the arithmetic changed ({base.precision} -> {mine.precision}): "
+                                                f"checked against eager fp32 at {mine.precision}'s tolerance")
         return probes.differential(mine, base, ref.probe, base_name)
 
-    def learns(self, spec: StepSpec, say: Callable[[str], None]) -> dict:
+    def learns(self, spec: StepSpec, say: Callable[[str], None]) -> LearnsCheck:
         """The learns-check of one spec: the same batches and steps as eager fp32 at its shape
         (docs/measurement.md, rule 9); eager's curve is trained once per shape."""
         g = self.work.cfg.run.gates
@@ -135,7 +135,7 @@ class Gates:
             check = verify.learns_check(self._curve(spec, say), self.eager_curves[key], g.learns_band,
                                         self.entropy)
         except Exception as e:  # noqa: BLE001 -- a failing learns-check fails its rung, recorded
-            check = {"passed": False, "detail": one_line(e)}
+            check = LearnsCheck(passed=False, detail=one_line(e))
         return check
 
     def _curve(self, spec: StepSpec, say: Callable[[str], None]) -> list[float]:

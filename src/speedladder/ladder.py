@@ -22,7 +22,7 @@ from speedladder.probes import Probe
 from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
-from speedladder.records import Prediction, ProfileSummary, Results, RungResult, from_dict
+from speedladder.records import LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
 from speedladder.rungs import RUNGS, Rung, StepSpec, float8_matmul_params
 from speedladder.settings import CONFIG_FILE, Settings
 from speedladder.settings import write as write_settings
@@ -58,10 +58,10 @@ class Ladder:
 
     # -- one rung ---------------------------------------------------------------------------
 
-    def climb(self, rung: Rung, spec: StepSpec, base: RungResult | None, role: str = "rung",
+    def climb(self, rung: Rung, spec: StepSpec, base: RungResult | None, role: Role = Role.RUNG,
               predicted: Prediction | None | str = AUTO) -> RungResult:
         """Measure and verify one spec against the result it builds on; the record is saved whatever happens."""
-        control = role == "control"
+        control = role == Role.CONTROL
         r = RungResult(
             name=f"{rung.name}-fp32" if control else rung.name, rung=rung.name, role=role,
             reason=(rung.control_reason or "") if control else rung.reason, kind=rung.kind,
@@ -144,7 +144,7 @@ class Ladder:
         if not r.ok or r.tokens_per_s is None:
             return
         if base is None or base.tokens_per_s is None:
-            r.speedup_cum = 1.0 if r.role == "rung" else None
+            r.speedup_cum = 1.0 if r.role == Role.RUNG else None
             r.verdict = "baseline"
             return
         beside = r.base_tokens_per_s or base.tokens_per_s
@@ -155,7 +155,7 @@ class Ladder:
         r.speedup_cum = (base.speedup_cum or 1.0) * r.speedup_prev
         if r.predicted and r.predicted.speedup:
             r.prediction_error = r.speedup_prev / r.predicted.speedup - 1  # > 0: faster than predicted
-        if r.role == "control":  # not a step up the ladder: its x prev is against its own rung, in the notes
+        if r.role == Role.CONTROL:  # not a step up the ladder: its x prev is against its own rung, in the notes
             r.verdict = "control"
         elif r.verdict is None:
             r.verdict = measure.verdict(r.tokens_per_s, beside)
@@ -239,36 +239,36 @@ class Ladder:
             new = rung.transform(spec, self.work.env)
             r = self.climb(rung, new, base)
             if r.ok and rung.control is not None:
-                self.climb(rung, rung.control(new), r, role="control")
+                self.climb(rung, rung.control(new), r, role=Role.CONTROL)
             if r.passed:
                 spec, base = new, r
                 self.path.append(name)
         # Measured on the top of the ladder, not built upon: e.g. a memory rung priced against the best spec.
         for name in self.work.cfg.run.beside or ():
             rung = RUNGS[name]
-            self.climb(rung, rung.transform(spec, self.work.env), base, role="beside")
+            self.climb(rung, rung.transform(spec, self.work.env), base, role=Role.BESIDE)
 
     def _learns_check(self) -> None:
         """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried."""
-        candidates = sorted((r for r in self.results.rungs if r.role != "control" and r.passed),
+        candidates = sorted((r for r in self.results.rungs if r.role != Role.CONTROL and r.passed),
                             key=lambda r: r.tokens_per_s.median, reverse=True)  # type: ignore[union-attr]
         if self.finalists is not None:  # tune: the finalists re-measured beside eager, best ratio first
             candidates = [r for name in self.finalists if (r := self.results.rung(name)) is not None]
         if self.work.cfg.run.gates.learns_steps == 0 and candidates:
             self.results.fastest = candidates[0].name
-            self.results.learns_check = {"skipped": True, "detail": "--learns-steps 0"}
+            self.results.learns_check = LearnsCheck(skipped=True, detail="--learns-steps 0")
             return
         for r in candidates:
             say = self.progress.scoped(f"learns-check {r.name}")
             check = self.gates.learns(StepSpec.from_dict(r.spec), say)
-            check["rung"] = r.name
+            check.rung = r.name
             self.results.learns_check = check
-            say(("passed" if check["passed"] else "FAILED") +
-                (f": loss {check['first_loss']:.3f} -> {check['final_loss']:.3f}" if "drop" in check else "")
-                + (f" ({check['detail']})" if check["detail"] else ""))
-            if check["passed"]:
+            say(("passed" if check.passed else "FAILED") +
+                (f": loss {check.first_loss:.3f} -> {check.final_loss:.3f}" if check.drop is not None else "")
+                + (f" ({check.detail})" if check.detail else ""))
+            if check.passed:
                 self.results.fastest = r.name
                 return
             assert r.gate is not None
-            r.gate.passed, r.gate.detail = False, f"learns-check: {check['detail']}"
+            r.gate.passed, r.gate.detail = False, f"learns-check: {check.detail}"
             self.save()

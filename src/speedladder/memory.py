@@ -41,7 +41,7 @@ import torch
 from speedladder import measure, subproc
 from speedladder.config import MemoryConfig, RunConfig
 from speedladder.errors import one_line
-from speedladder.model import GPTConfig
+from speedladder.gpt import GPTConfig
 from speedladder.records import RungResult
 from speedladder.rungs import StepSpec, padded_vocab
 from speedladder.step import TrainStep, matmul_precision

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedladder.model import GPTConfig
+from speedladder.gpt import GPTConfig
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from speedladder.records.checks import Causality, Differential, not_applicable
 from speedladder.step import TrainStep
 
 PROBE_AMPLIFY = 3.0  # matrices x3: attention scores ~x9, softmax selective (a wrong scale moved gradients ~10x)
@@ -122,7 +123,7 @@ def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[to
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % vocab
     a, _, _ = outputs(step, weights, (x, y), rows)
     if a.numel() == 0:
-        return not_applicable("the forward returns a loss only: no logits per position to probe")
+        return not_applicable(Causality, "the forward returns a loss only: no logits per position to probe")
     again, _, _ = outputs(step, weights, (x, y), rows)
     b, _, _ = outputs(step, weights, (changed, y), rows)
     noise = float((a - again).abs().max())
@@ -135,12 +136,12 @@ def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[to
         f"causality: changing tokens after position {t} moved the logits before it by {past:.2e} "
         f"(allowed {allowed:.2e}): the rung lets a position see the future" if past > allowed else
         f"causality: changing tokens after position {t} did not move the later logits: the probe is blind here")
-    return {"position": t, "past_max_abs": past, "future_max_abs": future, "noise_max_abs": noise,
-            "allowed": allowed, "passed": passed, "detail": detail,
-            "how": f"tokens after {t} changed; logits up to {t} compared, at weights x{PROBE_AMPLIFY:g}"}
+    return Causality(position=t, past_max_abs=past, future_max_abs=future, noise_max_abs=noise, allowed=allowed,
+                     passed=passed, detail=detail,
+                     how=f"tokens after {t} changed; logits up to {t} compared, at weights x{PROBE_AMPLIFY:g}")
 
 
-def differential(rung: Probe, base: Probe, eager: Probe, base_name: str) -> dict:
+def differential(rung: Probe, base: Probe, eager: Probe, base_name: str) -> Differential:
     """The rung against the rung it built on (same precision and shape): within DIFF_K x the base's own
     distance from eager fp32 at the probe weights, plus a floor at that precision."""
     floor = DIFF_FLOOR[rung.precision]
@@ -149,10 +150,9 @@ def differential(rung: Probe, base: Probe, eager: Probe, base_name: str) -> dict
     d_logits = rel(rung.logits, base.logits)
     grad_name, d_grad = worst_grad(rung.grads, base.grads)
     allowed_logits, allowed_grad = DIFF_K * noise_logits + floor, DIFF_K * noise_grad + floor
-    out = {"base": base_name, "precision": rung.precision, "logits_rel": d_logits, "logits_allowed": allowed_logits,
-           "grad_worst": grad_name, "grad_rel": d_grad, "grad_allowed": allowed_grad,
-           "base_logits_rel_to_fp32": noise_logits, "base_grad_rel_to_fp32": noise_grad, "k": DIFF_K,
-           "floor": floor, "applies": True}
+    out = Differential(base=base_name, precision=rung.precision, logits_rel=d_logits, logits_allowed=allowed_logits,
+                       grad_worst=grad_name, grad_rel=d_grad, grad_allowed=allowed_grad,
+                       base_logits_rel_to_fp32=noise_logits, base_grad_rel_to_fp32=noise_grad, k=DIFF_K, floor=floor)
     problems = []
     if not d_logits <= allowed_logits:
         problems.append(f"logits differ from {base_name}'s by {d_logits:.2e} relative (allowed {allowed_logits:.2e})")
@@ -163,13 +163,9 @@ def differential(rung: Probe, base: Probe, eager: Probe, base_name: str) -> dict
         d_curve = max(abs(a - b) / abs(b) for a, b in zip(rung.curve, base.curve))
         noise_curve = max(abs(a - b) / abs(b) for a, b in zip(base.curve, eager.curve or base.curve))
         allowed_curve = DIFF_K * noise_curve + floor
-        out.update(curve_rel=d_curve, curve_allowed=allowed_curve)
+        out.curve_rel, out.curve_allowed = d_curve, allowed_curve
         if not d_curve <= allowed_curve:
             problems.append(f"loss curve strays {d_curve:.2%} from {base_name}'s (allowed {allowed_curve:.2%})")
-    out["passed"] = not problems
-    out["detail"] = "differential: " + "; ".join(problems) if problems else ""
+    out.passed = not problems
+    out.detail = "differential: " + "; ".join(problems) if problems else ""
     return out
-
-
-def not_applicable(why: str) -> dict:
-    return {"applies": False, "passed": True, "detail": f"not applicable: {why}"}

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from speedladder.model import GPT, merge_heads, split_heads
+from speedladder.gpt import GPT, merge_heads, split_heads
 
 
 @dataclass(frozen=True)

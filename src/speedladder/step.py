@@ -15,7 +15,7 @@ from torch import nn
 
 from speedladder import models
 from speedladder.config import MuonConfig
-from speedladder.model import GPTConfig
+from speedladder.gpt import GPTConfig
 from speedladder.models import ModelDef
 from speedladder.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
 from speedladder.rungs import StepSpec

@@ -22,7 +22,7 @@ from speedladder import measure, models, results, settings
 from speedladder.config import FULL_LADDER
 from speedladder.data import get_tokenizer
 from speedladder.errors import UsageError
-from speedladder.model import GPT, GPTConfig
+from speedladder.gpt import GPT, GPTConfig
 from speedladder.rungs import RUNGS, Env, StepSpec, compose
 from speedladder.settings import Settings, TrainConfig
 from speedladder.step import matmul_precision

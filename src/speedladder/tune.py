@@ -22,13 +22,13 @@ from pathlib import Path
 
 from speedladder.config import RunConfig
 from speedladder.ladder import Ladder
-from speedladder.records import Results, RungResult
+from speedladder.records import Results, Role, RungResult, TuneSection
 from speedladder.rungs import Env, Rung, StepSpec, compose
 from speedladder.settings import WINNER_FILE, Settings
 
 
 def _ladder_rungs(results: Results) -> list[RungResult]:
-    return [r for r in results.rungs if r.role in ("rung", "beside")]
+    return [r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE)]
 
 
 def dropped(results: Results) -> dict[str, str]:
@@ -143,7 +143,7 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
             out.append({"name": name, "rungs": list(names), "same_as": measured[key]})
             continue
         say(f"measuring {name}: {'+'.join(names)}")
-        r = ladder.climb(combination_rung(name, names), spec, base, role="candidate",
+        r = ladder.climb(combination_rung(name, names), spec, base, role=Role.CANDIDATE,
                          predicted=ladder.predicted_together(names))
         r.rungs_combined = list(names)
         ladder.save()
@@ -154,7 +154,7 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
 def finalists(results: Results, n: int) -> list[RungResult]:
     """The n fastest configurations that passed every gate, by x eager: what is measured again before a winner is
     named (picking the largest of several noisy medians favours the luckiest: the winner's curse)."""
-    passed = [r for r in results.rungs if r.role in ("rung", "beside", "candidate") and r.passed
+    passed = [r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE, Role.CANDIDATE) and r.passed
               and r.name != "eager" and r.speedup_cum is not None]
     return sorted(passed, key=lambda r: r.speedup_cum or 0.0, reverse=True)[:n]
 
@@ -170,7 +170,7 @@ def measure_finalists(ladder: Ladder, budget: Budget, n: int, say: Callable[[str
         names = tuple(x for x in names if x != "eager")
         say(f"final: {r.name} again, eager fp32 re-timed beside it")
         final = ladder.climb(combination_rung(f"final-{r.name}", names), StepSpec.from_dict(r.spec), base,
-                             role="final", predicted=ladder.predicted_together(names))
+                             role=Role.FINAL, predicted=ladder.predicted_together(names))
         final.rungs_combined = list(names)
         ladder.save()
         if final.passed:
@@ -179,11 +179,10 @@ def measure_finalists(ladder: Ladder, budget: Budget, n: int, say: Callable[[str
     return [x.name for x in out]
 
 
-def summarize(results: Results, run_dir: str | Path) -> dict:
-    """The tune section of results.json once the search is over: what was kept, dropped, and who won."""
+def summarize(section: TuneSection, results: Results, run_dir: str | Path) -> None:
+    """The tune section once the search is over: who won, its rungs and spec, and how it leaves the tool."""
     best = winner(results)
-    names = rungs_of(best, results) if best else ()
-    names = tuple(n for n in names if n != "eager")
-    return {"winner": best.name if best else None, "winner_rungs": list(names),
-            "winner_spec": best.spec if best else None,
-            "commands": commands(run_dir) if best else None}
+    names = tuple(n for n in (rungs_of(best, results) if best else ()) if n != "eager")
+    section.winner, section.winner_rungs = (best.name if best else None), list(names)
+    section.winner_spec = best.spec if best else None
+    section.commands = commands(run_dir) if best else None

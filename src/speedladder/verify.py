@@ -23,6 +23,14 @@ import torch
 
 from speedladder import measure, probes
 from speedladder.data import BatchStream
+from speedladder.records.checks import (
+    Causality,
+    Equivalence,
+    LearnsCheck,
+    LossBand,
+    TokensToTarget,
+    not_applicable,
+)
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
 
@@ -119,38 +127,34 @@ def probe(step: TrainStep, ref: Reference, curve: list[float] | None) -> probes.
     return probes.Probe(logits, grads, curve, step.spec.precision, (step.spec.batch_size, step.spec.seq_len))
 
 
-def causality(step: TrainStep, ref: Reference) -> dict:
+def causality(step: TrainStep, ref: Reference) -> Causality:
     return probes.causality(step, ref.probe_weights, ref.batches[0], ref.probe_rows, step.vocab_size)
 
 
-def equivalence(step: TrainStep, ref: Reference) -> dict:
+def equivalence(step: TrainStep, ref: Reference) -> Equivalence:
     """Logits, loss and gradients of the rung against eager fp32, same weights, same batch."""
     tol = TOLERANCES[step.spec.precision]
     logits, loss, grads = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
     grad_name, grad_err = probes.worst_grad(grads, ref.grads)
     seen = ref.logits.numel() > 0  # False: the model returns no logits; its loss and gradients are compared
     atol = tol.atol_rms * float(ref.logits.pow(2).mean().sqrt()) if seen else 0.0
-    out = {
-        "precision": step.spec.precision, "rtol": tol.rtol, "atol": atol, "loss_rtol": tol.loss_rtol,
-        "grad_rel_tol": tol.grad_rel, "tolerance_why": tol.why,
-        "logits_max_abs_err": float((logits - ref.logits).abs().max()) if seen else None,
-        "logits_rel_err": probes.rel(logits, ref.logits) if seen else None,
-        "loss": loss, "loss_ref": ref.loss,
-        "grad_rel_err": grad_err, "grad_worst": grad_name,  # the worst parameter's gradient, relative to its norm
-        "passed": True, "detail": "", **({} if seen else {"logits": "not compared: the forward returns a loss only"}),
-    }
+    out = Equivalence(
+        precision=step.spec.precision, rtol=tol.rtol, atol=atol, loss_rtol=tol.loss_rtol, grad_rel_tol=tol.grad_rel,
+        tolerance_why=tol.why, logits_max_abs_err=float((logits - ref.logits).abs().max()) if seen else None,
+        logits_rel_err=probes.rel(logits, ref.logits) if seen else None, loss=loss, loss_ref=ref.loss,
+        grad_rel_err=grad_err, grad_worst=grad_name,  # the worst parameter's gradient, relative to its norm
+        logits=None if seen else "not compared: the forward returns a loss only")
     try:
         if seen:
             torch.testing.assert_close(logits, ref.logits, rtol=tol.rtol, atol=atol, msg=lambda m: "logits: " + m)
         torch.testing.assert_close(torch.tensor(loss), torch.tensor(ref.loss), rtol=tol.loss_rtol, atol=0.0,
                                    msg=lambda m: "loss: " + m)
     except AssertionError as e:
-        out["passed"] = False
-        out["detail"] = _summary(str(e))
-    if out["passed"] and not out["grad_rel_err"] <= tol.grad_rel:
-        out["passed"] = False
-        out["detail"] = (f"the gradient of {grad_name} differs by {grad_err:.2e} relative "
-                         f"(tolerance {tol.grad_rel:.0e} per tensor)")
+        out.passed, out.detail = False, _summary(str(e))
+    if out.passed and not grad_err <= tol.grad_rel:
+        out.passed = False
+        out.detail = (f"the gradient of {grad_name} differs by {grad_err:.2e} relative "
+                      f"(tolerance {tol.grad_rel:.0e} per tensor)")
     return out
 
 
@@ -161,22 +165,21 @@ def _summary(message: str) -> str:
     return "; ".join(keep)
 
 
-def loss_band(curve: list[float], ref_curve: list[float], band: float) -> dict:
+def loss_band(curve: list[float], ref_curve: list[float], band: float) -> LossBand:
     """Step by step over the same batches, |loss - loss_ref| <= band * loss_ref."""
     worst = max(abs(a - b) / b for a, b in zip(curve, ref_curve))
     finite = all(math.isfinite(v) for v in curve)
     passed = finite and worst <= band
     detail = "" if passed else (
         "non-finite loss" if not finite else f"loss strays {worst:.1%} from eager fp32 (band {band:.0%})")
-    return {"steps": len(curve), "band": band, "max_rel_diff": worst, "losses": curve,
-            "ref_losses": ref_curve, "passed": passed, "detail": detail}
+    return LossBand(steps=len(curve), band=band, max_rel_diff=worst, losses=curve, ref_losses=ref_curve,
+                    passed=passed, detail=detail)
 
 
-def no_loss_band(spec: StepSpec) -> dict:
+def no_loss_band(spec: StepSpec) -> LossBand:
     """A rung that changes the update rule follows its own curve: the band does not apply, and says why."""
-    return {"applies": False, "passed": True,
-            "detail": f"not applicable: {spec.optimizer} updates differently from AdamW, so its loss curve "
-                      "differs by design; compared by tokens to a target loss instead"}
+    return not_applicable(LossBand, f"{spec.update_change or spec.optimizer + ' updates differently from AdamW'}, "
+                                    "so its loss curve differs by design; compared by tokens to a target loss instead")
 
 
 def tokens_to(losses: list[float], target: float, window: int, tokens_per_step: int) -> int | None:
@@ -187,7 +190,8 @@ def tokens_to(losses: list[float], target: float, window: int, tokens_per_step: 
     return None
 
 
-def tokens_to_target(step: TrainStep, adamw: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+def tokens_to_target(step: TrainStep, adamw: TrainStep,
+                     batches: list[tuple[torch.Tensor, torch.Tensor]]) -> TokensToTarget:
     """Both steps from the initial weights over the same batches: the tokens each needs to reach AdamW's
     final loss (the mean of its last tenth). Passes if the rung needs no more tokens than AdamW."""
     curves = {}
@@ -208,9 +212,9 @@ def tokens_to_target(step: TrainStep, adamw: TrainStep, batches: list[tuple[torc
         detail = f"never reached AdamW's loss {target:.3f} in {len(batches)} steps"
     else:
         detail = f"needed {ours:,} tokens to reach loss {target:.3f}, AdamW {theirs:,}"
-    return {"steps": len(batches), "target_loss": target, "window": window, "tokens": ours, "adamw_tokens": theirs,
-            "token_ratio": (theirs / ours) if ours and theirs else None, "losses": curves["rung"],
-            "adamw_losses": curves["adamw"], "passed": passed, "detail": detail}
+    return TokensToTarget(steps=len(batches), target_loss=target, window=window, tokens=ours, adamw_tokens=theirs,
+                          token_ratio=(theirs / ours) if ours and theirs else None, losses=curves["rung"],
+                          adamw_losses=curves["adamw"], passed=passed, detail=detail)
 
 
 def train_curve(step: TrainStep, stream: BatchStream, steps: int,
@@ -234,7 +238,7 @@ def final_loss(curve: list[float]) -> float:
     return sum(tail) / len(tail)
 
 
-def learns_check(curve: list[float], eager_curve: list[float], band: float, unigram_entropy: float) -> dict:
+def learns_check(curve: list[float], eager_curve: list[float], band: float, unigram_entropy: float) -> LearnsCheck:
     """Learns as well as the baseline: over the same batches for the same steps, the fast configuration's final
     loss is within `band` of eager fp32's, and below the corpus's unigram entropy (what a model that ignores
     context and position can reach, letter or token frequencies alone)."""
@@ -252,6 +256,6 @@ def learns_check(curve: list[float], eager_curve: list[float], band: float, unig
                   "than token frequencies learned")
     else:
         detail = ""
-    return {"steps": len(curve), "first_loss": curve[0], "final_loss": final, "eager_final_loss": eager,
-            "band": band, "unigram_entropy": unigram_entropy, "losses": curve, "eager_losses": eager_curve,
-            "drop": (curve[0] - final) / curve[0] if curve[0] else 0.0, "passed": within and below, "detail": detail}
+    return LearnsCheck(steps=len(curve), first_loss=curve[0], final_loss=final, eager_final_loss=eager, band=band,
+                       unigram_entropy=unigram_entropy, losses=curve, eager_losses=eager_curve,
+                       drop=(curve[0] - final) / curve[0] if curve[0] else 0.0, passed=within and below, detail=detail)

@@ -66,7 +66,7 @@ def winner(where: str | Path | StepSpec, device: torch.device) -> tuple[StepSpec
     if path.suffix == ".toml":
         return _from_settings(path, device)
     saved = results.load(path)
-    tuned = (saved.tune or {}).get("winner_spec")
+    tuned = saved.tune.winner_spec if saved.tune else None
     best = saved.rung(saved.fastest) if saved.fastest else None
     if not tuned and best is None:
         raise UsageError(f"{where} names no configuration that passed every gate")

@@ -26,12 +26,12 @@ from pathlib import Path
 from speedladder import codec, results, settings, subproc
 from speedladder.cli.gen import Command
 from speedladder.errors import UsageError
-from speedladder.records import to_dict
+from speedladder.records import Role, to_dict
 from speedladder.report.compare import differences, drift_warnings
 from speedladder.settings import RaceConfig, Settings, run_from_results
 
 # Roles a plain `run` reproduces; tune's combined candidates are compared only when both runs have them.
-LADDER_ROLES = ("rung", "beside", "control")
+LADDER_ROLES = (Role.RUNG, Role.BESIDE, Role.CONTROL)
 
 
 @dataclass(frozen=True)

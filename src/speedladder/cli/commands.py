@@ -15,7 +15,7 @@ from speedladder.ladder import Ladder
 from speedladder.profile import child
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress, show_on_stderr
-from speedladder.records import ProfileSummary, Results, from_dict
+from speedladder.records import ProfileSummary, Results, TuneSection, from_dict
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
 from speedladder.report import race as race_report
@@ -109,13 +109,13 @@ def cmd_tune(s: Settings, _: argparse.Namespace) -> int:
 
     def combine() -> None:
         res = ladder.results
-        res.tune = {"budget_minutes": t.budget_minutes, "survivors": list(tune.survivors(res)),
-                    "dropped": tune.dropped(res)}
-        say(f"survivors: {', '.join(res.tune['survivors']) or 'none'}; dropped: "
-            + ("; ".join(f"{k} ({v})" for k, v in res.tune["dropped"].items()) or "none"))
-        res.tune["candidates"] = tune.measure_candidates(ladder, budget, t.max_candidates, say)
-        res.tune["finalists"] = tune.measure_finalists(ladder, budget, t.finalists, say)
-        ladder.finalists = res.tune["finalists"] or None  # none passed again: the learns-check tries them all
+        res.tune = section = TuneSection(budget_minutes=t.budget_minutes, survivors=list(tune.survivors(res)),
+                                         dropped=tune.dropped(res))
+        say(f"survivors: {', '.join(section.survivors or []) or 'none'}; dropped: "
+            + ("; ".join(f"{k} ({v})" for k, v in section.dropped.items()) or "none"))
+        section.candidates = tune.measure_candidates(ladder, budget, t.max_candidates, say)
+        section.finalists = tune.measure_finalists(ladder, budget, t.finalists, say)
+        ladder.finalists = section.finalists or None  # none passed again: the learns-check tries them all
         ladder.save()
 
     interrupted = False
@@ -123,13 +123,13 @@ def cmd_tune(s: Settings, _: argparse.Namespace) -> int:
         ladder.run(after_climb=combine)
     except KeyboardInterrupt:
         interrupted = True
-    ladder.results.tune = {**(ladder.results.tune or {}), **tune.summarize(ladder.results, run_dir),
-                           "seconds": budget.seconds - budget.left()}
+    section = ladder.results.tune = ladder.results.tune or TuneSection(budget_minutes=t.budget_minutes)
+    tune.summarize(section, ladder.results, run_dir)
+    section.seconds = budget.seconds - budget.left()
     ladder.save()
-    winner = ladder.results.tune.get("winner_rungs")
-    if ladder.results.tune.get("winner"):
-        settings.write(run_dir / settings.WINNER_FILE, tune.winner_settings(s, work.cfg.run, tuple(winner)),
-                       f"tune's winner ({ladder.results.tune['winner']}) from {run_dir}", ("run", "train"))
+    if section.winner:
+        settings.write(run_dir / settings.WINNER_FILE, tune.winner_settings(s, work.cfg.run, tuple(section.winner_rungs)),
+                       f"tune's winner ({section.winner}) from {run_dir}", ("run", "train"))
     saved = results.load(run_dir)
     report.print_report(saved)
     report.print_tune(saved)

@@ -16,7 +16,7 @@ import torch
 
 from speedladder.config import Resolved, RunConfig
 from speedladder.errors import UsageError
-from speedladder.model import sample_next
+from speedladder.gpt import sample_next
 from speedladder.models import hf, user
 from speedladder.models.base import CONVENTIONS, ModelDef, count_flops, find_blocks
 from speedladder.models.ours import ours
@@ -68,7 +68,7 @@ def of_module(module: torch.nn.Module) -> ModelDef:
     """The ModelDef of a model the user already built, for its transforms and blocks alone (speedladder.apply puts
     a winner's rungs on it in place): our GPT's rungs, a Hugging Face model's switches, or any other's blocks and
     hooks. The convention and vocabulary are not detected here: the user's own loop calls the model."""
-    from speedladder.model import GPT
+    from speedladder.gpt import GPT
 
     base = {"name": type(module).__name__, "factory": lambda: module, "convention": "logits", "vocab_size": 0,
             "params": sum(p.numel() for p in module.parameters())}

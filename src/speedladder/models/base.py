@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from speedladder import measure
-from speedladder.model import GPTConfig
+from speedladder.gpt import GPTConfig
 from speedladder.rungs import MODEL_TRANSFORMS, Checkpointed
 
 # How the ladder calls a model and reads its loss. x is (B, T) token ids, y the same shifted by one.

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.model import GPTConfig
+from speedladder.gpt import GPTConfig
 from speedladder.models.base import ModelDef, find_blocks
 from speedladder.models.detect import convention
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab

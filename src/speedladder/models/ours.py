@@ -1,4 +1,4 @@
-"""Our GPT (model.py) as a ModelDef: the same record every other model gets, with what we know of it."""
+"""Our GPT (gpt.py) as a ModelDef: the same record every other model gets, with what we know of it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from speedladder.model import GPT, GPTConfig
+from speedladder.gpt import GPT, GPTConfig
 from speedladder.models.base import ModelDef
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from speedladder.errors import one_line
 from speedladder.profile import child
 from speedladder.profile.predict import baseline_parts, chain
-from speedladder.records import ProfileSummary, Results, RungResult, from_dict, to_dict
+from speedladder.records import ProfileSummary, Results, Role, RungResult, from_dict, to_dict
 from speedladder.workload import Workload
 
 # The model's parts, merged where two profiles cannot tell them apart (the attention's matmuls are matmuls to the
@@ -83,7 +83,7 @@ def compare(base: dict, rung: dict, before: dict[str, float], after: dict[str, f
 def misses(results: Results, limit: float) -> list[RungResult]:
     """The measured rungs whose × missed the prediction by more than `limit`, in ladder order."""
     return [r for r in results.rungs if r.ok and r.prediction_error is not None and abs(r.prediction_error) > limit
-            and r.role != "control"]
+            and r.role != Role.CONTROL]
 
 
 def names_of(results: Results, r: RungResult) -> list[str]:

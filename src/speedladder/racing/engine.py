@@ -36,7 +36,7 @@ from speedladder.codec import to_data
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.racing.verdicts import judge
-from speedladder.records import RaceEntry, RaceRun, RaceSection, Results
+from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, Results
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
 from speedladder.settings import CONFIG_FILE, RaceConfig, Settings
 from speedladder.settings import write as write_settings
@@ -176,8 +176,8 @@ class Race:
                                    if spec.compile and steady else None)
                 entry.causality = self._causality(step, spec)
             p.step = step
-            entry.status = "ok" if entry.causality["passed"] else "failed"
-            entry.detail = entry.causality["detail"]
+            entry.status = "ok" if entry.causality.passed else "failed"
+            entry.detail = entry.causality.detail
             say("ready" + (f" (compiled in {entry.compile_s:.1f} s, outside the clock)" if entry.compile_s else "")
                 + ("" if entry.ok else f"; FAILED: {entry.detail}"))
         except KeyboardInterrupt:
@@ -190,7 +190,7 @@ class Race:
         self.save()
         return p
 
-    def _causality(self, step: TrainStep, spec: StepSpec) -> dict:
+    def _causality(self, step: TrainStep, spec: StepSpec) -> Causality:
         """The gates' causality probe on this configuration's own shape, at the amplified initial weights."""
         (batch,) = self.work.gate_batches(spec, 1)
         rows = max(1, min(spec.batch_size, _PROBE_LOGITS // (spec.seq_len * step.vocab_size)))

@@ -13,13 +13,49 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, TypeVar
 
 from speedladder.measure import Spread
+from speedladder.records.checks import (
+    Causality,
+    Check,
+    Differential,
+    Equivalence,
+    LearnsCheck,
+    LossBand,
+    Role,
+    TokensToTarget,
+    TuneSection,
+    not_applicable,
+)
 from speedladder.records.race import EqualTokens, RaceEntry, RaceRun, RaceSection
 
-__all__ = ["EXTRA", "EqualTokens", "Gate", "ParallelSection", "Prediction", "ProfileSummary", "RaceEntry", "RaceRun",
-           "RaceSection", "Results", "RungResult", "from_dict", "to_dict"]
+__all__ = [
+    "EXTRA",
+    "Causality",
+    "Check",
+    "Differential",
+    "EqualTokens",
+    "Equivalence",
+    "Gate",
+    "LearnsCheck",
+    "LossBand",
+    "ParallelSection",
+    "Prediction",
+    "ProfileSummary",
+    "RaceEntry",
+    "RaceRun",
+    "RaceSection",
+    "Results",
+    "Role",
+    "RungResult",
+    "TokensToTarget",
+    "TuneSection",
+    "from_dict",
+    "not_applicable",
+    "to_dict",
+]
 
 T = TypeVar("T")
 EXTRA = "extra"  # the field that keeps what a record does not declare
@@ -44,6 +80,8 @@ def to_dict(obj: Any) -> Any:
         return [to_dict(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
+    if isinstance(obj, Enum):
+        return obj.value
     return obj
 
 
@@ -62,6 +100,8 @@ def _convert(tp: Any, value: Any) -> Any:
         return [_convert(item, v) for v in value]
     if dataclasses.is_dataclass(tp) and isinstance(value, dict):
         return from_dict(tp, value)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(value)
     return value
 
 
@@ -82,11 +122,11 @@ class Gate:
     passed: bool
     detail: str = ""  # why it failed: the first failing check's line
     reference: bool = False  # the rung is eager fp32 itself, the reference of every check
-    equivalence: dict[str, Any] | None = None  # logits, loss and gradients against eager fp32
-    loss_band: dict[str, Any] | None = None  # the loss curve against eager fp32's over the same batches
-    tokens_to_target: dict[str, Any] | None = None  # an optimizer rung: tokens to AdamW's loss
-    causality: dict[str, Any] | None = None  # the future tokens changed: the past logits must not move
-    differential: dict[str, Any] | None = None  # against the rung it built on, at the same precision
+    equivalence: Equivalence | None = None  # logits, loss and gradients against eager fp32
+    loss_band: LossBand | None = None  # the loss curve against eager fp32's over the same batches
+    tokens_to_target: TokensToTarget | None = None  # a rung that changes the update: tokens to AdamW's loss
+    causality: Causality | None = None  # the future tokens changed: the past logits must not move
+    differential: Differential | None = None  # against the rung it built on, at the same precision
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -105,7 +145,7 @@ class RungResult:
 
     name: str
     rung: str  # the rung it applies (a control is named "<rung>-fp32")
-    role: str  # "rung", "control", "beside" or "candidate"
+    role: Role  # a step of the ladder, the batch rung's control, beside the top, a tune candidate or finalist
     reason: str
     kind: str  # "speed", "memory" or "optimizer"
     built_on: str | None  # the result it is compared with
@@ -263,11 +303,11 @@ class Results:
     kind: str | None = None  # "profile" for a `speedladder profile` folder's profile.json; "race" for a race
     updated: str | None = None
     rungs: list[RungResult] = field(default_factory=list)
-    learns_check: dict[str, Any] | None = None
+    learns_check: LearnsCheck | None = None
     fastest: str | None = None
     profile: ProfileSummary | None = None
     predictions: list[dict[str, Any]] | None = None
-    tune: dict[str, Any] | None = None
+    tune: TuneSection | None = None
     parallel: ParallelSection | None = None
     sweep: dict[str, Any] | None = None  # `speedladder sweep`: the axis, its points and each rung's crossover
     race: RaceSection | None = None  # `speedladder race`: time to a target val loss, over seeds
@@ -281,13 +321,13 @@ class Results:
     @property
     def baseline(self) -> RungResult | None:
         """The first ladder rung that ran: what every x cum is against."""
-        return next((r for r in self.rungs if r.role == "rung" and r.ok), None)
+        return next((r for r in self.rungs if r.role == Role.RUNG and r.ok), None)
 
     @property
     def failed_baseline(self) -> RungResult | None:
         """The first ladder rung when it was tried and failed (an error, out of memory): nothing is measured against
         it, so the run failed. One that was skipped (a budget, a requirement) is not a failure."""
-        first = next((r for r in self.rungs if r.role == "rung"), None)
+        first = next((r for r in self.rungs if r.role == Role.RUNG), None)
         return first if first is not None and first.status in ("error", "oom") else None
 
     def chain(self, record: RungResult) -> tuple[str, ...]:
@@ -304,8 +344,8 @@ class Results:
     def winner(self) -> tuple[str, tuple[str, ...]] | None:
         """The configuration this file names best, and its rungs above eager: tune's winner, else the fastest rung
         that passed every gate; None when there is none."""
-        if self.tune and self.tune.get("winner"):
-            return self.tune["winner"], tuple(self.tune.get("winner_rungs") or ())
+        if self.tune and self.tune.winner:
+            return self.tune.winner, tuple(self.tune.winner_rungs)
         best = self.rung(self.fastest) if self.fastest else None
         if best is None:
             return None

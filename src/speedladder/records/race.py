@@ -4,8 +4,12 @@ section. Imported through speedladder.records, which the rest of the package rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from speedladder.records.checks import Causality
+
+# A race's configuration: a step of a cumulative ladder, given rungs together, or a run's winner.
+RaceRole = Literal["rung", "combo", "winner"]
 from speedladder.stats import Summary
 
 
@@ -61,7 +65,7 @@ class RaceEntry:
 
     name: str
     rungs: list[str]  # composed on the workload's eager fp32 spec, in order
-    role: str  # "rung" (a step of the cumulative ladder), "combo" (given rungs together) or "winner" (a run's)
+    role: RaceRole
     reason: str
     kind: str  # the last rung's kind: "speed", "memory" or "optimizer"
     built_on: str | None  # the entry it is judged against
@@ -72,7 +76,7 @@ class RaceEntry:
     changes_learning: bool = False  # batch, optimizer or learning rate differ from its base's
     compile_s: float | None = None  # first step and compiling warm-up steps, less steady steps: outside the clock
     warmup_s: float | None = None  # the whole warm-up, outside the clock
-    causality: dict[str, Any] | None = None
+    causality: Causality | None = None  # the gates' probe on this configuration's own shape
     runs: list[RaceRun] = field(default_factory=list)
     time: Summary | None = None  # seconds to the target over the seeds that reached it
     tokens: Summary | None = None

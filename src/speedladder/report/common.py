@@ -6,7 +6,7 @@ import sys
 
 from rich.console import Console
 
-from speedladder.records import RungResult
+from speedladder.records import Role, RungResult
 
 STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
                 "pending": "interrupted"}
@@ -26,13 +26,13 @@ def times(v: float | None) -> str:
 
 
 def label(r: RungResult) -> str:
-    if r.role == "control":
+    if r.role == Role.CONTROL:
         return f"└ {r.rung} fp32 control"
-    if r.role == "beside" and r.ok:
+    if r.role == Role.BESIDE and r.ok:
         return f"┊ {r.name} beside {r.built_on or 'the top'}"
-    if r.role == "candidate":
+    if r.role == Role.CANDIDATE:
         return f"◆ {r.name}"
-    if r.role == "final":  # tune's finalist, measured again beside eager
+    if r.role == Role.FINAL:  # tune's finalist, measured again beside eager
         return f"★ {r.name}"
     return r.name
 

@@ -16,7 +16,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from speedladder.records import Results, RungResult, from_dict, to_dict
+from speedladder.records import Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
 from speedladder.report.common import label, model_label
 from speedladder.report.htmlkit import (
@@ -135,7 +135,7 @@ def waterfall_section(results: dict) -> str:
     if results.get("race"):
         return svg(race_figure(_typed(results)), "waterfall")
     recs = results.get("rungs") or []
-    if not any(_ok(r) for r in recs if r["role"] in ("rung", "beside")):
+    if not any(_ok(r) for r in recs if r["role"] in (Role.RUNG, Role.BESIDE)):
         why = ("no waterfall for a data-parallel run: see tokens/s against k below." if results.get("parallel")
                else "no rung was measured, so there is no bar to draw.")
         return missing(why)
@@ -230,8 +230,8 @@ def memory_section(results: dict) -> str:
     if not recs:
         return missing("no per-rung memory: a race measures time to a loss, not memory." if results.get("race") else
                        "no per-rung memory: no ladder in this run.")
-    main = [r for r in recs if r["role"] != "control"]
-    control = {r["rung"]: r for r in recs if r["role"] == "control"}
+    main = [r for r in recs if r["role"] != Role.CONTROL]
+    control = {r["rung"]: r for r in recs if r["role"] == Role.CONTROL}
     extra = memory_fields(recs)
     headers = ["rung", "status", "peak memory", "fp32 control peak", *extra]
     rows = []
@@ -285,7 +285,7 @@ def profile_section(results: dict) -> str:
     ax.invert_yaxis()
     ax.set(xlabel="share of one step, %", title=f"where the baseline's time goes ({b.get('regime_label') or b['regime']})")
     preds = [r for r in results.get("rungs") or []
-             if r["role"] != "control" and (r.get("predicted") or {}).get("speedup") is not None and r.get("built_on")]
+             if r["role"] != Role.CONTROL and (r.get("predicted") or {}).get("speedup") is not None and r.get("built_on")]
     if preds:
         xs = range(len(preds))
         px.bar([x - 0.2 for x in xs], [r["predicted"]["speedup"] for r in preds], width=0.4, color=PREDICTED,

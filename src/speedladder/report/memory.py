@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.markup import escape
 from rich.table import Table
 
-from speedladder.records import Results, RungResult
+from speedladder.records import Results, Role, RungResult
 
 MISSING = "not measured"  # how memory.record says a meter could not run
 RSS = "rss"  # marks a resident-set figure (a CPU's process peak) apart from the CUDA allocator's
@@ -168,7 +168,7 @@ def memory_chart(results: Results) -> str | None:
     """Saved activations (measured and predicted) and the step's resident rise per rung, as inline SVG."""
     from speedladder.report.htmlkit import _figure, svg
 
-    recs = [r for r in results.rungs if r.ok and r.role != "control" and r.saved_activation_bytes is not None]
+    recs = [r for r in results.rungs if r.ok and r.role != Role.CONTROL and r.saved_activation_bytes is not None]
     if not recs:
         return None
     fig, (ax,) = _figure(max(5.0, 1.3 * len(recs) + 2), 3.6)

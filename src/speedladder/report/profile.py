@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.profile.spread import iqr
-from speedladder.records import ProfileSummary, Results
+from speedladder.records import ProfileSummary, Results, Role
 from speedladder.report.common import console, label, model_label, pct, times
 
 
@@ -62,7 +62,7 @@ def roofline_line(results: Results) -> str | None:
     ceiling = b.matmuls.get("ceiling_tflops") or {}
     parts = []
     for r in results.rungs:
-        if not r.ok or r.role == "control" or r.tflops is None:
+        if not r.ok or r.role == Role.CONTROL or r.tflops is None:
             continue
         prec = r.precision if r.precision != "tf32" else "fp32"  # TF32 keeps fp32 storage: its ceiling is fp32's
         if r.peak_tflops:
@@ -95,7 +95,7 @@ def profile_notes(results: Results) -> list[str]:
         out.append(line)
     for r in results.rungs:
         p = r.predicted
-        if r.role == "control" or p is None or p.speedup is None or r.built_on is None:
+        if r.role == Role.CONTROL or p is None or p.speedup is None or r.built_on is None:
             continue
         measured = "not measured" if not r.ok or r.speedup_prev is None else (
             f"measured {r.speedup_prev:.2f}× ({100 * (r.prediction_error or 0.0):+.0f}%)")

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speedladder.records import Results, RungResult
+from speedladder.records import LearnsCheck, Results, Role, RungResult
 from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, times
 from speedladder.report.memory import (
     explanation_notes,
@@ -122,7 +122,7 @@ def _control_note(rung: RungResult, control: RungResult) -> str:
 def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
-    if r.role == "beside" and r.ok:
+    if r.role == Role.BESIDE and r.ok:
         out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r.kind} rung).")
     base = by_name.get(r.built_on or "")
@@ -130,15 +130,15 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     if r.ok and opt and base is not None and opt != base.spec.get("optimizer"):
         out.append(f"{r.name}: optimizer {opt}.")
     gate = r.gate
-    band = (gate.loss_band if gate else None) or {}
-    if band.get("applies") is False:
-        out.append(f"{r.name}: loss band {band['detail']}.")
+    band = gate.loss_band if gate else None
+    if band is not None and not band.applies:
+        out.append(f"{r.name}: loss band {band.detail}.")
     t = gate.tokens_to_target if gate else None
-    if t and r.tokens_per_s is not None:
-        ours = "never" if t["tokens"] is None else f"{t['tokens']:,} tokens"
-        theirs = "never" if t["adamw_tokens"] is None else f"{t['adamw_tokens']:,} tokens"
-        out.append(f"{r.name}: to reach AdamW's loss {t['target_loss']:.3f} over the same {t['steps']} batches: "
-                   f"{ours} vs AdamW {theirs}" + (f" ({t['token_ratio']:.2f}× fewer)" if t["token_ratio"] else "")
+    if t is not None and t.target_loss is not None and r.tokens_per_s is not None:
+        ours = "never" if t.tokens is None else f"{t.tokens:,} tokens"
+        theirs = "never" if t.adamw_tokens is None else f"{t.adamw_tokens:,} tokens"
+        out.append(f"{r.name}: to reach AdamW's loss {t.target_loss:.3f} over the same {t.steps} batches: "
+                   f"{ours} vs AdamW {theirs}" + (f" ({t.token_ratio:.2f}× fewer)" if t.token_ratio else "")
                    + f"; tokens/s {r.tokens_per_s.median:,.0f}.")
     return out
 
@@ -153,20 +153,20 @@ def _window_note(ok: list[RungResult]) -> list[str]:
             + ", ".join(f"{r.name} {r.timing['window_steps']}" for r in sized) + "."]  # type: ignore[index]
 
 
-def _learns_note(lc: dict | None) -> list[str]:
+def _learns_note(lc: LearnsCheck | None) -> list[str]:
     if not lc:
         return []
-    if lc.get("skipped"):
-        return [f"learns-check skipped ({lc['detail']})."]
-    if "eager_final_loss" in lc:
-        return [(f"learns-check ({lc['rung']}, {lc['steps']} steps): loss {lc['first_loss']:.3f} → "
-                 f"{lc['final_loss']:.3f}; eager fp32 over the same batches {lc['eager_final_loss']:.3f} (band "
-                 f"{lc['band']:.0%}); unigram entropy {lc['unigram_entropy']:.3f}: "
-                 f"{'passed' if lc['passed'] else 'FAILED — ' + lc['detail']}.")]
-    if "drop" in lc:  # schema 1: a drop of the loss was the check
-        return [(f"learns-check ({lc['rung']}, {lc['steps']} steps): loss {lc['first_loss']:.3f} → "
-                 f"{lc['final_loss']:.3f} ({-100 * lc['drop']:.0f}%): {'passed' if lc['passed'] else 'FAILED'}.")]
-    return [f"learns-check ({lc['rung']}): FAILED — {lc['detail']}"]
+    if lc.skipped:
+        return [f"learns-check skipped ({lc.detail})."]
+    if lc.eager_final_loss is not None:
+        return [(f"learns-check ({lc.rung}, {lc.steps} steps): loss {lc.first_loss:.3f} → "
+                 f"{lc.final_loss:.3f}; eager fp32 over the same batches {lc.eager_final_loss:.3f} (band "
+                 f"{lc.band:.0%}); unigram entropy {lc.unigram_entropy:.3f}: "
+                 f"{'passed' if lc.passed else 'FAILED — ' + lc.detail}.")]
+    if lc.drop is not None:  # schema 1: a drop of the loss was the check
+        return [(f"learns-check ({lc.rung}, {lc.steps} steps): loss {lc.first_loss:.3f} → "
+                 f"{lc.final_loss:.3f} ({-100 * lc.drop:.0f}%): {'passed' if lc.passed else 'FAILED'}.")]
+    return [f"learns-check ({lc.rung}): FAILED — {lc.detail}"]
 
 
 def _model_note(model: dict) -> list[str]:
@@ -194,7 +194,7 @@ def notes(results: Results) -> list[str]:
         if r.verdict == "inconclusive":
             out.append(f"{r.name}: verdict inconclusive — {r.verdict_detail}")
         out.extend(_rung_notes(r, by_name))
-        if r.role == "control":
+        if r.role == Role.CONTROL:
             out.append(f"{r.rung}: " + _control_note(by_name[r.rung], r))
     ok = [r for r in results.rungs if r.ok]
     if any(r.compile_s is not None and (r.timing or {}).get("cache_hits") for r in ok):

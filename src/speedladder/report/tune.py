@@ -16,19 +16,19 @@ def tune_lines(results: Results) -> list[str]:
     if not t:
         return []
     out = []
-    if "survivors" in t:
-        out.append(f"tune: survivors (won their rung, passed every gate): {', '.join(t['survivors']) or 'none'}.")
-        for name, why in t.get("dropped", {}).items():
+    if t.survivors is not None:
+        out.append(f"tune: survivors (won their rung, passed every gate): {', '.join(t.survivors) or 'none'}.")
+        for name, why in t.dropped.items():
             out.append(f"tune: dropped {name} — {why}")
-        for c in t.get("candidates", []):
+        for c in t.candidates:
             if c.get("same_as"):
                 out.append(f"tune: {c['name']} ({'+'.join(c['rungs'])}) is the configuration of {c['same_as']}, "
                            "already measured.")
     else:
         out.append("tune: stopped before the survivors were combined.")
-    if t.get("winner"):
-        out.append(f"tune: winner {t['winner']}: eager + {' + '.join(t['winner_rungs']) or 'nothing'}.")
-        cmds = t["commands"]
+    if t.winner and t.commands:
+        out.append(f"tune: winner {t.winner}: eager + {' + '.join(t.winner_rungs) or 'nothing'}.")
+        cmds = t.commands
         out.append(f"measure it: {cmds['run']}")
         out.append(f"train it:   {cmds['train']}")
         if "train_rungs" in cmds:  # a file from before winner.toml: the command line that trained the winner
@@ -37,16 +37,15 @@ def tune_lines(results: Results) -> list[str]:
             out.extend(paste_lines(results, cmds["apply"]))
     else:
         out.append("tune: no configuration passed every gate.")
-    if "seconds" in t:
-        out.append(f"tune: {t['seconds']:.0f} s of a {t.get('budget_minutes', '?')}-minute "
+    if t.seconds is not None:
+        out.append(f"tune: {t.seconds:.0f} s of a {t.budget_minutes if t.budget_minutes is not None else '?'}-minute "
                    "budget.")
     return out
 
 
 def paste_lines(results: Results, apply: str) -> list[str]:
     """The lines to paste into a nanoGPT-style loop, and what they apply (the batch size stays the loop's own)."""
-    t = results.tune or {}
-    spec = t.get("winner_spec") or {}
+    spec = (results.tune.winner_spec if results.tune else None) or {}
     applied = [f"torch.compile (mode {spec.get('compile_mode') or 'default'})" if spec.get("compile") else "",
                f"{spec.get('autocast')} autocast" if spec.get("autocast") else "", "TF32" if spec.get("tf32") else "",
                *spec.get("transforms", []), spec.get("optimizer", "adamw")]
@@ -61,11 +60,11 @@ def paste_lines(results: Results, apply: str) -> list[str]:
 
 def winner_table(results: Results) -> Table | None:
     """The winning configuration, field by field."""
-    t = results.tune or {}
-    spec = t.get("winner_spec")
-    if not spec:
+    t = results.tune
+    spec = t.winner_spec if t else None
+    if not t or not spec or not t.winner:
         return None
-    w = results.rung(t["winner"])
+    w = results.rung(t.winner)
     if w is None or w.tokens_per_s is None:
         return None
     table = Table(title="tune: the winning configuration", title_justify="left")
@@ -73,7 +72,7 @@ def winner_table(results: Results) -> Table | None:
     table.add_column("value")
     tps = w.tokens_per_s
     compiled = "no" if not spec["compile"] else (spec.get("compile_mode") or "default")
-    rows_ = [("rungs", ",".join(["eager", *t["winner_rungs"]])),
+    rows_ = [("rungs", ",".join(["eager", *t.winner_rungs])),
              ("batch × length", f"{spec['batch_size']} × {spec['seq_len']}"),
              ("compile", compiled), ("precision", w.precision), ("optimizer", spec.get("optimizer", "adamw")),
              ("model transforms", ", ".join(spec["transforms"]) or "none"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speedladder.records import Results, RungResult
+from speedladder.records import Results, Role, RungResult
 from speedladder.report.common import STATUS_LABEL, model_label
 from speedladder.report.memory import bar_label
 
@@ -57,7 +57,7 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
     if pred_level is not None:
         ax.plot([i - 0.3, i + 0.3], [pred_level] * 2, color=PREDICTED, linewidth=2.5, solid_capstyle="butt",
                 gid=f"predicted-{r.name}")
-    control = next((c for c in results.rungs if c.role == "control" and c.rung == r.name), None)
+    control = next((c for c in results.rungs if c.role == Role.CONTROL and c.rung == r.name), None)
     if control is not None and control.ok and control.speedup_cum is not None:
         ax.hlines(control.speedup_cum, i - 0.4, i + 0.4, colors="black", linestyles="dashed", linewidth=1)
         ax.text(i + 0.42, control.speedup_cum, "fp32\ncontrol", fontsize=7, va="center")
@@ -72,7 +72,7 @@ def waterfall_figure(results: Results):
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    rungs = [r for r in results.rungs if r.role in ("rung", "beside")]
+    rungs = [r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE)]
     by_name = {r.name: r for r in results.rungs}
     top = max([(r.speedup_cum or 0.0) * r.tokens_per_s.max / r.tokens_per_s.median
                for r in results.rungs if r.ok and r.tokens_per_s is not None]
@@ -85,7 +85,7 @@ def waterfall_figure(results: Results):
             ax.text(i, 0.05 * top, STATUS_LABEL.get(r.status, r.status), rotation=90, ha="center", va="bottom",
                     color="#555555", fontsize=9)
     ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
-    ax.set_xticks(range(len(rungs)), [r.name + ("\n(beside)" if r.role == "beside" else "") for r in rungs])
+    ax.set_xticks(range(len(rungs)), [r.name + ("\n(beside)" if r.role == Role.BESIDE else "") for r in rungs])
     ax.set_xlim(-0.6, len(rungs) - 0.2)
     ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")

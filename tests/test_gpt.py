@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from speedladder.config import PRESETS
-from speedladder.model import GPT, GPTConfig
+from speedladder.gpt import GPT, GPTConfig
 
 
 def params(name: str) -> GPT:

@@ -1,4 +1,4 @@
-"""The GPT: one decoder-only transformer and its config (named sizes live in config.PRESETS).
+"""The GPT: one decoder-only transformer and its config (named sizes live in presets.PRESETS).
 
 Nothing here times, logs or distributes. Speed techniques are applied from the
 outside (see rungs.py), so the function this file defines is the reference.

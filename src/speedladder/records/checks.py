@@ -1,0 +1,149 @@
+"""The gates' checks, the learns-check and tune's section as typed records (docs/measurement.md, rules 7 and 9).
+
+Every field has a default, so a file that lacks one (an older version's, or a check that did not apply) loads;
+a field a record does not declare lands in its `extra`. `applies: False` marks a check that does not apply to
+the rung (its `detail` says why): it passes, and measures nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Role(str, Enum):
+    """What a measured record is in its run: a str, so a saved "rung" and Role.RUNG are the same value."""
+
+    RUNG = "rung"  # a step of the ladder
+    CONTROL = "control"  # the batch rung's fp32 control at the same batch
+    BESIDE = "beside"  # measured on the ladder's top, not built upon
+    CANDIDATE = "candidate"  # a combination tune measured
+    FINAL = "final"  # a tune finalist measured again beside eager
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class Check:
+    """What every check says: whether it applies, whether it passed, and why not."""
+
+    applies: bool = True
+    passed: bool = True
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Equivalence(Check):
+    """Logits, loss and gradients of the rung against eager fp32, on the same weights and batch."""
+
+    precision: str = ""
+    rtol: float | None = None  # the tolerances used, and why
+    atol: float | None = None
+    loss_rtol: float | None = None
+    grad_rel_tol: float | None = None
+    tolerance_why: str = ""
+    logits_max_abs_err: float | None = None  # what was measured; None: the forward returns a loss only
+    logits_rel_err: float | None = None
+    loss: float | None = None
+    loss_ref: float | None = None
+    grad_rel_err: float | None = None  # the worst parameter's gradient, relative to its norm
+    grad_worst: str | None = None
+    logits: str | None = None  # why the logits were not compared, when they were not
+
+
+@dataclass
+class LossBand(Check):
+    """The rung's loss over eager fp32's, step by step over the same batches."""
+
+    steps: int = 0
+    band: float | None = None
+    max_rel_diff: float | None = None
+    losses: list[float | None] = field(default_factory=list)
+    ref_losses: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class TokensToTarget(Check):
+    """A rung that changes the update rule against AdamW: the tokens each needs to reach AdamW's final loss."""
+
+    steps: int = 0
+    target_loss: float | None = None
+    window: int | None = None
+    tokens: int | None = None
+    adamw_tokens: int | None = None
+    token_ratio: float | None = None
+    losses: list[float | None] = field(default_factory=list)
+    adamw_losses: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class Causality(Check):
+    """The future tokens changed: the past logits must not move beyond the rung's own noise."""
+
+    position: int | None = None
+    past_max_abs: float | None = None
+    future_max_abs: float | None = None
+    noise_max_abs: float | None = None
+    allowed: float | None = None
+    how: str = ""
+
+
+@dataclass
+class Differential(Check):
+    """The rung against the rung it built on, at the same precision and shape, at the probe weights."""
+
+    base: str | None = None
+    precision: str = ""
+    logits_rel: float | None = None
+    logits_allowed: float | None = None
+    grad_worst: str | None = None
+    grad_rel: float | None = None
+    grad_allowed: float | None = None
+    base_logits_rel_to_fp32: float | None = None
+    base_grad_rel_to_fp32: float | None = None
+    k: float | None = None
+    floor: float | None = None
+    curve_rel: float | None = None
+    curve_allowed: float | None = None
+
+
+@dataclass
+class LearnsCheck(Check):
+    """The fastest configuration trained beside eager fp32 over the same batches: it must learn as well."""
+
+    rung: str | None = None
+    skipped: bool = False  # --learns-steps 0
+    steps: int = 0
+    first_loss: float | None = None
+    final_loss: float | None = None  # the mean of the last tenth
+    eager_final_loss: float | None = None  # None in schema 1 files, which kept `min_drop` instead
+    band: float | None = None
+    unigram_entropy: float | None = None
+    drop: float | None = None
+    losses: list[float | None] = field(default_factory=list)
+    eager_losses: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class TuneSection:
+    """`speedladder tune`: the budget, what was kept and dropped, the combinations, the winner."""
+
+    budget_minutes: float | None = None
+    seconds: float | None = None
+    survivors: list[str] | None = None  # None: the search stopped before the survivors were combined
+    dropped: dict[str, str] = field(default_factory=dict)
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    finalists: list[str] = field(default_factory=list)
+    winner: str | None = None
+    winner_rungs: list[str] = field(default_factory=list)
+    winner_spec: dict[str, Any] | None = None
+    commands: dict[str, str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def not_applicable(cls: type[Check], why: str) -> Any:
+    """A check that does not apply to this rung: it passes, measures nothing, and says why."""
+    return cls(applies=False, passed=True, detail=f"not applicable: {why}")
