@@ -44,6 +44,8 @@ def peak_rss(args: list[str], out: Path) -> tuple[float, float, int]:
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the child runs the command and nothing else, so its rusage is the command's own
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)  # its table is not this script's output
         os.execve(sys.executable, [sys.executable, "-m", "speedladder", *args, "--out", str(out)], env)
     _, status, usage = os.wait4(pid, 0)
     return usage.ru_maxrss / 1024, time.perf_counter() - t0, os.waitstatus_to_exitcode(status)

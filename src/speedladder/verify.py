@@ -61,6 +61,10 @@ TOLERANCES: dict[str, Tolerance] = {
                      why="fp8: 3-bit (e4m3) / 2-bit (e5m2) mantissas on scaled matmul inputs, fp32 accumulation"),
 }
 
+# Untimed training (the gates' curves) hands freed host memory back every this many steps: a 50k-vocabulary step
+# frees tens of MB of logits, which the allocator would otherwise keep (measure.return_host_memory).
+HAND_BACK_EVERY = 5
+
 # At most this many logits are kept per reference (16M floats = 64 MB): whole sequences, from the first.
 _PROBE_LOGITS = 1 << 24
 
@@ -99,7 +103,11 @@ def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]
                micro: int | None = None) -> list[float]:
     """Train from the initial weights over the given batches; the losses, read once at the end."""
     step.reset()
-    losses = [train_step(step, x.to(step.device), y.to(step.device), micro) for x, y in batches]
+    losses = []
+    for i, (x, y) in enumerate(batches):
+        losses.append(train_step(step, x.to(step.device), y.to(step.device), micro))
+        if i % HAND_BACK_EVERY == HAND_BACK_EVERY - 1:
+            measure.return_host_memory()  # untimed: what the steps freed goes back (measure.return_host_memory)
     return torch.stack(losses).float().cpu().tolist()
 
 
@@ -228,6 +236,7 @@ def train_curve(step: TrainStep, stream: BatchStream, steps: int,
         losses.append(train_step(step, *next(stream), micro))
         if (i + 1) % every == 0 or i + 1 == steps:
             on_progress(f"step {i + 1}/{steps}, loss {float(losses[-1]):.3f}")
+        if i % HAND_BACK_EVERY == HAND_BACK_EVERY - 1:
             measure.return_host_memory()  # untimed: the allocator keeps what steps free unless told (measure.py)
     return torch.stack(losses).float().cpu().tolist()
 

@@ -22,7 +22,7 @@ from speedladder.errors import UsageError
 from speedladder.measure import Spread, verdict
 from speedladder.records import to_dict
 from speedladder.report import htmlkit
-from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, race_columns, race_rows
+from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows
 
 WITHIN = "within spread"
 PASSED, FAILED = "passed", "failed"
@@ -234,11 +234,6 @@ def _mark(c: Cell) -> str:
     if c.gate_change:
         parts.append(f"gate {c.gate_change}")
     return "; ".join(parts) or "—"
-
-
-def letters(comp: Comparison) -> list[str]:
-    """Short column names for the runs: A (the reference), B, C, ..."""
-    return [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(len(comp.labels))]
 
 
 def columns(comp: Comparison) -> tuple[list[str], list[list[str]]]:

@@ -76,9 +76,14 @@ def race_rows(runs: Sequence[dict]) -> tuple[RaceRow, ...]:
                  for n in names)
 
 
+def letters(comp) -> list[str]:
+    """Short column names for a comparison's runs: A (the reference), B, C, ..."""
+    return [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(len(comp.labels))]
+
+
 def race_columns(comp) -> tuple[list[str], list[list[str]]]:
     """The race rows as display strings: seconds to the target (mean ± sd), seeds reached, × A, change and p."""
-    names = [chr(ord("A") + i) if i < 26 else f"R{i + 1}" for i in range(len(comp.labels))]
+    names = letters(comp)
     headers = ["config"]
     for i, n in enumerate(names):
         headers.extend([f"{n} s to target", f"{n} reached"] + ([f"{n} × {names[0]}", f"{n} change"] if i else []))
