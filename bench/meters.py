@@ -20,13 +20,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import torch  # noqa: E402
-from torch.profiler import profile as torch_profile  # noqa: E402
+import torch
+from torch.profiler import profile as torch_profile
 
-from speedladder import measure  # noqa: E402
-from speedladder.config import RunConfig  # noqa: E402
-from speedladder.profile import child  # noqa: E402
-from speedladder.workload import prepare  # noqa: E402
+from speedladder import measure
+from speedladder.config import RunConfig
+from speedladder.profile import child
+from speedladder.workload import prepare
 
 CPU = torch.device("cpu")
 
