@@ -13,8 +13,7 @@ from usermodels import write_models
 import speedladder
 from speedladder.records import Results
 
-# 120 learns-check steps: at 60 the small user model ends within 0.001 of the unigram entropy, on either side.
-GATES = {"loss_steps": 4, "learns_steps": 120}
+GATES = {"loss_steps": 4, "learns_steps": 60}
 
 
 class TinyLM(nn.Module):
@@ -51,8 +50,9 @@ def test_climb_in_a_few_lines_writes_what_run_writes(tmp_path, capsys):
 
 def test_climb_takes_a_model_file_and_a_factory(tmp_path):
     write_models(tmp_path)
+    # lr 3e-3: at 1e-3 this small model ends 60 learns-check steps at the unigram entropy (2.848 against 2.847)
     results = speedladder.climb(f"{tmp_path}/logits_only.py:make_lm", rungs=["eager", "bf16"], device="cpu",
-                                preset="tiny", out=str(tmp_path / "a"), quiet=True, timing={"steps": 2},
+                                preset="tiny", out=str(tmp_path / "a"), quiet=True, timing={"steps": 2}, lr=3e-3,
                                 gates=GATES, profile={"enabled": False})
     assert results.model["convention"] == "logits" and all(r.passed for r in results.rungs)
 

@@ -200,3 +200,7 @@ def test_a_base_that_drifts_only_when_re_timed_is_flagged_everywhere_and_only_th
     assert any("drift -20%" in t for t in texts)
     assert main(["compare", str(folder), str(folder)]) == 0
     assert "warning: A drifted beyond 10%: bf16's base ran -20% beside it" in capsys.readouterr().out
+    assert main(["check", "--baseline", str(folder), "--against", str(folder), "--drift-limit", "0.3"]) == 0
+    assert "warning" not in capsys.readouterr().out  # within the stated limit: no warning
+    assert main(["check", "--baseline", str(folder), "--against", str(folder)]) == 0  # a warning, not a failure
+    assert "check: warning: the new run drifted beyond 10%: bf16's base ran -20% beside it" in capsys.readouterr().out
