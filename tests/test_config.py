@@ -14,7 +14,7 @@ import torch
 from conftest import only_folder
 from usermodels import write_models
 
-from speedladder import codec, models, settings
+from speedladder import codec, models, settings, tune
 from speedladder.cli import ALL, build_parser, main
 from speedladder.cli.gen import DEST, leaves, shown_default, to_settings
 from speedladder.config import RunConfig, TimingConfig
@@ -230,6 +230,9 @@ def test_apply_takes_a_user_model_a_config_file_and_the_users_own_optimizer(made
     assert made_with == [{"fused": True}]
     torch.testing.assert_close(theirs, ours, rtol=0.0, atol=0.0)
     assert all(type(b).__name__ == "Checkpointed" for b in model.get_submodule(work.model.blocks))  # in place
+    scope = {"speedladder": __import__("speedladder"), "model": work.model.build(torch.device("cpu"))}
+    exec(tune.commands(str(tmp_path))["apply"], scope)  # noqa: S102 (tune's printed line, run as pasted)
+    assert scope["spec"] == spec and isinstance(scope["optimizer"], torch.optim.AdamW)
 
 
 def test_apply_says_in_one_line_what_a_model_cannot_take(made):

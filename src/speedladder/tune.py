@@ -79,7 +79,7 @@ def commands(run_dir: str | Path) -> dict[str, str]:
     """How the winner leaves the tool: measured again or trained from winner.toml, or put in the user's loop."""
     winner = Path(run_dir) / WINNER_FILE
     return {"run": f"speedladder run --config {winner}", "train": f"speedladder train --config {winner}",
-            "apply": f'model, optimizer, autocast = speedladder.apply(model, "{winner}")'}
+            "apply": f'model, optimizer, autocast, spec = speedladder.apply(model, "{winner}")'}
 
 
 def winner_settings(s: Settings, run: RunConfig, names: tuple[str, ...]) -> Settings:

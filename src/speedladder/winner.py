@@ -1,6 +1,6 @@
 """`speedladder.apply`: the winner, in the user's own training loop.
 
-    model, optimizer, autocast = speedladder.apply(model, "runs/<tune folder>/winner.toml")
+    model, optimizer, autocast, spec = speedladder.apply(model, "runs/<tune folder>/winner.toml")
     for X, Y in batches:
         with autocast:
             logits, loss = model(X, Y)
