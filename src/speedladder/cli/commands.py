@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from speedladder import report, results, settings, train, tune
@@ -37,13 +38,23 @@ def finish(run_dir: Path) -> None:
     print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
 
 
-def start(s: Settings, cfg: RunConfig) -> tuple[Progress, Workload, Path]:
-    """Progress, the prepared workload and a new run folder: how every command that measures begins."""
+def start(s: Settings, cfg: RunConfig, refuse: Callable[[Workload], object] | None = None,
+          ) -> tuple[Progress, Workload, Path]:
+    """Progress, the prepared workload and a new run folder: how every command that measures begins. `refuse`
+    checks the workload (raising UsageError) before any folder is made."""
     progress = show_on_stderr(s.quiet)
     work = prepare(cfg)
+    if refuse is not None:
+        refuse(work)
     if work.cfg.preset_note:
         progress(work.cfg.preset_note)
     return progress, work, results.new_run_dir(work.cfg.run.out)
+
+
+def header(work: Workload, run_dir: Path) -> str:
+    """The first line of a measuring command: the model, its size, where it runs, the data and the folder."""
+    return (f"{work.model.name if work.cfg.model is None else work.cfg.run.preset}: {work.params:,} parameters on "
+            f"{work.device} ({work.model.convention_line}); {work.data_line}; writing {run_dir}")
 
 
 def failed_run(saved: Results, model_kind: str) -> int:
@@ -58,8 +69,7 @@ def failed_run(saved: Results, model_kind: str) -> int:
 
 def cmd_run(s: Settings, _: argparse.Namespace) -> int:
     progress, work, run_dir = start(s, s.run)
-    progress(f"{work.model.name if work.cfg.model is None else work.cfg.run.preset}: {work.params:,} parameters on "
-             f"{work.device} ({work.model.convention_line}); {work.data_line}; writing {run_dir}")
+    progress(header(work, run_dir))
     ladder = Ladder(work, run_dir, progress, settings=s)
     try:
         ladder.run()

@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from speedladder import results
+from speedladder.cli.commands import header, start
 from speedladder.cli.gen import Command
 from speedladder.config import RACE_LADDER, RunConfig
 from speedladder.errors import UsageError
-from speedladder.progress import show_on_stderr
 from speedladder.racing import Race
 from speedladder.report import race as race_report
 from speedladder.report.outputs import write_outputs
 from speedladder.rungs import RUNGS
 from speedladder.settings import RaceConfig, Settings
-from speedladder.workload import prepare
 
 
 def plan(s: Settings) -> tuple[RunConfig, RaceConfig, str]:
@@ -41,14 +41,9 @@ def plan(s: Settings) -> tuple[RunConfig, RaceConfig, str]:
 
 def cmd_race(s: Settings, _: argparse.Namespace) -> int:
     cfg, race_cfg, role = plan(s)
-    progress = show_on_stderr(s.quiet)
-    work = prepare(cfg)
-    work.val_set(work.cfg.seq_len)  # a val split too small for one batch is refused before any folder is made
-    if work.cfg.preset_note:
-        progress(work.cfg.preset_note)
-    run_dir = results.new_run_dir(work.cfg.run.out)
-    progress(f"{work.model.name if work.cfg.model is None else work.cfg.run.preset}: {work.params:,} parameters on "
-             f"{work.device}; {work.data_line}; writing {run_dir}")
+    # a val split too small for one batch is refused before any folder is made
+    progress, work, run_dir = start(s, cfg, refuse=lambda w: w.val_set(w.cfg.seq_len))
+    progress(header(work, run_dir))
     race = Race(work, run_dir, race_cfg, progress, role=role, settings=s)
     try:
         if role == "rung":
@@ -69,7 +64,8 @@ def cmd_race(s: Settings, _: argparse.Namespace) -> int:
     return 0
 
 
-def finish(run_dir) -> None:
+def finish(run_dir: Path) -> None:
+    """Print the race table and draw its waterfall from the saved file, so all three agree."""
     saved, png, page = write_outputs(run_dir)
     race_report.print_race(saved)
     print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
