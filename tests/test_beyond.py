@@ -218,14 +218,14 @@ def test_fp8_transform_converts_the_block_linears_only(monkeypatch):
 @pytest.mark.parametrize("shape", [(64, 96), (96, 64)])
 def test_our_muon_fallback_matches_torchs_muon(shape):
     """The fallback (for torch < 2.9) and torch.optim.Muon, which the muon rung uses here, make the same updates."""
-    from speedladder.optim import NS_COEFFICIENTS, muon_optimizer
+    from speedladder.optim import NS_COEFFICIENTS
 
     torch.manual_seed(0)
     start = torch.randn(shape)
     ours_p, torch_p = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
     ours = Muon([ours_p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
-    theirs = muon_optimizer([torch_p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
-    assert type(theirs) is torch.optim.Muon and theirs.defaults["ns_coefficients"] == NS_COEFFICIENTS
+    theirs = torch.optim.Muon([torch_p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5,
+                              ns_coefficients=NS_COEFFICIENTS, weight_decay=0.0)
     for _ in range(4):
         g = torch.randn(shape)
         ours_p.grad, torch_p.grad = g.clone(), g.clone()
@@ -263,3 +263,23 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
     assert peak == pytest.approx(1409.35, abs=0.01)  # test_measure.py works the blend out by hand
     assert "60% of the FLOPs" in basis and "bf16's for the rest" in basis
     assert ladder._peak(bf16, gpt2, fpt) == (989.4, "")
+
+
+def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
+    """torch.optim.Muon always iterates in bf16; on a CPU whose oneDNN is capped below AVX-512 BF16 (as on an AVX2
+    processor) bf16 is emulated, so the rung takes our Muon in fp32, and results.json says which it took."""
+    from speedladder import processor, results
+    from speedladder.optim import muon_optimizer, ns_dtype_for
+
+    p = torch.nn.Parameter(torch.randn(8, 8))
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert processor.cpu().bf16_native is False and "ONEDNN_MAX_CPU_ISA=AVX2" in processor.cpu().why
+    assert ns_dtype_for(torch.device('cpu'))[0] == torch.float32
+    opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
+    assert type(opt) is Muon and opt.ns_dtype == torch.float32
+    env = results.environment(torch.device('cpu'))
+    assert env["bf16_native"] is False and "fp32" in env["muon"]
+    monkeypatch.setattr(processor, "bf16_native", lambda device: True)  # a processor with AVX-512 BF16 or AMX
+    assert ns_dtype_for(torch.device('cpu'))[0] == torch.bfloat16
+    opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
+    assert (type(opt) is torch.optim.Muon) if hasattr(torch.optim, "Muon") else opt.ns_dtype == torch.bfloat16

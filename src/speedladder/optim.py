@@ -19,6 +19,8 @@ from collections.abc import Iterable
 
 import torch
 
+from speedladder import processor
+
 # The quintic's coefficients from the published algorithm: chosen for a steep slope at 0, not for convergence
 # to exactly 1; after five steps the singular values lie roughly within [0.7, 1.2], which is what Muon needs.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -44,10 +46,11 @@ class Muon(torch.optim.Optimizer):
     """SGD momentum whose 2-D updates are orthogonalized; no host synchronization."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, momentum: float, nesterov: bool,
-                 ns_steps: int) -> None:
+                 ns_steps: int, ns_dtype: torch.dtype = torch.float32) -> None:
         params = list(params)
         if any(p.ndim != 2 for p in params):
             raise ValueError("Muon takes 2-D weight matrices only; give the rest to AdamW")
+        self.ns_dtype = ns_dtype  # the Newton-Schulz iteration's dtype (ns_dtype_for)
         super().__init__(params, {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps})
 
     @torch.no_grad()
@@ -62,20 +65,34 @@ class Muon(torch.optim.Optimizer):
                 buf = state["momentum_buffer"]
                 buf.mul_(group["momentum"]).add_(p.grad)
                 update = p.grad.add(buf, alpha=group["momentum"]) if group["nesterov"] else buf
-                # bf16 on CUDA (tensor cores, as published); fp32 elsewhere, where bf16 matmuls gain nothing.
-                dtype = torch.bfloat16 if p.device.type == "cuda" else torch.float32
-                update = orthogonalize(update, group["ns_steps"], dtype)
+                update = orthogonalize(update, group["ns_steps"], self.ns_dtype)
                 scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
                 p.add_(update, alpha=-group["lr"] * scale)
 
 
+def ns_dtype_for(device: torch.device) -> tuple[torch.dtype, str]:
+    """The Newton-Schulz iteration's dtype on a device, and the implementation, in words for results.json.
+
+    bf16 where the device runs it natively (tensor cores, AVX-512 BF16 or AMX), as published, through
+    torch.optim.Muon where torch has it (it always iterates in bf16). Elsewhere bf16 is emulated and a Muon step
+    costs ~10x an AdamW step (seen with oneDNN capped at AVX2: 457 ms against eager's 47 ms on d2l-cpu), so the
+    iteration runs in fp32, through the implementation below.
+    """
+    if processor.bf16_native(device):
+        which = "torch.optim.Muon" if hasattr(torch.optim, "Muon") else "speedladder's Muon"
+        return torch.bfloat16, f"{which}, Newton-Schulz in bf16 (native here)"
+    return torch.float32, "speedladder's Muon, Newton-Schulz in fp32 (bf16 is not native here)"
+
+
 def muon_optimizer(params: list[torch.nn.Parameter], lr: float, momentum: float, nesterov: bool,
                    ns_steps: int) -> torch.optim.Optimizer:
-    """torch.optim.Muon where the installed torch has it (no weight decay, as the fallback), else ours."""
-    if hasattr(torch.optim, "Muon"):
+    """Muon with its iteration in the dtype the parameters' device runs natively (ns_dtype_for): torch.optim.Muon
+    (no weight decay, as the fallback) for bf16 where torch has it, else ours."""
+    dtype, _ = ns_dtype_for(params[0].device if params else torch.device("cpu"))
+    if dtype == torch.bfloat16 and hasattr(torch.optim, "Muon"):
         return torch.optim.Muon(params, lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
                                 ns_coefficients=NS_COEFFICIENTS, weight_decay=0.0)
-    return Muon(params, lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
+    return Muon(params, lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_dtype=dtype)
 
 
 class MuonAdamW:

@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 import speedladder
+from speedladder import processor
 from speedladder.errors import UsageError
+from speedladder.optim import ns_dtype_for
 from speedladder.records import Results, from_dict, to_dict
 
 # Version 2: typed records (this module) with the same field names as version 1, plus the version itself.
@@ -86,6 +88,8 @@ def environment(device: torch.device) -> dict:
         "platform": platform.platform(),
         "cpu": cpu_name(),
         "cpu_threads": torch.get_num_threads(),
+        **processor.cpu().to_dict(),  # the vector ISA and whether bf16 is native: what a CPU verdict rests on
+        "muon": ns_dtype_for(device)[1],  # how the muon rung iterates here
         "speedladder": speedladder.__version__,
         "git_commit": git_commit(),
     }

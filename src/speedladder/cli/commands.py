@@ -8,7 +8,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from speedladder import report, results, settings, train, tune
+import torch
+
+from speedladder import processor, report, results, settings, train, tune
 from speedladder.cli.gen import Command
 from speedladder.config import RunConfig
 from speedladder.errors import UsageError
@@ -54,7 +56,17 @@ def start(s: Settings, cfg: RunConfig, refuse: Callable[[Workload], object] | No
 def header(work: Workload, run_dir: Path) -> str:
     """The first line of a measuring command: the model, its size, where it runs, the data and the folder."""
     return (f"{work.model.name if work.cfg.model is None else work.cfg.run.preset}: {work.params:,} parameters on "
-            f"{work.device} ({work.model.convention_line}); {work.data_line}; writing {run_dir}")
+            f"{work.device}{processor_note(work.device)} ({work.model.convention_line}); {work.data_line}; "
+            f"writing {run_dir}")
+
+
+def processor_note(device: torch.device) -> str:
+    """A CPU's vector ISA and whether bf16 is native on it, for the header: what its verdicts rest on."""
+    if device.type != "cpu":
+        return ""
+    p = processor.cpu()
+    native = {True: "bf16 native", False: "bf16 not native", None: "bf16 unknown"}[p.bf16_native]
+    return f" ({p.capability}, {native}: {p.why})"
 
 
 def failed_run(saved: Results, model_kind: str) -> int:

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from speedladder import processor
 from speedladder.profile import spread
 from speedladder.profile.categories import IDLE
 from speedladder.records import ProfileSummary
@@ -150,8 +151,11 @@ def _bf16(c: Context) -> tuple[dict[str, float], str]:
         return c.parts, "no bf16 matmul measurement on this device: predicted unchanged"
     parts = c.scaled(matmul=1 / ratio, attn_matmul=1 / ratio, attention=1 / BF16_ATTENTION_GAIN)
     # The tail stays fp32 in this model: autocast keeps norms, softmax and the loss in fp32.
+    why = ""
+    if c.profile.device_type == "cpu" and processor.cpu().bf16_native is False:  # why bf16 loses on this CPU
+        why = f"; this CPU has no native bf16 ({processor.cpu().why})"
     return parts, (f"matmuls {c.share('matmul', 'attn_matmul'):.0%} of the step; in bf16 they run at "
-                   f"{ratio:.2f}x their fp32 speed at this model's shapes (measured here, casts included); "
+                   f"{ratio:.2f}x their fp32 speed at this model's shapes (measured here, casts included){why}; "
                    "the fp32 tail is unchanged")
 
 
