@@ -265,6 +265,7 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
     assert ladder._peak(bf16, gpt2, fpt) == (989.4, "")
 
 
+@pytest.mark.isa
 def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
     """torch.optim.Muon always iterates in bf16; on a CPU whose oneDNN is capped below AVX-512 BF16 (as on an AVX2
     processor) bf16 is emulated, so the rung takes our Muon in fp32, and results.json says which it took."""

@@ -154,6 +154,7 @@ def extra_rungs(monkeypatch):
         lambda s, e: dataclasses.replace(s, compile=True), Requirement(devices=("cuda",))))
 
 
+@pytest.mark.isa
 def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs, capsys):
     rc = main(["run", *FAST, "--rungs", "eager,wrong,gpu-only,ckpt", "--out", str(tmp_path)])
     assert rc == 0
@@ -242,10 +243,10 @@ def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
 def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monkeypatch):
     real = verify.equivalence
 
-    def equivalence(step, ref):
+    def equivalence(step, ref, *args):
         if step.spec.autocast == "bf16":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-        return real(step, ref)
+        return real(step, ref, *args)
 
     monkeypatch.setattr(verify, "equivalence", equivalence)
     assert main(["run", *FAST, "--rungs", "eager,bf16", "--quiet", "--out", str(tmp_path)]) == 0
@@ -303,3 +304,58 @@ def test_muon_rung_is_judged_by_tokens_to_adamws_loss_not_by_the_loss_band(tmp_p
     assert t["steps"] == 30 and t["adamw_tokens"] is not None
     assert gate["passed"] == t["passed"] == (t["tokens"] is not None and t["tokens"] <= t["adamw_tokens"])
     assert "muon: loss band not applicable" in out and "to reach AdamW's loss" in out
+
+
+class Sleepy(torch.nn.Module):
+    """A block that sleeps before it computes: the same function, several times slower per step."""
+
+    def __init__(self, block: torch.nn.Module, seconds: float) -> None:
+        super().__init__()
+        self.block, self.seconds = block, seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.seconds)
+        return self.block(x)
+
+
+@pytest.fixture
+def slow_rung(monkeypatch):
+    """A speed rung with the same math that costs ~10x a tiny step (the tiny preset's step takes ~2 ms here)."""
+    def sleepy(model):
+        model.blocks[0] = Sleepy(model.blocks[0], 0.02)
+        return model
+
+    monkeypatch.setitem(MODEL_TRANSFORMS, "sleepy", sleepy)
+    monkeypatch.setitem(RUNGS, "slow", Rung(
+        "slow", "a planted loss: the same function, sleeping 20 ms a step", "speed",
+        lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "sleepy"))))
+
+
+@pytest.mark.isa
+@pytest.mark.parametrize("stack_all", [False, True])
+def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_so_far(tmp_path, slow_rung,
+                                                                                       stack_all):
+    args = ["run", *FAST, "--learns-steps", "0", "--rungs", "eager,slow,sdpa", "--quiet", "--out", str(tmp_path)]
+    assert main(args + (["--stack-all"] if stack_all else [])) == 0
+    res = saved(tmp_path)
+    rungs = by_name(res)
+    slow, sdpa = rungs["slow"], rungs["sdpa"]
+    assert slow["gate"]["passed"], slow["gate"]["detail"]  # the same function: every gate passes
+    assert slow["verdict"] == "loss" and slow["speedup_prev"] < 0.5  # ~10x slower, judged beside eager
+    fig = report.waterfall_figure(results.load(run_dir(tmp_path)))
+    bars = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
+    assert bars["slow"].get_facecolor()[:3] == pytest.approx((0xd6 / 255, 0x27 / 255, 0x28 / 255))  # red
+    if stack_all:  # the source text's pure cumulative ladder: every passing rung stacked, losses too
+        assert sdpa["built_on"] == "slow" and sdpa["spec"]["transforms"] == ["sleepy", "sdpa"]
+        assert not slow["not_built_upon"]
+    else:
+        assert sdpa["built_on"] == "eager" and sdpa["spec"]["transforms"] == ["sdpa"]
+        assert "a loss" in slow["not_built_upon"] and "build on eager" in slow["not_built_upon"]
+        # × cum chains along what was built upon: sdpa's is its own ratio over eager, not slow's loss times it.
+        assert sdpa["speedup_cum"] == pytest.approx(sdpa["speedup_prev"])
+        ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+        assert "slow\n(not built upon)" in ticks
+        lines = report.text.notes(results.load(run_dir(tmp_path)))
+        assert any(line.startswith("slow: not built upon — a loss") for line in lines)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from speedladder import verify
-from speedladder.data import BatchStream
+from speedladder.config import RunConfig
+from speedladder.data import BatchStream, unigram_entropy
 from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
 from speedladder.step import TrainStep
+from speedladder.workload import prepare
 
 
 def no_causal_mask(model):
@@ -103,3 +106,34 @@ def test_learns_check(tiny):
     flat = verify.train_curve(still, BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
     bad = verify.learns_check(flat, eager, band=0.03, unigram_entropy=2.846)
     assert not bad.passed and bad.final_loss > 1.03 * bad.eager_final_loss
+
+
+@pytest.fixture(scope="module")
+def d2l_curves():
+    """300 steps at the default CPU preset: eager fp32, and the same model with its attention output zeroed."""
+    work = prepare(RunConfig(preset="d2l-cpu", device="cpu"))
+
+    def zero_attention(model):
+        for block in model.blocks:
+            block.attn.forward = lambda x: x * 0  # a model that sees only the current token
+        return model
+
+    MODEL_TRANSFORMS["zero-attention"] = zero_attention
+    try:
+        curves = {name: verify.train_curve(work.step(spec), work.stream(spec), 300) for name, spec in (
+            ("eager", work.base_spec), ("bf16", dataclasses.replace(work.base_spec, autocast="bf16")),
+            ("context-free", dataclasses.replace(work.base_spec, transforms=("zero-attention",))))}
+    finally:
+        del MODEL_TRANSFORMS["zero-attention"]
+    return curves, unigram_entropy(work.corpus)
+
+
+def test_a_context_free_model_fails_the_learns_check_and_the_real_one_passes(d2l_curves):
+    curves, entropy = d2l_curves
+    free = verify.learns_check(curves["context-free"], curves["eager"], 0.03, entropy)
+    assert free.final_loss < entropy  # it does learn letter pairs: the old "loss fell 10%" would pass it
+    assert free.drop > 0.10
+    assert not free.passed and free.final_loss > 1.03 * free.eager_final_loss
+    real = verify.learns_check(curves["bf16"], curves["eager"], 0.03, entropy)
+    assert real.passed, real.detail
+    assert real.eager_losses == curves["eager"] and real.losses == curves["bf16"]  # both curves saved

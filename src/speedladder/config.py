@@ -217,6 +217,10 @@ class RunConfig:
     beside: tuple[str, ...] | None = option(None, help="rungs measured on the ladder's top, not built upon",
                                             shown="the ladder's (full: ckpt)", metavar="A,B", parse=rung_list,
                                             group="rungs")
+    stack_all: bool = option(False, help="build every rung on the last one that passed its gates, losses included "
+                                         "(a pure cumulative waterfall); by default a speed rung that measures a "
+                                         "loss is drawn red and named, and the next rung builds on the best "
+                                         "configuration so far", group="rungs")
     device: str = option("auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps", group="model")
     lr: float = option(1e-3, help="AdamW learning rate", group="model")
     seed: int = option(0, help="seed of the initial weights and the batches", group="model")

@@ -11,14 +11,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from speedladder import probes, verify
+import torch
+
+from speedladder import probes, truth, verify
 from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
-from speedladder.records import Differential, Gate, LearnsCheck, not_applicable
+from speedladder.records import Differential, Fp64, Gate, LearnsCheck, not_applicable
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
+from speedladder.truth import Errors
 from speedladder.workload import Workload, free_device_memory
+
+
+def precision_spec(spec: StepSpec) -> StepSpec:
+    """Eager at a spec's shape and arithmetic: its autocast, TF32 and fp8 casts, nothing else (truth.py's scale)."""
+    return StepSpec(spec.batch_size, spec.seq_len, autocast=spec.autocast, tf32=spec.tf32,
+                    transforms=tuple(t for t in spec.transforms if t == "float8"))
 
 
 class Gates:
@@ -26,6 +35,8 @@ class Gates:
         self.work = work
         self.progress = progress
         self.references: dict[tuple[int, int], verify.Reference | str] = {}
+        # Eager at each precision other than fp32, per shape: its distances from fp64 (eager_at).
+        self.precision_refs: dict[StepSpec, tuple[str, Errors, Errors]] = {}
         self.eager_curves: dict[tuple[int, int], list[float]] = {}  # the learns-check's baseline, per shape
         self.entropy = unigram_entropy(work.corpus)
 
@@ -50,14 +61,52 @@ class Gates:
                           + (f", gradients accumulated over micro-batches of {micro})" if micro else ")"), "gates")
             eager = StepSpec(*key)
             try:
-                self.references[key] = verify.reference(self.work.step(eager), self.work.gate_batches(eager, k),
-                                                        micro)
+                ref = verify.reference(self.work.step(eager), self.work.gate_batches(eager, k), micro)
+                self.references[key] = self._with_truth(ref, eager)
             except Exception as e:  # noqa: BLE001 -- recorded in each gate that needed it; the ladder goes on
                 why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
                 self.references[key] = f"the eager fp32 reference at B={key[0]} {why}: not verified"
             finally:
                 free_device_memory(self.work.device)
         return self.references[key]
+
+    def _with_truth(self, ref: verify.Reference, eager: StepSpec) -> verify.Reference:
+        """The reference with its float64 truth (truth.py), or the reason there is none: then the gates judge by
+        the per-precision table, as the record says."""
+        if self.work.device.type == "mps":
+            ref.fp64_why = "float64 does not run on MPS: judged by the per-precision tolerances against eager fp32"
+            return ref
+        try:
+            return verify.with_truth(ref, self.work.step(eager, dtype=torch.float64))
+        except Exception as e:  # noqa: BLE001 -- a model that will not run in float64: the table's rule, said
+            why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
+            ref.fp64, ref.fp64_why = None, (f"the float64 reference {why}: judged by the per-precision tolerances "
+                                            "against eager fp32")
+            return ref
+        finally:
+            free_device_memory(self.work.device)
+
+    def eager_at(self, spec: StepSpec, ref: verify.Reference) -> tuple[str, Errors, Errors]:
+        """Eager at the spec's precision (its autocast, TF32 and fp8 casts; nothing compiled or transformed
+        otherwise) and its distances from fp64 at the trained and the probe weights: the scale a rung at that
+        precision is judged on. Eager fp32's are the reference's own; the others are measured once per shape."""
+        p = precision_spec(spec)
+        if self.is_reference(p):
+            assert ref.probe.errors is not None
+            return "eager fp32", *ref.probe.errors
+        if p not in self.precision_refs:
+            assert ref.fp64 is not None
+            step = self.work.step(p)
+            try:
+                with matmul_precision(p):
+                    trained = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
+                    at_probe = probes.outputs(step, ref.probe_weights, ref.batches[0], ref.probe_rows)
+                    curve = verify.loss_curve(step, ref.batches)
+            finally:
+                free_device_memory(self.work.device)
+            self.precision_refs[p] = (f"eager {p.precision}", truth.errors(trained, ref.fp64.trained),
+                                      truth.errors(at_probe, ref.fp64.probe, curve, ref.fp64.curve))
+        return self.precision_refs[p]
 
     def check(self, step: TrainStep, ref: verify.Reference | str | None, base: probes.Probe | None,
               base_name: str | None, say: Callable[[str], None]) -> tuple[Gate, probes.Probe | None]:
@@ -89,7 +138,7 @@ class Gates:
     def _checks(self, step: TrainStep, ref: verify.Reference, base: probes.Probe | None,
                 base_name: str | None) -> tuple[Gate, probes.Probe]:
         spec, gates = step.spec, self.work.cfg.run.gates
-        eq = verify.equivalence(step, ref)
+        trained = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
         target, curve = None, None
         if spec.same_update:
             curve = verify.loss_curve(step, ref.batches)
@@ -100,17 +149,45 @@ class Gates:
             target = verify.tokens_to_target(step, adamw, self.work.gate_batches(spec, gates.target_steps))
         causal = verify.causality(step, ref)
         mine = verify.probe(step, ref, curve)
-        diff = self._differential(mine, base, base_name, ref)
+        if ref.fp64 is not None:
+            fp64, diff = self._fp64(spec, ref, trained, mine, base, base_name)
+            eq = verify.equivalence(step, ref, trained, fp64)
+        else:
+            eq, diff = verify.equivalence(step, ref, trained), self._differential(mine, base, base_name, ref)
         checks = [eq, band, causal, diff] + ([target] if target else [])
         failed = next((c for c in checks if not c.passed), None)
         gate = Gate(passed=failed is None, detail=failed.detail if failed else "", equivalence=eq, loss_band=band,
                     tokens_to_target=target, causality=causal, differential=diff)
         return gate, mine
 
+    def _fp64(self, spec: StepSpec, ref: verify.Reference, trained: truth.Outputs, mine: probes.Probe,
+              base: probes.Probe | None, base_name: str | None) -> tuple[Fp64, Differential]:
+        """The rung's distances from fp64, at the trained weights (equivalence's verdict) and at the probe weights
+        with its loss curve (the differential's), each judged against eager's at its precision and, where it has
+        the same precision and shape, the base's."""
+        assert ref.fp64 is not None
+        name, eager_trained, eager_probe = self.eager_at(spec, ref)
+        mine.errors = (truth.errors(trained, ref.fp64.trained),
+                       truth.errors((mine.logits, mine.loss, mine.grads), ref.fp64.probe, mine.curve, ref.fp64.curve))
+        same = (base is not None and base_name is not None and base.errors is not None
+                and (base.shape, base.precision) == (mine.shape, mine.precision))
+        below = (lambda i: (base_name, base.errors[i])) if same else (lambda i: None)  # type: ignore[union-attr]
+        eq = truth.judge(mine.errors[0], (name, eager_trained), below(0), spec.precision)
+        at_probe = truth.judge(mine.errors[1], (name, eager_probe), below(1), spec.precision)
+        d = at_probe
+        diff = Differential(
+            base=base_name if same else None, precision=spec.precision, rule="fp64", fp64=at_probe,
+            logits_rel=d.logits.rung if d.logits else None, logits_allowed=d.logits.allowed if d.logits else None,
+            grad_worst=d.grad.name if d.grad else None, grad_rel=d.grad.rung if d.grad else None,
+            grad_allowed=d.grad.allowed if d.grad else None, k=d.k, floor=d.floor,
+            curve_rel=d.curve.rung if d.curve else None, curve_allowed=d.curve.allowed if d.curve else None,
+            passed=d.passed, detail="" if d.passed else "differential: " + d.detail)
+        return eq, diff
+
     @staticmethod
     def _differential(mine: probes.Probe, base: probes.Probe | None, base_name: str | None,
                       ref: verify.Reference) -> Differential:
-        """The rung against the rung it built on, where the two are comparable; else why not."""
+        """Without fp64: the rung against the rung it built on, where the two are comparable; else why not."""
         if base is None or base_name is None:
             return not_applicable(Differential, "no measured rung below it to compare with")
         if base.shape != mine.shape:

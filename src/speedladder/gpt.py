@@ -157,8 +157,10 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            # In fp32 whatever the autocast dtype: the softmax over the vocabulary is where bf16 loses.
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+            # In fp32 at least whatever the autocast dtype: the softmax over the vocabulary is where bf16 loses
+            # (fp64 stays fp64: the gates' reference).
+            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            loss = F.cross_entropy(wide.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
     @torch.no_grad()

@@ -1,8 +1,10 @@
 """Climb the ladder: for each rung, spec = rung(spec) -> build -> warm up -> time -> verify -> save.
 
-Each rung builds on the last rung that ran and passed its gates; one that is
-skipped, fails a gate, runs out of memory or raises is recorded as such and
-left out of the specs above it. results.json is rewritten after every rung.
+Each rung builds on the best configuration so far: the last rung that ran,
+passed its gates and paid (a speed rung that measured a loss is drawn red and
+left out, unless --stack-all); one that is skipped, fails a gate, runs out of
+memory or raises is recorded as such and left out of the specs above it.
+results.json is rewritten after every rung.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ from speedladder.step import matmul_precision
 from speedladder.workload import Workload, free_device_memory, measure_spec, new_results
 
 AUTO = "auto"  # predict a ladder rung on the spec it builds on
+
+
+def pays(r: RungResult) -> bool:
+    """Whether the rungs above build on this one (it passed its gates): a speed rung must not be a measured loss.
+    A memory rung is expected to cost speed and an optimizer rung is judged by tokens to a loss, so both are built
+    upon; so is noise, which is no loss (docs/measurement.md, rule 13)."""
+    return r.kind != "speed" or r.verdict != "loss"
 
 
 class Ladder:
@@ -240,7 +249,12 @@ class Ladder:
             r = self.climb(rung, new, base)
             if r.ok and rung.control is not None:
                 self.climb(rung, rung.control(new), r, role=Role.CONTROL)
-            if r.passed:
+            if r.passed and base is not None and not self.work.cfg.run.stack_all and not pays(r):
+                r.not_built_upon = (f"a loss, {r.speedup_prev:.2f}x {base.name} re-timed beside it: the rungs "
+                                    f"above build on {base.name}")
+                self.progress.scoped(r.name)(f"not built upon: {r.not_built_upon}")
+                self.save()
+            elif r.passed:
                 spec, base = new, r
                 self.path.append(name)
         # Measured on the top of the ladder, not built upon: e.g. a memory rung priced against the best spec.

@@ -23,12 +23,14 @@ computes the same function at any weights.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from speedladder.records.checks import Causality, Differential, not_applicable
 from speedladder.step import TrainStep
+from speedladder.truth import Errors
 
 PROBE_AMPLIFY = 3.0  # matrices x3: attention scores ~x9, softmax selective (a wrong scale moved gradients ~10x)
 DIFF_K = 4.0  # a correct rung differs from its base by ~1x the base's own distance from fp32 (measured: 0.7-1.1x)
@@ -49,6 +51,10 @@ class Probe:
     curve: list[float] | None = None  # the step's training loss over the gate batches, when it has one
     precision: str = "fp32"
     shape: tuple[int, int] = (0, 0)
+    loss: float = math.nan
+    # Its distances from the fp64 reference at the trained and at the probe weights (truth.py), once judged: the
+    # scale a rung built on it may use. None where fp64 did not run.
+    errors: tuple[Errors, Errors] | None = None
 
 
 def amplified(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -88,18 +94,20 @@ def accumulate(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | N
 
 
 def outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
-            rows: int, micro: int | None = None) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+            rows: int, micro: int | None = None,
+            keep: torch.dtype = torch.float32) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
     """Logits of the first `rows` sequences (real vocabulary), loss and gradients of one batch at given weights;
-    with `micro`, accumulated over micro-batches of that many sequences (accumulate)."""
+    with `micro`, accumulated over micro-batches of that many sequences (accumulate). They are kept on the host in
+    `keep` (fp32; the fp64 reference keeps float64)."""
     step.reset(weights)
     x, y = (t.to(step.device) for t in batch)
     logits, loss = accumulate(step, x, y, micro, rows)
     # A padded vocabulary is compared on the real one: its first rows and logits.
-    grads = {n: step.reference_part(n, p.grad).detach().float().cpu()
+    grads = {n: step.reference_part(n, p.grad).detach().to(keep).cpu()
              for n, p in step.params.items() if p.grad is not None}
     if logits is None:  # a forward that returns a loss only (models/base.py): loss and gradients are compared
         logits = torch.empty(rows, x.shape[1], 0)
-    return logits[:rows, :, :step.vocab_size].detach().float().cpu(), float(loss.detach()), grads
+    return logits[:rows, :, :step.vocab_size].detach().to(keep).cpu(), float(loss.detach()), grads
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

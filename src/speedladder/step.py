@@ -77,7 +77,7 @@ def make_optimizer(params: dict[str, nn.Parameter], spec: StepSpec, lr: float, m
 class TrainStep:
     def __init__(self, spec: StepSpec, model: ModelDef | GPTConfig, init: dict[str, torch.Tensor],
                  device: torch.device, lr: float, wrap: Callable[[nn.Module], nn.Module] | None = None,
-                 muon: MuonConfig | None = None) -> None:
+                 muon: MuonConfig | None = None, dtype: torch.dtype | None = None) -> None:
         self.spec = spec
         self.source = model_def(model)
         self.device = device
@@ -86,6 +86,8 @@ class TrainStep:
         self.init = init
         model = self.source.build(device)  # dropout off: two runs of one step compute the same
         model.load_state_dict(init)
+        if dtype is not None:  # float64: the gates' reference every rung's error is measured from (truth.py)
+            model = model.to(dtype)
         # Parameters by their reference names, taken before any transform renames modules.
         self.params = dict(model.named_parameters())
         # Their reference shapes: a transform may grow a parameter in place (pad-vocab adds rows at the end).

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from speedladder import measure, probes
+from speedladder import measure, probes, truth
 from speedladder.data import BatchStream
 from speedladder.records.checks import (
     Causality,
     Equivalence,
+    Fp64,
     LearnsCheck,
     LossBand,
     TokensToTarget,
@@ -81,6 +82,9 @@ class Reference:
     grads: dict[str, torch.Tensor]
     curve: list[float]  # training loss over the K batches
     probe: probes.Probe  # eager fp32 at the probe weights (probes.amplified): what differential checks measure from
+    micro: int | None = None  # the micro-batch its steps were accumulated over, if any
+    fp64: truth.Truth | None = None  # eager in float64 at the same weights and batches (with_truth)
+    fp64_why: str = ""  # why there is none: the gates then fall back on the per-precision table
 
     @property
     def probe_weights(self) -> dict[str, torch.Tensor]:
@@ -124,25 +128,42 @@ def reference(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]],
         curve = loss_curve(step, batches, micro)
         weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
         logits, loss, grads = probes.outputs(step, weights, batches[0], rows, micro)
-        p_logits, _, p_grads = probes.outputs(step, probes.amplified(weights), batches[0], rows, micro)
-    probe = probes.Probe(p_logits, p_grads, curve, "fp32", (batch_size, seq_len))
-    return Reference(batches, weights, rows, logits, loss, grads, curve, probe)
+        p_logits, p_loss, p_grads = probes.outputs(step, probes.amplified(weights), batches[0], rows, micro)
+    probe = probes.Probe(p_logits, p_grads, curve, "fp32", (batch_size, seq_len), p_loss)
+    return Reference(batches, weights, rows, logits, loss, grads, curve, probe, micro)
+
+
+def with_truth(ref: Reference, step64: TrainStep) -> Reference:
+    """The reference with its fp64 truth (truth.py): the same model in float64 trained over the same batches from
+    the same initial weights, and its outputs at the reference's trained and probe weights on the probe batch;
+    eager fp32's own distances from it go on the reference's probe (the scale of every fp32 rung)."""
+    curve = loss_curve(step64, ref.batches, ref.micro)
+    batch = ref.batches[0]
+    trained = probes.outputs(step64, ref.weights, batch, ref.probe_rows, ref.micro, keep=torch.float64)
+    at_probe = probes.outputs(step64, ref.probe_weights, batch, ref.probe_rows, ref.micro, keep=torch.float64)
+    ref.fp64 = truth.Truth(trained, at_probe, curve)
+    ref.probe.errors = (truth.errors((ref.logits, ref.loss, ref.grads), trained),
+                        truth.errors((ref.probe.logits, ref.probe.loss, ref.probe.grads), at_probe, ref.curve, curve))
+    return ref
 
 
 def probe(step: TrainStep, ref: Reference, curve: list[float] | None) -> probes.Probe:
     """A rung's outputs at the probe weights: what the rungs built on it are checked against."""
-    logits, _, grads = probes.outputs(step, ref.probe_weights, ref.batches[0], ref.probe_rows)
-    return probes.Probe(logits, grads, curve, step.spec.precision, (step.spec.batch_size, step.spec.seq_len))
+    logits, loss, grads = probes.outputs(step, ref.probe_weights, ref.batches[0], ref.probe_rows)
+    return probes.Probe(logits, grads, curve, step.spec.precision, (step.spec.batch_size, step.spec.seq_len), loss)
 
 
 def causality(step: TrainStep, ref: Reference) -> Causality:
     return probes.causality(step, ref.probe_weights, ref.batches[0], ref.probe_rows, step.vocab_size)
 
 
-def equivalence(step: TrainStep, ref: Reference) -> Equivalence:
-    """Logits, loss and gradients of the rung against eager fp32, same weights, same batch."""
+def equivalence(step: TrainStep, ref: Reference, trained: truth.Outputs | None = None,
+                fp64: Fp64 | None = None) -> Equivalence:
+    """Logits, loss and gradients of the rung (`trained`: its outputs at the reference's weights, computed here when
+    not given) against eager fp32's, same weights, same batch. With `fp64` (the rung's distances from fp64 judged
+    against eager's, truth.judge) that verdict is the check's; without it, the per-precision table's."""
     tol = TOLERANCES[step.spec.precision]
-    logits, loss, grads = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
+    logits, loss, grads = trained or probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
     grad_name, grad_err = probes.worst_grad(grads, ref.grads)
     seen = ref.logits.numel() > 0  # False: the model returns no logits; its loss and gradients are compared
     atol = tol.atol_rms * float(ref.logits.pow(2).mean().sqrt()) if seen else 0.0
@@ -151,7 +172,11 @@ def equivalence(step: TrainStep, ref: Reference) -> Equivalence:
         tolerance_why=tol.why, logits_max_abs_err=float((logits - ref.logits).abs().max()) if seen else None,
         logits_rel_err=probes.rel(logits, ref.logits) if seen else None, loss=loss, loss_ref=ref.loss,
         grad_rel_err=grad_err, grad_worst=grad_name,  # the worst parameter's gradient, relative to its norm
-        logits=None if seen else "not compared: the forward returns a loss only")
+        logits=None if seen else "not compared: the forward returns a loss only",
+        rule="table" if fp64 is None else "fp64", fp64=fp64, fp64_why=ref.fp64_why)
+    if fp64 is not None:
+        out.passed, out.detail = fp64.passed, ("" if fp64.passed else "equivalence: " + fp64.detail)
+        return out
     try:
         if seen:
             torch.testing.assert_close(logits, ref.logits, rtol=tol.rtol, atol=atol, msg=lambda m: "logits: " + m)

@@ -91,10 +91,11 @@ class Workload:
         return self.model.flops_per_token(spec.seq_len)
 
     def step(self, spec: StepSpec, wrap: Callable[[nn.Module], nn.Module] | None = None,
-             device: torch.device | None = None) -> TrainStep:
-        """The training step of a spec, from the workload's initial weights."""
+             device: torch.device | None = None, dtype: torch.dtype | None = None) -> TrainStep:
+        """The training step of a spec, from the workload's initial weights (in `dtype`, e.g. the gates' float64
+        reference, when given)."""
         return TrainStep(spec, self.model, self.init, device or self.device, self.cfg.run.lr, wrap=wrap,
-                         muon=self.cfg.run.muon)
+                         muon=self.cfg.run.muon, dtype=dtype)
 
     def stream(self, spec: StepSpec, seed: int | None = None, device: torch.device | None = None) -> BatchStream:
         """The timing stream of a spec's shape (seeded by the run's seed unless told otherwise)."""

@@ -45,7 +45,8 @@ DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.Alph
 
 
 def next_token_loss(logits: torch.Tensor, y: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Cross-entropy of every position's next token, as our GPT computes it: in fp32, over the real vocabulary.
+    """Cross-entropy of every position's next token, as our GPT computes it: in fp32 (fp64 stays fp64), over the
+    real vocabulary.
 
     Hugging Face models shift their labels inside and drop the last position; here the targets are already
     the next tokens, so every position counts, as in our GPT, and losses compare across models. A padded
@@ -53,7 +54,7 @@ def next_token_loss(logits: torch.Tensor, y: torch.Tensor, vocab: int) -> torch.
     """
     if logits.shape[-1] != vocab:  # a padded head (shapes are static: no slice in the graph otherwise)
         logits = logits[..., :vocab]
-    return F.cross_entropy(logits.float().reshape(-1, vocab), y.reshape(-1))
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, vocab), y.reshape(-1))
 
 
 class Adapted(nn.Module):

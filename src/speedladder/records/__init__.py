@@ -21,7 +21,9 @@ from speedladder.records.checks import (
     Causality,
     Check,
     Differential,
+    Distance,
     Equivalence,
+    Fp64,
     LearnsCheck,
     LossBand,
     Role,
@@ -36,8 +38,10 @@ __all__ = [
     "Causality",
     "Check",
     "Differential",
+    "Distance",
     "EqualTokens",
     "Equivalence",
+    "Fp64",
     "Gate",
     "LearnsCheck",
     "LossBand",
@@ -179,6 +183,9 @@ class RungResult:
     # both spreads (measure.drift): the machine drifted between the two; None when they agree.
     base_drift: float | None = None
     prediction_error: float | None = None  # measured x prev over predicted, less 1
+    # Why the rungs above do not build on this one though it passed its gates (a speed rung's measured loss:
+    # ladder.pays); empty when they do, or when it did not pass.
+    not_built_upon: str = ""
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
     # Memory (memory.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the
     # resident set before the step and its high-water mark during it (a child process); how, or why not.

@@ -36,6 +36,33 @@ class Check:
 
 
 @dataclass
+class Distance:
+    """One quantity's distance from the fp64 reference (truth.py), each relative to its scale: eager's at the rung's
+    precision, the rung it built on (same precision and shape; None otherwise), the rung's own, and what it may be."""
+
+    name: str = ""
+    eager: float | None = None
+    base: float | None = None
+    rung: float | None = None
+    allowed: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Fp64(Check):
+    """A rung's error judged against fp64 truth: per quantity, rung <= k x max(eager, base) + floor (truth.py)."""
+
+    k: float | None = None
+    floor: float | None = None
+    scale: str = ""  # what set the scale: "eager fp32", "eager bf16 and sdpa (the rung it built on)"
+    logits: Distance | None = None
+    loss: Distance | None = None
+    grad: Distance | None = None  # the worst gradient tensor, by its distance over what it is allowed
+    curve: Distance | None = None  # the loss curve over the gate batches (the differential's only)
+    tensors: int = 0  # gradient tensors judged
+
+
+@dataclass
 class Equivalence(Check):
     """Logits, loss and gradients of the rung against eager fp32, on the same weights and batch."""
 
@@ -52,6 +79,12 @@ class Equivalence(Check):
     grad_rel_err: float | None = None  # the worst parameter's gradient, relative to its norm
     grad_worst: str | None = None
     logits: str | None = None  # why the logits were not compared, when they were not
+    # "fp64": judged by `fp64` (the rung's distance from fp64 against eager's); "table": by the per-precision
+    # tolerances above, against eager fp32, where fp64 could not run (`fp64_why`). The tolerances' figures are
+    # kept either way.
+    rule: str = "table"
+    fp64: Fp64 | None = None
+    fp64_why: str = ""
 
 
 @dataclass
@@ -108,6 +141,11 @@ class Differential(Check):
     floor: float | None = None
     curve_rel: float | None = None
     curve_allowed: float | None = None
+    # "fp64": the rung's distance from fp64 at the probe weights against eager's at its precision and the base's
+    # (logits_rel, grad_rel and curve_rel are then distances from fp64); "base": against the base itself, allowed
+    # k x the base's distance from eager fp32 + floor, where fp64 could not run.
+    rule: str = "base"
+    fp64: Fp64 | None = None
 
 
 @dataclass

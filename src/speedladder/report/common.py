@@ -34,6 +34,8 @@ def label(r: RungResult) -> str:
         return f"◆ {r.name}"
     if r.role == Role.FINAL:  # tune's finalist, measured again beside eager
         return f"★ {r.name}"
+    if r.not_built_upon:  # a loss: the rungs above build on the best configuration below it
+        return f"✗ {r.name}"
     return r.name
 
 

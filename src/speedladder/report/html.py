@@ -19,6 +19,7 @@ from pathlib import Path
 from speedladder.records import Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
 from speedladder.report.common import label, model_label
+from speedladder.report.gates import gates_html
 from speedladder.report.htmlkit import (
     _figure,
     esc,
@@ -45,7 +46,7 @@ from speedladder.report.waterfall import COLOURS, PREDICTED, waterfall_figure
 FILENAME = "report.html"
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("header", "Run"), ("rungs", "Rungs"), ("waterfall", "Waterfall"), ("race", "Race to a target loss"),
-    ("loss-curves", "Loss curves"),
+    ("loss-curves", "Loss curves"), ("gates", "Gates in detail"),
     ("memory", "Memory"), ("profile", "Profile and predictions"), ("parallel", "Data parallelism"),
     ("environment", "Environment"))
 
@@ -355,6 +356,7 @@ def environment_section(results: dict) -> str:
 
 BUILDERS = {"rungs": rungs_section, "waterfall": waterfall_section,
             "race": lambda results: race_html(_typed(results)), "loss-curves": loss_section,
+            "gates": lambda results: gates_html(_typed(results)),
             "memory": memory_section, "profile": profile_section, "parallel": parallel_section,
             "environment": environment_section}
 

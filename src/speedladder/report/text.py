@@ -38,7 +38,7 @@ def rows(results: Results) -> list[dict[str, str]]:
     out = []
     for r in results.rungs:
         pred = r.predicted.speedup if r.predicted else None
-        row = {"rung": label(r), "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": times(pred), "err": "—",
+        row = {"rung": label(r), "on": r.built_on or "—", "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": times(pred), "err": "—",
                "× cum": "—", "step ms": "—", "peak mem": "—", "saved act": "—", "pred act": "—", "MFU": "—",
                "TFLOP/s": "—", "compile s": "—",
                "gate": _gate(r), "verdict": STATUS_LABEL.get(r.status, "")}
@@ -122,6 +122,8 @@ def _control_note(rung: RungResult, control: RungResult) -> str:
 def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
+    if r.not_built_upon:
+        out.append(f"{r.name}: not built upon — {r.not_built_upon} (red on the waterfall; --stack-all builds on it).")
     if r.role == Role.BESIDE and r.ok:
         out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r.kind} rung).")
@@ -183,6 +185,11 @@ def notes(results: Results) -> list[str]:
     out = []
     if results.config.get("preset_note"):
         out.append(results.config["preset_note"] + ".")
+    env = results.environment
+    if env.get("device_type") == "cpu" and env.get("cpu_capability"):  # what a CPU's verdicts rest on
+        native = {True: "native", False: "not native"}.get(env.get("bf16_native"), "unknown")
+        out.append(f"processor: {env['cpu_capability']}, bf16 {native} ({env.get('bf16_why')}); muon: "
+                   f"{env.get('muon')}.")
     out.extend(_model_note(results.model))
     by_name = {r.name: r for r in results.rungs}
     for r in results.rungs:

@@ -85,7 +85,8 @@ def waterfall_figure(results: Results):
             ax.text(i, 0.05 * top, STATUS_LABEL.get(r.status, r.status), rotation=90, ha="center", va="bottom",
                     color="#555555", fontsize=9)
     ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
-    ax.set_xticks(range(len(rungs)), [r.name + ("\n(beside)" if r.role == Role.BESIDE else "") for r in rungs])
+    ax.set_xticks(range(len(rungs)), [r.name + ("\n(beside)" if r.role == Role.BESIDE else "")
+                                      + ("\n(not built upon)" if r.not_built_upon else "") for r in rungs])
     ax.set_xlim(-0.6, len(rungs) - 0.2)
     ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")

@@ -1,0 +1,93 @@
+"""The gates in detail, for report.html: every check of every rung, and for the fp64 rule the three distances
+(eager's at the rung's precision, the base's, the rung's) beside what was allowed. Read from saved results."""
+
+from __future__ import annotations
+
+from speedladder.records import Fp64, Results, RungResult
+from speedladder.report.htmlkit import esc, missing, notes, table
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2e}"
+
+
+def _rows(r: RungResult, check: str, f: Fp64) -> list[list[str]]:
+    out = []
+    for d in (f.logits, f.loss, f.grad, f.curve):
+        if d is None:
+            continue
+        what = f"gradient of {d.name} (worst of {f.tensors})" if d is f.grad else d.name
+        ok = d.rung is not None and d.allowed is not None and d.rung <= d.allowed
+        out.append([r.name, check, what, f.scale, _num(d.eager), _num(d.base), _num(d.rung), _num(d.allowed),
+                    "yes" if ok else "NO"])
+    return out
+
+
+def fp64_rows(results: Results) -> list[list[str]]:
+    """One row per judged quantity of every rung's equivalence (trained weights) and differential (probe
+    weights) that went by the fp64 rule."""
+    rows: list[list[str]] = []
+    for r in results.rungs:
+        g = r.gate
+        if g is None:
+            continue
+        if g.equivalence is not None and g.equivalence.fp64 is not None:
+            rows += _rows(r, "equivalence (trained weights)", g.equivalence.fp64)
+        if g.differential is not None and g.differential.fp64 is not None:
+            rows += _rows(r, "differential (probe weights)", g.differential.fp64)
+    return rows
+
+
+def _other(r: RungResult) -> list[str]:
+    """A rung's checks in one line each, for those judged another way (or not at all)."""
+    g = r.gate
+    if g is None:
+        return []
+    out = []
+    if g.reference:
+        out.append(f"{r.name}: the reference; causality " + ("passed" if g.passed else f"FAILED: {g.detail}"))
+    for name in ("equivalence", "loss_band", "causality", "differential", "tokens_to_target"):
+        c = getattr(g, name)
+        if c is None or g.reference:
+            continue
+        rule = getattr(c, "rule", "")
+        if rule == "fp64":
+            continue
+        state = "not applicable" if not c.applies else "passed" if c.passed else "FAILED"
+        why = c.detail or (getattr(c, "fp64_why", "") if rule == "table" else "")
+        out.append(f"{r.name}: {name.replace('_', ' ')} {state}" + (f" ({rule} rule)" if rule else "")
+                   + (f": {why}" if why else ""))
+    return out
+
+
+def gates_html(results: Results) -> str:
+    if not results.rungs:
+        return missing("no rung was gated in this run.")
+    rows = fp64_rows(results)
+    parts = []
+    if rows:
+        parts.append(table(["rung", "check", "quantity", "scale", "eager to fp64", "base to fp64", "rung to fp64",
+                            "allowed", "passed"], rows, left=("rung", "check", "quantity", "scale", "passed")))
+        k = next(c.k for r in results.rungs for c in _fp64s(r) if c.k is not None)
+        parts.append(f"<p>{esc(_rule_line(k))}</p>")
+    else:
+        parts.append(missing("no check went by the fp64 rule here (fp64 could not run: see the checks below)."))
+    parts.append(notes(line for r in results.rungs for line in _other(r)))
+    return "\n".join(parts)
+
+
+def _fp64s(r: RungResult) -> list[Fp64]:
+    g = r.gate
+    if g is None:
+        return []
+    return [c.fp64 for c in (g.equivalence, g.differential) if c is not None and c.fp64 is not None]
+
+
+def _rule_line(k: float) -> str:
+    return (f"each distance is relative to the fp64 reference's own norm (a gradient that vanishes: the norm the "
+            f"model's mean gradient gives a tensor its size); allowed = {k:g} × the larger of eager's (at the rung's "
+            "precision) and the base's (same precision and shape) + a floor at that precision; the loss curve's "
+            "multiplier is larger, as a curve carries every step's rounding (docs/measurement.md, rule 12).")
+
+
+
