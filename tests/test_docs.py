@@ -24,3 +24,17 @@ def test_the_generated_examples_are_current():
 
 def test_the_readme_stays_short():
     assert len((ROOT / "README.md").read_bytes()) <= 15_000
+
+
+def test_a_file_shown_in_the_docs_is_the_file_itself():
+    """A fenced block after `<!-- file: PATH -->` is PATH's whole content (docs/rungs.md shows the rung file the
+    tests run)."""
+    import re
+
+    shown = 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for path, block in re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.S):
+            assert block == (ROOT / path).read_text(encoding="utf-8"), f"{page.name} shows {path} as it was"
+            shown += 1
+    assert shown >= 1

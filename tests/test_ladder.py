@@ -70,9 +70,19 @@ def test_each_rung_builds_on_the_last_and_compile_is_timed_apart(source_run):
     assert all(rungs[n]["compile_s"] is not None for n in ("compile", "bf16", "batch", "ckpt"))
     assert rungs["compile"]["gate"]["equivalence"]["precision"] == "fp32"
     assert rungs["bf16"]["gate"]["equivalence"]["precision"] == "bf16"
-    assert [rungs[n]["built_on"] for n in ("compile", "bf16", "batch", "ckpt")] == ["eager", "compile", "bf16",
-                                                                                     "batch"]
-    assert rungs["batch"]["spec"]["batch_size"] == 8 and rungs["batch"]["spec"]["autocast"] == "bf16"
+    # Each builds on the best configuration below it: the last that passed and did not lose (a speed rung's loss
+    # is measured and left out; on a busy machine the tiny preset's bf16 can lose).
+    expected, last = [], "eager"
+    for n in ("compile", "bf16", "batch", "ckpt"):
+        expected.append(last)
+        r = rungs[n]
+        if r["gate"]["passed"] and not (r["kind"] == "speed" and r["verdict"] == "loss"):
+            last = n
+        assert bool(r["not_built_upon"]) == (r["gate"]["passed"] and last != n)
+    assert [rungs[n]["built_on"] for n in ("compile", "bf16", "batch", "ckpt")] == expected
+    bf16_kept = expected[2] == "bf16"
+    assert rungs["batch"]["spec"]["batch_size"] == 8
+    assert rungs["batch"]["spec"]["autocast"] == ("bf16" if bf16_kept else None)
     assert rungs["batch-fp32"]["spec"] == {**rungs["batch"]["spec"], "autocast": None, "tf32": False}
     assert rungs["ckpt"]["spec"]["transforms"] == ["activation-checkpointing"]
 

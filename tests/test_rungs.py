@@ -55,7 +55,7 @@ def test_transforms_are_pure_functions_of_spec_and_env():
 def test_every_rung_has_a_reason_and_a_kind():
     for rung in RUNGS.values():
         assert len(rung.reason) > 20 and "\n" not in rung.reason
-        assert rung.kind in ("speed", "memory", "optimizer")
+        assert rung.kind in ("speed", "memory", "optimizer", "architecture")
     assert RUNGS["ckpt"].kind == "memory"
 
 

@@ -2,11 +2,17 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["apply", "climb", "race"]
+__all__ = ["Requirement", "StepSpec", "apply", "climb", "race", "rung"]
+_RUNG_API = ("Requirement", "StepSpec", "rung")  # declaring a rung of your own (docs/rungs.md)
 
 
 def __getattr__(name: str):
-    """`speedladder.climb`, `.race` and `.apply`, imported on first use: `import speedladder` stays light (no torch)."""
+    """`speedladder.climb`, `.race`, `.apply` and the rung API, imported on first use: `import speedladder` stays
+    light (no torch)."""
+    if name in _RUNG_API:
+        from speedladder import rungs
+
+        return getattr(rungs, name)
     if name in __all__:
         from speedladder import api
 

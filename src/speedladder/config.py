@@ -20,10 +20,11 @@ from speedladder.errors import UsageError
 from speedladder.gpt import GPTConfig
 from speedladder.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
 from speedladder.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
+from speedladder.processor import pick_device
 
 # presets.py's and ladders.py's, read through here too
 __all__ = ["CUDA_DEFAULT_PRESET", "FALLBACK_PRESET", "FULL_LADDER", "LADDERS", "PRESETS", "RACE_LADDER",
-           "SOURCE_LADDER", "LadderDef", "Preset"]
+           "SOURCE_LADDER", "LadderDef", "Preset", "pick_device"]
 
 # nanoGPT's convention: the last tenth of a corpus (or of a token file with no --val-data) is held out for
 # validation, and no training batch is drawn from it.
@@ -208,7 +209,9 @@ class RunConfig:
     # None: "source" unless rungs are given one by one; once resolved, None means they were.
     ladder: str | None = option(None, help="source: the source text's R0-R4; full: "
                                            + ",".join(LADDERS["full"].rungs) + " with "
-                                           + ",".join(LADDERS["full"].beside) + " measured beside its top",
+                                           + ",".join(LADDERS["full"].beside) + " measured beside its top; "
+                                           "speedrun: " + ",".join(LADDERS["speedrun"].rungs)
+                                           + " (the speedrun's model records last; best raced: speedladder race)",
                                 shown="source", choices=tuple(LADDERS), group="rungs")
     rungs: tuple[str, ...] | None = option(None, help="rungs in order, each building on the last that passed; wins "
                                                       "over --ladder (and drops its beside rungs)",
@@ -217,6 +220,13 @@ class RunConfig:
     beside: tuple[str, ...] | None = option(None, help="rungs measured on the ladder's top, not built upon",
                                             shown="the ladder's (full: ckpt)", metavar="A,B", parse=rung_list,
                                             group="rungs")
+    rung_files: tuple[str, ...] = option((), help="load your own rungs from FILE.py or package.module (declared "
+                                                 "with speedladder.rung; docs/rungs.md), then name them in --rungs; "
+                                                 "repeatable", shown="none", flag="--rung-file",
+                                         metavar="FILE.py|MODULE", append=True, group="model")
+    # Each rung file's sha256 when the run was resolved: a saved configuration refuses a file changed since.
+    rung_hashes: dict[str, str] | None = option(None, help="the rung files' content hashes, as recorded",
+                                                cli=False)
     stack_all: bool = option(False, help="build every rung on the last one that passed its gates, losses included "
                                          "(a pure cumulative waterfall); by default a speed rung that measures a "
                                          "loss is drawn red and named, and the next rung builds on the best "
@@ -297,29 +307,6 @@ def default(cls: type, name: str) -> Any:
     """The default of a dataclass field, for code that shows it (the field itself is the one place it lives)."""
     f = cls.__dataclass_fields__[name]
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def pick_device(requested: str) -> torch.device:
-    if requested == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(requested)
-    except RuntimeError:
-        raise UsageError(f"unknown device {requested!r} (use auto, cpu, cuda, cuda:N or mps)") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"device {requested} asked for, but no CUDA device is available")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UsageError(f"device {requested} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError("device mps asked for, but MPS is not available")
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        raise UsageError(f"unsupported device type {dev.type!r} (use cpu, cuda or mps)")
-    return dev
 
 
 def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:

@@ -24,25 +24,34 @@ from speedladder.truth import Errors
 from speedladder.workload import Workload, free_device_memory
 
 
+def reference_spec(spec: StepSpec) -> StepSpec:
+    """Eager fp32 at a spec's shape, with its architecture rungs (they change the function on purpose): what the
+    spec is checked against."""
+    return StepSpec(spec.batch_size, spec.seq_len, transforms=spec.architecture)
+
+
 def precision_spec(spec: StepSpec) -> StepSpec:
-    """Eager at a spec's shape and arithmetic: its autocast, TF32 and fp8 casts, nothing else (truth.py's scale)."""
+    """Eager at a spec's shape and arithmetic: its autocast, TF32 and fp8 casts and its architecture rungs, nothing
+    else (truth.py's scale)."""
     return StepSpec(spec.batch_size, spec.seq_len, autocast=spec.autocast, tf32=spec.tf32,
-                    transforms=tuple(t for t in spec.transforms if t == "float8"))
+                    transforms=tuple(t for t in spec.transforms if t == "float8" or t in spec.architecture))
 
 
 class Gates:
     def __init__(self, work: Workload, progress: Progress) -> None:
         self.work = work
         self.progress = progress
-        self.references: dict[tuple[int, int], verify.Reference | str] = {}
+        self.references: dict[StepSpec, verify.Reference | str] = {}  # by reference_spec
         # Eager at each precision other than fp32, per shape: its distances from fp64 (eager_at).
         self.precision_refs: dict[StepSpec, tuple[str, Errors, Errors]] = {}
         self.eager_curves: dict[tuple[int, int], list[float]] = {}  # the learns-check's baseline, per shape
         self.entropy = unigram_entropy(work.corpus)
 
     def is_reference(self, spec: StepSpec) -> bool:
-        """Eager fp32 at the workload's shape (any batch): the function every other rung is checked against."""
-        return spec == dataclasses.replace(self.work.base_spec, batch_size=spec.batch_size)
+        """Eager fp32 at the workload's shape (any batch), with the spec's architecture rungs if any: the function
+        every other rung is checked against (reference_spec). An architecture rung on eager is its own reference:
+        the causality probe, the learns-check and the race judge it."""
+        return spec == reference_spec(spec) and spec.seq_len == self.work.cfg.seq_len
 
     def micro_batch(self, batch_size: int) -> int | None:
         """The micro-batch eager fp32 at this batch is built over: the workload's own batch, where this one is a
@@ -52,23 +61,24 @@ class Gates:
         return base if batch_size > base and batch_size % base == 0 else None
 
     def reference(self, spec: StepSpec) -> verify.Reference | str:
-        """Eager fp32 at the spec's shape, once per shape; a string says why it could not be made."""
-        key = (spec.batch_size, spec.seq_len)
-        if key not in self.references:
+        """Eager fp32 at the spec's shape (with its architecture rungs), once per shape; a string says why it
+        could not be made."""
+        eager = reference_spec(spec)
+        if eager not in self.references:
             k = self.work.cfg.run.gates.loss_steps
-            micro = self.micro_batch(key[0])
-            self.progress(f"eager fp32 reference at B={key[0]}, T={key[1]} ({k} steps"
+            micro = self.micro_batch(eager.batch_size)
+            arch = f" with {'+'.join(eager.architecture)}" if eager.architecture else ""
+            self.progress(f"eager fp32{arch} reference at B={eager.batch_size}, T={eager.seq_len} ({k} steps"
                           + (f", gradients accumulated over micro-batches of {micro})" if micro else ")"), "gates")
-            eager = StepSpec(*key)
             try:
                 ref = verify.reference(self.work.step(eager), self.work.gate_batches(eager, k), micro)
-                self.references[key] = self._with_truth(ref, eager)
+                self.references[eager] = self._with_truth(ref, eager)
             except Exception as e:  # noqa: BLE001 -- recorded in each gate that needed it; the ladder goes on
                 why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
-                self.references[key] = f"the eager fp32 reference at B={key[0]} {why}: not verified"
+                self.references[eager] = f"the eager fp32{arch} reference at B={eager.batch_size} {why}: not verified"
             finally:
                 free_device_memory(self.work.device)
-        return self.references[key]
+        return self.references[eager]
 
     def _with_truth(self, ref: verify.Reference, eager: StepSpec) -> verify.Reference:
         """The reference with its float64 truth (truth.py), or the reason there is none: then the gates judge by

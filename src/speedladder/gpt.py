@@ -44,6 +44,24 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
 
+class Rotary(nn.Module):
+    """Rotary position embeddings (Su et al. 2021, RoFormer): each pair of a head's channels rotated by an angle
+    proportional to the position, so q.k depends on the positions' difference alone."""
+
+    def __init__(self, head_dim: int, block_size: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
+        angles = torch.outer(torch.arange(block_size, dtype=torch.float32), inv)  # (block_size, hs/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, nh, T, hs)
+        T = x.shape[-2]
+        cos, sin = self.cos[:T].to(x.dtype), self.sin[:T].to(x.dtype)
+        a, b = x[..., 0::2], x[..., 1::2]  # each (B, nh, T, hs/2)
+        return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -54,10 +72,12 @@ class CausalSelfAttention(nn.Module):
         # Not a parameter and not saved: it is a function of block_size alone.
         self.register_buffer("causal_mask", mask.view(1, 1, cfg.block_size, cfg.block_size),
                              persistent=False)
+        self.qk_norm = False  # the speedrun's QK-norm (GPT.speedladder_qk_norm)
+        self.rotary: Rotary | None = None  # rotary positions instead of the learned table (speedladder_rotary)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[1]
-        q, k, v = split_heads(self.qkv(x), self.n_head)  # each (B, nh, T, hs)
+        q, k, v = attention_heads(self, x)  # each (B, nh, T, hs)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, T)
         att = att.masked_fill(~self.causal_mask[:, :, :T, :T], float("-inf"))
         att = F.softmax(att, dim=-1)
@@ -72,10 +92,28 @@ def split_heads(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Ten
     return tuple(t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in qkv.split(C, dim=2))
 
 
+def attention_heads(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v of an attention module (its qkv layer, heads, and the speedrun's QK-norm and rotary positions when
+    set), each (B, nh, T, hs); shared with the fused-attention rung, which adopts the same settings."""
+    q, k, v = split_heads(attn.qkv(x), attn.n_head)
+    if attn.qk_norm:  # RMS-normalized per head, no learned scale, as the speedrun's record has it
+        q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+    if attn.rotary is not None:
+        q, k = attn.rotary(q), attn.rotary(k)
+    return q, k, v
+
+
 def merge_heads(y: torch.Tensor) -> torch.Tensor:
     """(B, nh, T, hs) -> (B, T, C)."""
     B, nh, T, hs = y.shape
     return y.transpose(1, 2).contiguous().view(B, T, nh * hs)
+
+
+class ReLUSquared(nn.Module):
+    """ReLU(x)^2 (So et al. 2021, Primer): the speedrun's MLP activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
 
 
 class MLP(nn.Module):
@@ -115,6 +153,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # GPT-2 ties input and output embeddings
+        self.positions = True  # the learned position table; off once rotary positions replace it
+        self.softcap: float | None = None  # logits soft-capped at +-softcap (speedladder_softcap)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the projections that write into the residual stream.
         for name, p in self.named_parameters():
@@ -129,6 +169,30 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # -- the speedrun's model records, as hooks (rungs/speedrun.py calls them; a user's model may define the same).
+    # Each changes the function in place, on a freshly built model, keeping every parameter object.
+
+    def speedladder_qk_norm(self) -> None:
+        """QK-norm: queries and keys RMS-normalized per head before their dot product."""
+        for block in self.blocks:
+            block.attn.qk_norm = True
+
+    def speedladder_relu2(self) -> None:
+        """ReLU^2 as the MLP's activation."""
+        for block in self.blocks:
+            block.mlp.act = ReLUSquared()
+
+    def speedladder_rotary(self) -> None:
+        """Rotary positions in every attention; the learned position table is no longer added (its rows get no
+        gradient)."""
+        for block in self.blocks:
+            block.attn.rotary = Rotary(self.cfg.head_dim, self.cfg.block_size).to(self.wte.weight.device)
+        self.positions = False
+
+    def speedladder_softcap(self, cap: float) -> None:
+        """Logits soft-capped: cap * tanh(logits / cap) (Gemma 2), computed in fp32."""
+        self.softcap = cap
 
     def num_params(self) -> int:
         """Every parameter once (a tied matrix counts once), position table included."""
@@ -150,11 +214,18 @@ class GPT(nn.Module):
         T = idx.shape[1]
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.positions:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if self.softcap is not None:
+            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            logits = self.softcap * torch.tanh(wide / self.softcap)
+            pad = getattr(self.lm_head, "pad", None)  # a padded head's columns stay at -inf (tanh would lift them)
+            if pad is not None:
+                logits = logits.masked_fill(pad, float("-inf"))
         loss = None
         if targets is not None:
             # In fp32 at least whatever the autocast dtype: the softmax over the vocabulary is where bf16 loses

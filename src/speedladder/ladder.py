@@ -25,7 +25,7 @@ from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
-from speedladder.rungs import RUNGS, Rung, StepSpec, float8_matmul_params
+from speedladder.rungs import RUNGS, Rung, RungError, StepSpec, float8_matmul_params
 from speedladder.settings import CONFIG_FILE, Settings
 from speedladder.settings import write as write_settings
 from speedladder.step import matmul_precision
@@ -75,7 +75,7 @@ class Ladder:
             name=f"{rung.name}-fp32" if control else rung.name, rung=rung.name, role=role,
             reason=(rung.control_reason or "") if control else rung.reason, kind=rung.kind,
             built_on=base.name if base else None, spec=spec.to_dict(), precision=spec.precision,
-            requirement=dataclasses.asdict(rung.requires),
+            requirement=rung.requires.to_dict(), source=rung.source,
             predicted=None if control else (self._predicted(rung) if predicted == AUTO else predicted))  # type: ignore[arg-type]
         self.results.rungs.append(r)
         say = self.progress.scoped(r.name)
@@ -92,7 +92,7 @@ class Ladder:
             r.status, r.detail = "interrupted", "stopped by Ctrl-C during this rung"
             raise
         except Exception as e:  # noqa: BLE001 -- an OOM or a failing technique ends this rung only, recorded
-            r.status, r.detail = ("oom" if is_oom(e) else "error"), one_line(e)
+            r.status, r.detail = ("oom" if is_oom(e) else "error"), str(e) if isinstance(e, RungError) else one_line(e)
             say(f"{r.status}: {r.detail}")
         finally:
             free_device_memory(self.work.device)
@@ -245,7 +245,11 @@ class Ladder:
         spec, base = self.work.base_spec, None
         for name in self.work.cfg.run.rungs or ():
             rung = RUNGS[name]
-            new = rung.transform(spec, self.work.env)
+            try:
+                new = rung.transform(spec, self.work.env)
+            except RungError as e:  # a user's spec transform raised: this rung fails, said, and the ladder goes on
+                self._failed(rung, base, str(e))
+                continue
             r = self.climb(rung, new, base)
             if r.ok and rung.control is not None:
                 self.climb(rung, rung.control(new), r, role=Role.CONTROL)
@@ -261,6 +265,15 @@ class Ladder:
         for name in self.work.cfg.run.beside or ():
             rung = RUNGS[name]
             self.climb(rung, rung.transform(spec, self.work.env), base, role=Role.BESIDE)
+
+    def _failed(self, rung: Rung, base: RungResult | None, why: str) -> None:
+        """A rung whose spec could not be made: recorded as an error, with the reason."""
+        r = RungResult(name=rung.name, rung=rung.name, role=Role.RUNG, reason=rung.reason, kind=rung.kind,
+                       built_on=base.name if base else None, spec={}, precision="", requirement=rung.requires.to_dict(),
+                       status="error", detail=why, source=rung.source)
+        self.results.rungs.append(r)
+        self.progress.scoped(r.name)(f"error: {why}")
+        self.save()
 
     def _learns_check(self) -> None:
         """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried."""

@@ -23,8 +23,13 @@ class LadderDef:
 # model learns rather than how fast a step runs. Checkpointing, a memory rung that trades speed for memory, is left out.
 RACE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "muon")
 
+# modded-nanogpt's speedrun on top of the source text's first rungs: compile, bf16 and Muon, then its model records
+# (rungs/speedrun.py), each an architecture rung judged by the race's time to a target loss.
+SPEEDRUN_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "muon", "qk-norm", "relu2", "rotary", "softcap")
+
 LADDERS: dict[str, LadderDef] = {
     "source": LadderDef(SOURCE_LADDER),
+    "speedrun": LadderDef(SPEEDRUN_LADDER),
     # Checkpointing is a memory rung: measured on the top of the full ladder, not a step for the rest to climb.
     "full": LadderDef(FULL_LADDER, beside=("ckpt",)),
 }

@@ -1,4 +1,4 @@
-"""What the processor does natively: its vector ISA and whether it has bf16 arithmetic of its own.
+"""The device to run on, and what the processor does natively: its vector ISA and whether it has bf16 of its own.
 
 PyTorch dispatches its CPU kernels by the vector ISA it detects (ATEN_CPU_CAPABILITY can force a lower one), and
 oneDNN runs bf16 matmuls natively only on AVX-512 BF16 or AMX (ONEDNN_MAX_CPU_ISA can cap it). Elsewhere bf16 is
@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from speedladder.errors import UsageError
 
 # oneDNN ISA names (ONEDNN_MAX_CPU_ISA) at or above which bf16 matmuls run natively (AVX-512 BF16, AMX).
 _ONEDNN_BF16 = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX10_1_512_AMX",
@@ -66,3 +68,26 @@ def bf16_native(device: torch.device) -> bool:
     if device.type == "mps":
         return True
     return bool(cpu().bf16_native)
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(requested)
+    except RuntimeError:
+        raise UsageError(f"unknown device {requested!r} (use auto, cpu, cuda, cuda:N or mps)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"device {requested} asked for, but no CUDA device is available")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"device {requested} asked for, but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError("device mps asked for, but MPS is not available")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(f"unsupported device type {dev.type!r} (use cpu, cuda or mps)")
+    return dev

@@ -18,7 +18,7 @@ from speedladder.config import MuonConfig
 from speedladder.gpt import GPTConfig
 from speedladder.models import ModelDef
 from speedladder.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
-from speedladder.rungs import StepSpec
+from speedladder.rungs import NEW_PARAMS, OPTIMIZERS, RungError, StepSpec
 
 
 @contextlib.contextmanager
@@ -67,6 +67,8 @@ def make_optimizer(params: dict[str, nn.Parameter], spec: StepSpec, lr: float, m
         rest = [p for n, p in params.items() if not is_hidden_matrix(n, p, blocks_prefix)]
         return MuonAdamW(muon_optimizer(hidden, lr=muon.lr * scale, momentum=muon.momentum, nesterov=muon.nesterov,
                                         ns_steps=muon.ns_steps), adamw(rest))
+    if spec.optimizer in OPTIMIZERS:  # a rung's own (rungs/api.py): the named parameters and the learning rate
+        return OPTIMIZERS[spec.optimizer](dict(params), lr * scale)
     if spec.optimizer not in ("adamw", "adamw-fused", "adamw-foreach"):
         raise ValueError(f"unknown optimizer {spec.optimizer!r}")
     # Plain "adamw" leaves the implementation to torch's default; the others ask for one.
@@ -97,10 +99,7 @@ class TrainStep:
         self.model = model
         for name in spec.transforms:
             self.model = self.source.transform(name)(self.model)
-        # A transform may grow a parameter in place, never swap in a new one: reset() and the gates would miss it.
-        ours = {id(p) for p in self.params.values()}
-        if any(id(p) not in ours for p in self.model.parameters()):
-            raise RuntimeError(f"a model transform of {spec.transforms} made new parameter objects")
+        self.added = self._added_params(spec)
         if wrap is not None:  # e.g. DistributedDataParallel: after the transforms, before compilation
             self._wrap(wrap)
         # Called in its own convention, answering (logits, loss) with one loss for every model (models/base.py).
@@ -112,6 +111,22 @@ class TrainStep:
         self.optimizer = self._new_optimizer()
         self._autocast = torch.autocast(device.type, dtype=torch.bfloat16,
                                         enabled=spec.autocast == "bf16")
+
+    def _added_params(self, spec: StepSpec) -> dict[str, torch.Tensor]:
+        """Parameters the transforms made, each with its first value (reset() restores it), under its name in the
+        transformed model. A transform may grow a parameter in place, never swap in a new one, unless its rung
+        declared so (an architecture rung, or changes_params): reset() and the gates would miss it."""
+        ours = {id(p) for p in self.params.values()}
+        new = {n: p for n, p in self.model.named_parameters() if id(p) not in ours}
+        if not new:
+            return {}
+        undeclared = [t for t in spec.transforms if t not in NEW_PARAMS]
+        if undeclared and not any(t in NEW_PARAMS for t in spec.transforms):
+            raise RungError(f"a model transform of {', '.join(undeclared)} made new parameters ({', '.join(new)}) "
+                            "without declaring changes_params=True: the gates cannot compare it")
+        self.params.update(new)
+        self.shapes.update({n: p.shape for n, p in new.items()})
+        return {n: p.detach().clone() for n, p in new.items()}
 
     def _wrap(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
         """Wrap the model, then point params and state at the tensors the wrapped model trains.
@@ -154,12 +169,14 @@ class TrainStep:
         weights = self.init if weights is None else weights
         with torch.no_grad():
             for name, p in self.params.items():
+                # A parameter a transform made (an architecture rung's) goes back to its own first value.
+                w = weights[name] if name in weights else self.added[name]
                 if p.shape != self.shapes[name]:
                     p.zero_()  # padding rows back to zero
                 if hasattr(p, "device_mesh"):  # an FSDP2 shard (a DTensor): this rank's part of the weight
-                    p.to_local().copy_(_local_part(p, weights[name]))
+                    p.to_local().copy_(_local_part(p, w))
                 else:
-                    self.reference_part(name, p).copy_(weights[name])
+                    self.reference_part(name, p).copy_(w)
                 p.grad = None
         self.optimizer = self._new_optimizer()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from speedladder.config import RunConfig
 from speedladder.ladder import Ladder
 from speedladder.records import Results, Role, RungResult, TuneSection
-from speedladder.rungs import Env, Rung, StepSpec, compose
+from speedladder.rungs import Env, Rung, StepSpec, compose, kind_of
 from speedladder.settings import WINNER_FILE, Settings
 
 
@@ -124,7 +124,8 @@ def _key(spec: dict) -> str:
 
 
 def combination_rung(name: str, names: tuple[str, ...]) -> Rung:
-    return Rung(name, f"the surviving rungs together: {'+'.join(names)}", "speed", lambda s, e: s)
+    """Rungs measured together: judged as the most far-reaching of them is (rungs.kind_of)."""
+    return Rung(name, f"the surviving rungs together: {'+'.join(names)}", kind_of(names), lambda s, e: s)
 
 
 def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable[[str], None]) -> list[dict]:

@@ -27,7 +27,8 @@ from speedladder import codec, models, results, settings
 from speedladder.config import MuonConfig, RunConfig, pick_device, resolve
 from speedladder.errors import UsageError
 from speedladder.optim import MuonAdamW
-from speedladder.rungs import RUNGS, Env, StepSpec, compose
+from speedladder.rungs import RUNGS, StepSpec, compose, env_for
+from speedladder.rungs import load as rung_files
 from speedladder.step import AdamWFactory, make_optimizer
 
 
@@ -42,13 +43,14 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _from_settings(path: Path, device: torch.device) -> tuple[StepSpec, RunConfig]:
-    """A config file's spec: its rungs (train's, else run's) composed on its workload's eager step, for this device."""
+def _from_settings(path: Path, device: torch.device, hooks: tuple[str, ...]) -> tuple[StepSpec, RunConfig]:
+    """A config file's spec: its rungs (train's, else run's) composed on its workload's eager step, for this device
+    and a model with these hooks. The config's own rung files are loaded first, refused if they changed since."""
     s = codec.from_data(settings.Settings, settings.read(path))
+    rung_files.load(s.run.rung_files, s.run.rung_hashes)
     names = tuple(n for n in (s.train.rungs or s.run.rungs or ()) if n != "eager")
     cfg = resolve(s.run, pick_device(str(device)), known_rungs=tuple(RUNGS))
-    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    env = Env(device.type, cap, cfg.run.batch_multiplier, batch_lr_scale=cfg.run.batch_lr_scale)  # type: ignore[arg-type]
+    env = env_for(device, cfg.run.batch_multiplier, cfg.run.batch_lr_scale, hooks=hooks)  # type: ignore[arg-type]
     for n in names:
         why = RUNGS[n].requires.unmet(env)
         if why:
@@ -56,7 +58,8 @@ def _from_settings(path: Path, device: torch.device) -> tuple[StepSpec, RunConfi
     return compose(names, StepSpec(cfg.batch_size, cfg.seq_len), env), s.run
 
 
-def winner(where: str | Path | StepSpec, device: torch.device) -> tuple[StepSpec, RunConfig]:
+def winner(where: str | Path | StepSpec, device: torch.device,
+           hooks: tuple[str, ...] = ()) -> tuple[StepSpec, RunConfig]:
     """The spec to apply and the run configuration it came with (its learning rate, Muon's settings): a StepSpec
     as given; a config file (tune's winner.toml, a run's config.toml); or a run folder's winner (tune's, else its
     fastest rung)."""
@@ -64,13 +67,15 @@ def winner(where: str | Path | StepSpec, device: torch.device) -> tuple[StepSpec
         return where, RunConfig()
     path = Path(where)
     if path.suffix == ".toml":
-        return _from_settings(path, device)
+        return _from_settings(path, device, hooks)
     saved = results.load(path)
     tuned = saved.tune.winner_spec if saved.tune else None
     best = saved.rung(saved.fastest) if saved.fastest else None
     if not tuned and best is None:
         raise UsageError(f"{where} names no configuration that passed every gate")
-    return StepSpec.from_dict(tuned or best.spec), settings.run_from_results(saved.config)  # type: ignore[union-attr]
+    run = settings.run_from_results(saved.config)
+    rung_files.load(run.rung_files, run.rung_hashes)  # the run's own rung files, refused if they changed since
+    return StepSpec.from_dict(tuned or best.spec), run  # type: ignore[union-attr]
 
 
 def apply(model: nn.Module, where: str | Path | StepSpec, optimizer: AdamWFactory | None = None,
@@ -85,8 +90,8 @@ def apply(model: nn.Module, where: str | Path | StepSpec, optimizer: AdamWFactor
     reduce-overhead) wants torch.compiler.cudagraph_mark_step_begin() before each step.
     """
     device = _device(model)
-    spec, run = winner(where, device)
     source = models.of_module(model)
+    spec, run = winner(where, device, source.hooks)
     named = dict(model.named_parameters())  # by reference name, before any transform: the objects stay
     for name in spec.transforms:
         try:

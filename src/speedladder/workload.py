@@ -34,7 +34,8 @@ from speedladder.data import (
 from speedladder.errors import UsageError
 from speedladder.models import ModelDef
 from speedladder.records import Results
-from speedladder.rungs import RUNGS, Env, StepSpec
+from speedladder.rungs import RUNGS, Env, StepSpec, env_for
+from speedladder.rungs import load as rung_files
 from speedladder.step import TrainStep, matmul_precision
 
 # The gate batches are drawn from a stream of their own, apart from the timing stream's.
@@ -120,6 +121,7 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     """Resolve the config, load the corpus (tokenize text, map a token file), define the model and draw its
     initial weights. `model`: one given to the Python API as an object (else the config names it)."""
     device = pick_device(run.device)
+    run = with_rung_files(run)
     cfg = resolve(run, device, known_rungs=tuple(RUNGS))
     corpus = load_corpus(cfg.run.data, cfg.run.tokenizer, cfg.run.vocab_size)  # type: ignore[arg-type]
     split = holdout(corpus, cfg.run.val_data, cfg.run.vocab_size)
@@ -133,10 +135,20 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     vocab = corpus.vocab_size or model_def.vocab_size
     split = Split(dataclasses.replace(split.train, vocab_size=vocab), dataclasses.replace(split.val, vocab_size=vocab),
                   split.val_from)
-    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    env = Env(device.type, cap, cfg.run.batch_multiplier,  # type: ignore[arg-type]
-              model_lacks=tuple(sorted(model_def.lacks.items())), batch_lr_scale=cfg.run.batch_lr_scale)
+    env = env_for(device, cfg.run.batch_multiplier, cfg.run.batch_lr_scale, model_def.lacks,  # type: ignore[arg-type]
+                  model_def.hooks, model_def.shapes)
     return Workload(cfg, device, split.train, init, env, model_def, split)
+
+
+def with_rung_files(run: RunConfig) -> RunConfig:
+    """The user's rung files loaded (checked against the hashes a saved configuration recorded), and recorded
+    as absolute paths with the sha256 of their content, so a child process, a re-run and a saved config.toml
+    load the same rungs (rungs/load.py)."""
+    if not run.rung_files:
+        return run
+    rung_files.load(run.rung_files, run.rung_hashes)
+    found = rung_files.hashes(run.rung_files)
+    return dataclasses.replace(run, rung_files=tuple(found), rung_hashes=found)
 
 
 def new_results(work: Workload, kind: str | None = None) -> Results:

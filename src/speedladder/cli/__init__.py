@@ -10,6 +10,7 @@ from speedladder.cli import check, commands, compare, parallel, race, sweep
 from speedladder.cli.gen import Command, Parser, add_command, to_settings
 from speedladder.errors import UsageError
 from speedladder.parallel.launch import JobFailed
+from speedladder.rungs.load import load as load_rungs
 
 ALL: tuple[Command, ...] = (*commands.COMMANDS[:3], *race.COMMANDS, *commands.COMMANDS[3:], *parallel.COMMANDS,
                             *compare.COMMANDS, *check.COMMANDS, *sweep.COMMANDS)
@@ -29,7 +30,9 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        return ns._command.run(to_settings(ns), ns)
+        s = to_settings(ns)
+        load_rungs(s.run.rung_files, s.run.rung_hashes)  # a user's rungs, before any name is checked
+        return ns._command.run(s, ns)
     except UsageError as e:
         print(f"speedladder: error: {e}", file=sys.stderr)
         return 2

@@ -24,7 +24,7 @@ from speedladder.report import parallel as parallel_report
 from speedladder.report import race as race_report
 from speedladder.report import sweep as sweep_report
 from speedladder.report.outputs import draw, write_outputs
-from speedladder.rungs import RUNGS
+from speedladder.rungs import BUILT_IN, RUNGS
 from speedladder.settings import Settings
 from speedladder.workload import Workload, new_results, prepare
 
@@ -74,6 +74,10 @@ def failed_run(saved: Results, model_kind: str) -> int:
     user's (their model or data: it raised, or it does not fit), 1 when it is ours (our GPT on our data)."""
     failed = saved.failed_baseline
     if failed is None:
+        broken = next((r for r in saved.rungs if r.source != BUILT_IN and r.status == "error"), None)
+        if broken is not None:  # a rung of the user's that raised: the ladder went on, the command says so
+            print(f"speedladder: error: rung {broken.name} ({broken.source}): {broken.detail}", file=sys.stderr)
+            return 2
         return 0
     print(f"speedladder: error: {saved.error}", file=sys.stderr)
     return 2 if model_kind in ("user", "hf") or failed.status == "oom" else 1

@@ -18,7 +18,7 @@ from speedladder.config import Resolved, RunConfig
 from speedladder.errors import UsageError
 from speedladder.gpt import sample_next
 from speedladder.models import hf, user
-from speedladder.models.base import CONVENTIONS, ModelDef, count_flops, find_blocks
+from speedladder.models.base import CONVENTIONS, ModelDef, count_flops, find_blocks, hooks_of
 from speedladder.models.ours import ours
 
 __all__ = ["CONVENTIONS", "ModelDef", "count_flops", "define", "generate", "initial_state", "of_module", "ours",
@@ -71,7 +71,7 @@ def of_module(module: torch.nn.Module) -> ModelDef:
     from speedladder.gpt import GPT
 
     base = {"name": type(module).__name__, "factory": lambda: module, "convention": "logits", "vocab_size": 0,
-            "params": sum(p.numel() for p in module.parameters())}
+            "params": sum(p.numel() for p in module.parameters()), "hooks": hooks_of(module)}
     if isinstance(module, GPT):
         return ModelDef(kind="speedladder", blocks="blocks", **base)  # type: ignore[arg-type]
     d = ModelDef(kind="hf" if hf.is_hf(module) else "user", blocks=find_blocks(module), **base)  # type: ignore[arg-type]

@@ -117,6 +117,14 @@ def checkpoint_each(model: nn.Module, path: str) -> nn.Module:
     return model
 
 
+HOOK_PREFIX = "speedladder_"
+
+
+def hooks_of(model: nn.Module) -> tuple[str, ...]:
+    """The model's hook methods, by name (docs/models.md, docs/rungs.md): callables named speedladder_*."""
+    return tuple(sorted(n for n in dir(type(model)) if n.startswith(HOOK_PREFIX) and callable(getattr(model, n))))
+
+
 def call_hook(name: str, *args: Any) -> Callable[[nn.Module], nn.Module]:
     """A model transform that calls the model's own hook method (it changes the model in place)."""
     def apply(model: nn.Module) -> nn.Module:
@@ -143,6 +151,7 @@ class ModelDef:
     transforms: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)  # over rungs' own
     lacks: dict[str, str] = field(default_factory=dict)  # capability -> why a rung needing it does not apply
     shapes: GPTConfig | None = None  # the architecture in our GPT's terms, for the prediction model; None: unknown
+    hooks: tuple[str, ...] = ()  # the speedladder_* methods it defines (hooks_of): what hook rungs need
     source: dict[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
     counted: dict[int, int] = field(default_factory=dict)  # FLOPs per token counted by torch, by sequence length
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from speedladder.errors import UsageError, one_line
 from speedladder.gpt import GPTConfig
-from speedladder.models.base import ModelDef, find_blocks
+from speedladder.models.base import ModelDef, find_blocks, hooks_of
 from speedladder.models.detect import convention
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab
 
@@ -182,7 +182,7 @@ def define(name: str, overrides: tuple[str, ...], vocab: int | None, seq_len: in
     matmul, attention = _formula(model, kind, cfg)
     d = ModelDef(kind="hf", name=label, factory=factory, convention=conv, vocab_size=seen_vocab or cfg.vocab_size,
                  params=sum(p.numel() for p in model.parameters()), matmul_params=matmul, attention=attention,
-                 blocks=find_blocks(model), shapes=_shapes(kind, cfg),
+                 blocks=find_blocks(model), shapes=_shapes(kind, cfg), hooks=hooks_of(model),
                  dropout=("off: config " + ", ".join(f"{k}=0" for k in dropped)) if dropped else "none: its config "
                          "sets no dropout",
                  source={"hf": name, "hf_set": list(overrides), "model_type": kind,

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from speedladder.gpt import GPT, GPTConfig
-from speedladder.models.base import ModelDef
+from speedladder.models.base import ModelDef, hooks_of
 
 
 def ours(cfg: GPTConfig, preset: str | None = None) -> ModelDef:
@@ -19,4 +19,4 @@ def ours(cfg: GPTConfig, preset: str | None = None) -> ModelDef:
         factory=functools.partial(GPT, cfg), convention="logits_loss", vocab_size=cfg.vocab_size,
         params=model.num_params(), matmul_params=model.matmul_params(),
         attention=(cfg.n_layer, cfg.n_head, cfg.head_dim), blocks="blocks",
-        dropout="none: the model has no dropout", shapes=cfg, source={"preset": preset})
+        dropout="none: the model has no dropout", shapes=cfg, source={"preset": preset}, hooks=hooks_of(model))

@@ -30,6 +30,7 @@ from speedladder.models.base import (
     call_hook,
     checkpoint_each,
     find_blocks,
+    hooks_of,
 )
 from speedladder.models.detect import convention, dropout_handled
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears
@@ -134,7 +135,8 @@ def define(obj: Any, name: str, source: dict[str, Any], vocab: int | None, seq_l
     if not vocab_size:
         raise UsageError(f"{name} returns only a loss and has no nn.Embedding: give --vocab-size")
     d = ModelDef(kind="user", name=name, factory=factory, convention=conv, vocab_size=vocab_size,
-                 params=sum(p.numel() for p in model.parameters()), source={**source, "arguments": given})
+                 params=sum(p.numel() for p in model.parameters()), source={**source, "arguments": given},
+                 hooks=hooks_of(model))
     d.dropout, d.whole_eval = dropout_handled(model, d.adapter(model), seq_len, name)
     if "dropout" in given and d.dropout == "none found":
         d.dropout = f"off: dropout=0.0 given to {name}"

@@ -157,6 +157,7 @@ class RungResult:
     precision: str
     requirement: dict[str, Any]
     status: str = "pending"  # "ok", "skipped", "oom", "error", "interrupted" (or "pending" while it runs)
+    source: str = "built-in"  # where the rung was declared: built-in, or the user's rung file or module
     detail: str = ""
     predicted: Prediction | None = None
     wall_s: float | None = None  # the whole rung: build, compile, windows and gates

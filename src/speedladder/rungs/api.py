@@ -1,0 +1,358 @@
+"""The rung API: the one way to declare a technique, used by every built-in rung and by a user's own (docs/rungs.md).
+
+A rung has a name, a one-line reason, a kind, and what it changes: the step specification (a function of the spec
+and the machine, or fields to set), the model (a function nn.Module -> nn.Module, applied to a freshly built
+model), or the optimizer (a factory from the named parameters and the learning rate). Its requirement says what it
+needs of the machine and the model, and is checked before anything is built; a rung that cannot run is skipped
+with that reason. Declared with `rung(...)`, it lands in RUNGS, the one registry every command reads.
+
+    import speedladder
+
+    @speedladder.rung("fused-gelu", "GELU and its bias in one kernel", kind="speed")
+    def fused_gelu(model):
+        ...
+        return model
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from speedladder.errors import UsageError, one_line
+from speedladder.gpt import GPTConfig
+
+# What each kind of rung is, and so which gates judge it (gates.py, docs/rungs.md).
+KINDS: dict[str, str] = {
+    "speed": "computes the same function faster: every gate applies",
+    "memory": "the same function for less memory, expected to cost speed: every gate applies",
+    "optimizer": "changes how the model learns: the causality probe, tokens to AdamW's loss, the learns-check and "
+                 "the race judge it",
+    "architecture": "changes the function by design: the causality probe, the learns-check and the race judge it",
+}
+CHANGES_FUNCTION = ("optimizer", "architecture")  # the equivalence gates do not apply to these: they differ by design
+BUILT_IN = "built-in"
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One training step's configuration; the defaults are R0, eager fp32."""
+
+    batch_size: int
+    seq_len: int
+    compile: bool = False  # torch.compile the model (forward, loss and backward)
+    autocast: str | None = None  # None (fp32) or "bf16"
+    tf32: bool = False  # fp32 matmuls on tensor cores (CUDA only)
+    transforms: tuple[str, ...] = ()  # names in MODEL_TRANSFORMS, applied in order
+    compile_mode: str | None = None  # torch.compile's mode: None (default), "max-autotune", "reduce-overhead"
+    optimizer: str = "adamw"  # "adamw", "adamw-fused", "adamw-foreach", "muon", or a rung's own (OPTIMIZERS)
+    lr_scale: float = 1.0  # every optimizer's learning rate times this (the batch rung's --batch-lr-scale rule)
+
+    @property
+    def precision(self) -> str:
+        """The arithmetic the matmuls run in: what the MFU peak and the gate tolerance depend on."""
+        if "float8" in self.transforms:
+            return "fp8"
+        if self.autocast == "bf16":
+            return "bf16"
+        return "tf32" if self.tf32 else "fp32"
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def cudagraphs(self) -> bool:
+        """Whether compiled code replays CUDA graphs, whose outputs the next replay overwrites."""
+        return self.compile and self.compile_mode in ("max-autotune", "reduce-overhead")
+
+    @property
+    def same_update(self) -> bool:
+        """AdamW in any implementation at eager's learning rate: the same update rule, so the loss band applies."""
+        return self.optimizer in ADAMW_VARIANTS and self.lr_scale == 1.0
+
+    @property
+    def architecture(self) -> tuple[str, ...]:
+        """The model transforms of architecture rungs: the function this spec computes, as eager would."""
+        return tuple(t for t in self.transforms if TRANSFORM_KINDS.get(t) == "architecture")
+
+    @property
+    def update_change(self) -> str:
+        """Why this spec's updates differ from eager's (empty when they do not)."""
+        parts = ([f"{self.optimizer} updates differently from AdamW"] if self.optimizer not in ADAMW_VARIANTS else [])
+        if self.lr_scale != 1.0:
+            parts.append(f"its learning rate is {self.lr_scale:.3g}x eager's")
+        return " and ".join(parts)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StepSpec:
+        """A spec saved in results.json (lists for tuples; fields added later take their defaults)."""
+        known = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+ADAMW_VARIANTS = ("adamw", "adamw-fused", "adamw-foreach")
+
+
+@dataclass(frozen=True)
+class Env:
+    """What a rung may depend on: the machine and the workload's knobs."""
+
+    device_type: str  # "cuda", "mps" or "cpu"
+    cuda_capability: tuple[int, int] | None
+    batch_multiplier: int
+    # What the model cannot do, as (capability, why): e.g. ("sdpa", "not applicable to this model: ...").
+    model_lacks: tuple[tuple[str, str], ...] = ()
+    batch_lr_scale: str = "none"  # the batch rung's learning-rate rule (config.BATCH_LR_SCALES)
+    model_hooks: tuple[str, ...] = ()  # the model's speedladder_* methods (models/base.py hooks_of)
+    model_shape: GPTConfig | None = None  # its architecture in our GPT's terms, where known
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """What a rung needs; `unmet` says why it cannot run here, or None."""
+
+    devices: tuple[str, ...] = ("cuda", "mps", "cpu")
+    min_capability: tuple[int, int] | None = None  # CUDA compute capability
+    compiler: bool = False  # inductor's code generator: Triton on CUDA, a C++ compiler on CPU
+    modules: tuple[str, ...] = ()  # optional packages, by import name
+    install: str | None = None  # how to get them
+    model: str | None = None  # a capability of the model: "blocks", "sdpa" or "pad-vocab" (models/base.py)
+    hooks: tuple[str, ...] = ()  # methods the model must define, e.g. "speedladder_qk_norm" (docs/rungs.md)
+    # The model's shape, in our GPT's terms: a function answering why it does not fit, or None when it does
+    # (checked where the shape is known: our GPT, Hugging Face GPT-2).
+    shape: Callable[[GPTConfig], str | None] | None = None
+
+    def unmet(self, env: Env) -> str | None:
+        if env.device_type not in self.devices:
+            return f"needs {' or '.join(self.devices)}; this device is {env.device_type}"
+        if self.min_capability and env.device_type == "cuda":
+            cap = env.cuda_capability or (0, 0)
+            if cap < self.min_capability:
+                want = ".".join(map(str, self.min_capability))
+                return f"needs CUDA compute capability >= {want}; this GPU is {cap[0]}.{cap[1]}"
+        lacks = dict(env.model_lacks).get(self.model) if self.model else None
+        if lacks:
+            return lacks
+        missing_hooks = [h for h in self.hooks if h not in env.model_hooks]
+        if missing_hooks:
+            return (f"not applicable to this model: it defines no {missing_hooks[0]}() hook (speedladder's GPT "
+                    "does; docs/rungs.md)")
+        if self.shape is not None and env.model_shape is not None:  # known for our GPT and GPT-2; else the hook's
+            why = self.shape(env.model_shape)
+            if why:
+                return f"not applicable to this model: {why}"
+        missing = [m for m in self.modules if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"needs {', '.join(missing)}, not installed" + (f": {self.install}" if self.install else "")
+        if self.compiler:
+            if env.device_type == "cuda" and importlib.util.find_spec("triton") is None:
+                return "torch.compile on CUDA needs Triton, which is not installed"
+            if env.device_type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+                return "torch.compile on a CPU needs a C++ compiler (g++ or clang++), none found"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """What results.json records of it (a shape check is a function: its name)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "shape"}
+        d["shape"] = getattr(self.shape, "__name__", "a check") if self.shape else None
+        return d
+
+
+SpecChange = Callable[[StepSpec, Env], StepSpec] | Mapping[str, Any]
+ModelTransform = Callable[[nn.Module], nn.Module]
+# (named parameters under their reference names, learning rate) -> an optimizer with step() and zero_grad().
+OptimizerFactory = Callable[[dict[str, nn.Parameter], float], Any]
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    reason: str  # one line: why it should pay
+    kind: str  # a key of KINDS
+    transform: Callable[[StepSpec, Env], StepSpec]  # the spec it gives, composed from what it declared
+    requires: Requirement = Requirement()
+    # A batch-changing rung also measures this variant of its spec, like with like (docs/measurement.md, rule 6).
+    control: Callable[[StepSpec], StepSpec] | None = None
+    control_reason: str | None = None
+    model: ModelTransform | None = None  # registered in MODEL_TRANSFORMS under `transform_name`
+    transform_name: str | None = None
+    optimizer: OptimizerFactory | None = None  # registered in OPTIMIZERS under the rung's name
+    changes_params: bool = False  # its model transform makes new parameters (an architecture rung may always)
+    source: str = BUILT_IN  # where it was declared: built-in, or the user's file or module
+
+
+# The one registry: every rung, built-in or the user's, as declared through rung().
+RUNGS: dict[str, Rung] = {}
+# Model transforms by name (StepSpec.transforms): each rung's own, under its transform name.
+MODEL_TRANSFORMS: dict[str, ModelTransform] = {}
+# A transform's kind (the rung that declared it) and whether it may make new parameters.
+TRANSFORM_KINDS: dict[str, str] = {}
+NEW_PARAMS: set[str] = set()
+# Optimizers that rungs bring, by name (StepSpec.optimizer); AdamW's and Muon are step.py's own.
+OPTIMIZERS: dict[str, OptimizerFactory] = {}
+_SOURCE = [BUILT_IN]  # who is declaring now: a user's rung file while it is loaded (rungs/load.py)
+
+
+@contextmanager
+def declaring(source: str) -> Iterator[list[str]]:
+    """Rungs declared inside are the given source's; yields the names declared."""
+    before = set(RUNGS)
+    _SOURCE.append(source)
+    names: list[str] = []
+    try:
+        yield names
+    finally:
+        _SOURCE.pop()
+        names.extend(n for n in RUNGS if n not in before)
+
+
+class RungError(UsageError):
+    """A rung declared wrongly, or a user's rung that failed: one line, exit 2."""
+
+
+def _checked(name: str, source: str, fn: ModelTransform) -> ModelTransform:
+    """A user's model transform whose failure names the rung (a built-in one fails as itself)."""
+    if source == BUILT_IN:
+        return fn
+
+    def transform(model: nn.Module) -> nn.Module:
+        try:
+            out = fn(model)
+        except Exception as e:
+            raise RungError(f"rung {name}'s model transform raised {one_line(e)}") from e
+        if not isinstance(out, nn.Module):
+            raise RungError(f"rung {name}'s model transform returned a {type(out).__name__}, not the nn.Module")
+        return out
+    return transform
+
+
+def _spec_of(name: str, spec: SpecChange | None, model: ModelTransform | None, transform_name: str,
+             optimizer: OptimizerFactory | None, source: str) -> Callable[[StepSpec, Env], StepSpec]:
+    fields = dict(spec) if isinstance(spec, Mapping) else None
+    if fields is not None:
+        unknown = sorted(set(fields) - set(StepSpec.__dataclass_fields__))
+        if unknown:
+            raise RungError(f"rung {name}: unknown step field {unknown[0]!r} (fields: "
+                            f"{', '.join(StepSpec.__dataclass_fields__)})")
+
+    def transform(s: StepSpec, e: Env) -> StepSpec:
+        if fields is not None:
+            s = dataclasses.replace(s, **fields)
+        elif spec is not None:
+            try:
+                s = spec(s, e)  # type: ignore[operator]
+            except Exception as err:
+                if source == BUILT_IN:
+                    raise
+                raise RungError(f"rung {name}'s spec transform raised {one_line(err)}") from err
+        if model is not None:
+            s = dataclasses.replace(s, transforms=(*s.transforms, transform_name))
+        if optimizer is not None:
+            s = dataclasses.replace(s, optimizer=name)
+        return s
+    return transform
+
+
+def rung(name: str, reason: str, kind: str = "speed", *, spec: SpecChange | None = None,
+         model: ModelTransform | None = None, optimizer: OptimizerFactory | None = None,
+         requires: Requirement | None = None, control: Callable[[StepSpec], StepSpec] | None = None,
+         control_reason: str | None = None, changes_params: bool = False, transform: str | None = None,
+         on: str | None = None) -> Any:
+    """Declare a rung and register it; the Rung, or, given none of spec/model/optimizer, a decorator.
+
+    kind: "speed", "memory", "optimizer" or "architecture" (KINDS). spec: fields of the StepSpec to set, or a
+    function (spec, env) -> spec. model: nn.Module -> nn.Module, on a freshly built model, keeping its parameter
+    objects unless `changes_params` (an architecture rung may always make new ones). optimizer: (named parameters,
+    learning rate) -> an optimizer. requires: what it needs (Requirement). transform: the name its model transform
+    goes by in StepSpec.transforms (the rung's own name by default). As a decorator, the function is the model
+    transform, or with on="spec" or on="optimizer" the spec transform or the optimizer factory.
+    """
+    if spec is None and model is None and optimizer is None and (on is not None or name != "eager"):
+        where = on or "model"
+        if where not in ("model", "spec", "optimizer"):
+            raise RungError(f"rung {name}: on must be model, spec or optimizer, got {on!r}")
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            rung(name, reason, kind, requires=requires, control=control, control_reason=control_reason,
+                 changes_params=changes_params, transform=transform, **{where: fn})
+            return fn
+        return decorate
+    source = _SOURCE[-1]
+    if kind not in KINDS:
+        raise RungError(f"rung {name}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if not name or any(c in name for c in ",+ =") or name != name.strip():
+        raise RungError(f"rung name {name!r}: a name without spaces, commas, '+' or '=' is needed")
+    if not reason.strip() or "\n" in reason.strip():
+        raise RungError(f"rung {name}: the reason is one line saying why it should pay")
+    if name in RUNGS:
+        raise RungError(f"rung {name!r} ({source}) is already defined ({RUNGS[name].source}): choose another name")
+    tname = transform or name
+    if model is not None and tname in MODEL_TRANSFORMS:
+        raise RungError(f"rung {name}: a model transform named {tname!r} exists already")
+    r = Rung(name=name, reason=reason.strip(), kind=kind,
+             transform=_spec_of(name, spec, model, tname, optimizer, source),
+             requires=requires or Requirement(), control=control, control_reason=control_reason,
+             model=model, transform_name=tname if model is not None else None, optimizer=optimizer,
+             changes_params=changes_params, source=source)
+    RUNGS[name] = r
+    if model is not None:
+        MODEL_TRANSFORMS[tname] = _checked(name, source, model)
+        TRANSFORM_KINDS[tname] = kind
+        if changes_params or kind == "architecture":
+            NEW_PARAMS.add(tname)
+    if optimizer is not None:
+        OPTIMIZERS[name] = optimizer
+    return r
+
+
+def unregister(name: str) -> None:
+    """Forget a rung and what it registered (tests; a rung file loaded again after a change)."""
+    r = RUNGS.pop(name, None)
+    if r is None:
+        return
+    if r.transform_name:
+        for table in (MODEL_TRANSFORMS, TRANSFORM_KINDS):
+            table.pop(r.transform_name, None)
+        NEW_PARAMS.discard(r.transform_name)
+    OPTIMIZERS.pop(name, None)
+
+
+def compose(names: tuple[str, ...], spec: StepSpec, env: Env) -> StepSpec:
+    """The spec that the named rungs give when each is applied to the last, with no gates in between."""
+    for name in names:
+        spec = RUNGS[name].transform(spec, env)
+    return spec
+
+
+def kind_of(names: tuple[str, ...] | list[str]) -> str:
+    """The kind of rungs applied together: the one that changes the most (architecture, optimizer, memory,
+    speed), so that a combination is judged as its most far-reaching rung is."""
+    kinds = {RUNGS[n].kind for n in names if n in RUNGS}
+    return next((k for k in ("architecture", "optimizer", "memory") if k in kinds), "speed")
+
+
+def lr_factor(rule: str, multiplier: int) -> float:
+    """The learning rate's factor for a batch K times bigger: none 1, sqrt sqrt(K), linear K."""
+    return {"none": 1.0, "sqrt": math.sqrt(multiplier), "linear": float(multiplier)}[rule]
+
+
+def env_for(device: torch.device, batch_multiplier: int, batch_lr_scale: str = "none",
+            lacks: dict[str, str] | None = None, hooks: tuple[str, ...] = (),
+            shape: GPTConfig | None = None) -> Env:
+    """The Env of a device and a model."""
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return Env(device.type, cap, batch_multiplier, model_lacks=tuple(sorted((lacks or {}).items())),
+               batch_lr_scale=batch_lr_scale, model_hooks=hooks, model_shape=shape)

@@ -1,0 +1,194 @@
+"""The built-in rungs, declared through the rung API (api.py) as a user's own are, and the model transforms they use.
+
+Each rung is a small pure transform of a step specification with a one-line reason and a declared requirement.
+Changes to the model's structure are model transforms, applied to a freshly built model, so the model file stays
+the reference. The speedrun's model records are in speedrun.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from speedladder.gpt import GPT, attention_heads, merge_heads
+from speedladder.rungs.api import Env, Requirement, StepSpec, lr_factor, rung
+
+
+class Checkpointed(nn.Module):
+    """Runs a block under activation checkpointing: keep its inputs, recompute the rest in backward.
+
+    Any arguments pass through, so a block of any model (a mask, rotary tables, keywords) can be wrapped.
+    """
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def checkpoint_blocks(model: GPT) -> GPT:
+    model.blocks = nn.ModuleList(Checkpointed(b) for b in model.blocks)
+    return model
+
+
+class SDPAttention(nn.Module):
+    """The same causal self-attention through F.scaled_dot_product_attention (Flash / memory-efficient kernels).
+
+    It adopts the hand-written module's qkv and proj layers, so the parameters are the same objects
+    under the same names; the (T, T) mask buffer is dropped: is_causal=True says it.
+    """
+
+    def __init__(self, attn: nn.Module) -> None:
+        super().__init__()
+        self.n_head = attn.n_head
+        self.qkv = attn.qkv
+        self.proj = attn.proj
+        self.qk_norm, self.rotary = attn.qk_norm, attn.rotary  # the speedrun's records, when they came first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = attention_heads(self, x)  # each (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+        return self.proj(merge_heads(y))
+
+
+def use_sdpa(model: GPT) -> GPT:
+    for block in model.blocks:
+        block.attn = SDPAttention(block.attn)
+    return model
+
+
+VOCAB_MULTIPLE = 64  # nanoGPT's 50257 -> 50304: the head's matmul dimension becomes a multiple of the tile size
+
+
+def padded_vocab(vocab_size: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+class PaddedHead(nn.Module):
+    """The output head over a padded vocabulary; the padding's logits are -inf, so softmax gives them nothing.
+
+    The loss and the logits of the real vocabulary are those of the unpadded head at the same weights.
+    """
+
+    def __init__(self, weight: nn.Parameter, vocab_size: int) -> None:
+        super().__init__()
+        self.weight = weight  # (V_padded, C): the head's own Parameter object, resized
+        self.vocab_size = vocab_size
+        pad = torch.arange(weight.shape[0], device=weight.device) >= vocab_size
+        self.register_buffer("pad", pad, persistent=False)  # (V_padded,) True on the padding
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight).masked_fill(self.pad, float("-inf"))  # (B, T, V_padded)
+
+
+def _pad_rows(p: nn.Parameter, rows: int) -> None:
+    """Grow a parameter to `rows` rows in place, zeros below: the same Parameter object, so references hold."""
+    with torch.no_grad():
+        grown = torch.zeros(rows, *p.shape[1:], dtype=p.dtype, device=p.device)
+        grown[: p.shape[0]] = p
+    p.data = grown
+
+
+def pad_vocab(model: GPT) -> GPT:
+    vocab = model.cfg.vocab_size
+    rows = padded_vocab(vocab)
+    if rows == vocab:
+        return model
+    head = model.lm_head.weight
+    _pad_rows(head, rows)
+    if not model.cfg.tie_embeddings:
+        _pad_rows(model.wte.weight, rows)
+    model.wte.num_embeddings = rows  # ids stay below the real vocabulary: the extra rows are never looked up
+    model.lm_head = PaddedHead(head, vocab)
+    return model
+
+
+FLOAT8_RECIPE = "rowwise"  # torchao's recipe name (Float8LinearConfig.from_recipe_name, torchao >= 0.9)
+
+
+def float8_eligible(module: nn.Module, name: str, prefix: str) -> bool:
+    """A Linear the fp8 rung converts: under the blocks' prefix, both dimensions divisible by 16 (fp8 matmuls'
+    constraint). The head stays in bf16: the softmax over the vocabulary is sensitive."""
+    return (isinstance(module, nn.Linear) and name.startswith(prefix)
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def float8_matmul_params(model: nn.Module, prefix: str = "blocks.") -> int:
+    """The weights in the matmuls the fp8 rung runs in fp8: 6 x this is their training FLOPs per token, the fp8
+    share of the step that the rung's MFU peak is blended by (measure.blended_peak)."""
+    return sum(m.in_features * m.out_features for name, m in model.named_modules() if float8_eligible(m, name, prefix))
+
+
+def float8_linears(model: nn.Module, prefix: str = "blocks.", recipe: str = FLOAT8_RECIPE,
+                   emulate: bool = False) -> nn.Module:
+    """torchao's float8 training for the block Linears (under `prefix`); the head stays in bf16.
+
+    The rowwise recipe: every operand scaled per row (one scale per token for the activations, e4m3 throughout,
+    scales rounded to powers of two). A token's scale depends on that token alone, so the function stays causal:
+    the tensorwise recipe takes one amax over the whole batch, and changing future tokens re-rounds past logits,
+    which the causality probe rightly flags. `emulate`: the same casts with the matmuls done in high precision
+    (torchao's emulation), which runs on a CPU: what the tests use.
+    """
+    # An optional extra, checked by the rung's requirement.
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if emulate:
+        config = dataclasses.replace(config, emulate=True)
+    return convert_to_float8_training(model, config=config,
+                                      module_filter_fn=lambda m, name: float8_eligible(m, name, prefix))
+
+
+def _fp32_control(spec: StepSpec) -> StepSpec:
+    return dataclasses.replace(spec, autocast=None, tf32=False)
+
+
+def _batch_up(spec: StepSpec, env: Env) -> StepSpec:
+    k = env.batch_multiplier
+    return dataclasses.replace(spec, batch_size=spec.batch_size * k,
+                               lr_scale=spec.lr_scale * lr_factor(env.batch_lr_scale, k))
+
+
+def _fused_adamw(spec: StepSpec, env: Env) -> StepSpec:
+    # Fused AdamW kernels exist for CUDA and (since torch 2.4) the CPU; elsewhere foreach batches the update.
+    return dataclasses.replace(spec, optimizer="adamw-fused" if env.device_type in ("cuda", "cpu") else "adamw-foreach")
+
+
+# Model transforms keep every parameter object, so weights loaded before them stay in place (pad-vocab grows the
+# vocabulary's rows in place; TrainStep maps them back to the reference shapes).
+rung("eager", "R0: the baseline, eager PyTorch in fp32", "speed", spec={})
+rung("compile", "R1: fuse the elementwise tail into fewer kernels, cut Python dispatch", "speed",
+     spec={"compile": True}, requires=Requirement(compiler=True))
+rung("bf16", "R2: bf16 autocast halves bytes and runs matmuls on tensor cores (AVX-512 BF16 or AMX on a CPU: "
+     "measured anyway where bf16 is emulated); TF32 for what stays fp32", "speed",
+     spec=lambda s, e: dataclasses.replace(s, autocast="bf16", tf32=e.device_type == "cuda"),
+     requires=Requirement(min_capability=(8, 0)))
+rung("batch", "R3: a bigger batch fills the device and spreads per-step overhead over more tokens", "speed",
+     spec=_batch_up, control=_fp32_control,
+     control_reason="the same batch in fp32: did bf16 buy the memory headroom for it?")
+rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
+     "memory", model=checkpoint_blocks, transform="activation-checkpointing", requires=Requirement(model="blocks"))
+rung("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, Flash kernels "
+     "on CUDA", "speed", model=use_sdpa, requires=Requirement(model="sdpa"))
+rung("fused-adamw", "AdamW's whole update in one fused kernel (fused=True; foreach where fused is missing)",
+     "speed", spec=_fused_adamw)
+rung("pad-vocab", f"vocabulary padded to a multiple of {VOCAB_MULTIPLE} (50257 -> 50304) for aligned matmul "
+     "tiles; the padding is masked out", "speed", model=pad_vocab, requires=Requirement(model="pad-vocab"))
+rung("max-autotune", "torch.compile mode=max-autotune: benchmarks matmul/conv kernels and replays CUDA graphs",
+     "speed", spec={"compile": True, "compile_mode": "max-autotune"},
+     requires=Requirement(devices=("cuda",), compiler=True))
+rung("cudagraphs", "torch.compile mode=reduce-overhead: CUDA graphs replay a step's launches in one call", "speed",
+     spec={"compile": True, "compile_mode": "reduce-overhead"}, requires=Requirement(devices=("cuda",), compiler=True))
+rung("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens to a loss, not more tokens/s",
+     "optimizer", spec={"optimizer": "muon"}, requires=Requirement(model="blocks"))
+rung("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper", "speed",
+     model=float8_linears, transform="float8",
+     requires=Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
+                          install="pip install speedladder[fp8]", model="blocks"))
