@@ -252,6 +252,11 @@ def _same(c: Context) -> tuple[dict[str, float], str]:
     return c.parts, "the profiled baseline"
 
 
+def _architecture(c: Context) -> tuple[dict[str, float], str]:
+    return c.parts, ("an architecture rung changes the function, not the kernels: about the same step (the few "
+                     "elementwise operators it adds are not counted); the race, not tokens/s, says whether it pays")
+
+
 PREDICTORS: dict[str, Predictor] = {
     "eager": _same,
     "compile": _compile,
@@ -310,7 +315,7 @@ def _chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: St
     out = []
     for name in names:
         after = RUNGS[name].transform(spec, env)
-        predictor = PREDICTORS.get(name)
+        predictor = PREDICTORS.get(name) or (_architecture if RUNGS[name].kind == "architecture" else None)
         unknown = name in NEEDS_SHAPES and not profile.matmuls
         if predictor is None or unknown:
             out.append(Prediction(name, None, NO_MODEL if unknown else "no prediction model for this rung",
