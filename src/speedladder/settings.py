@@ -76,8 +76,8 @@ class TrainConfig:
     temperature: float = option(0.8, help="the sample's temperature", group="train")
     top_k: int = option(20, help="sample among the k likeliest tokens; 0: all", metavar="K", group="train")
     out: str = option("runs", help="the checkpoints go to DIR/<timestamp>/", metavar="DIR", group="train")
-    # Every 100 steps: a save (weights, optimizer state and the rest, the clock stopped) takes a few milliseconds on
-    # the CPU presets (docs/tune-train.md), and a killed run of the default 300 steps loses at most a third.
+    # Every 100 steps: a kill loses at most 100 steps (a third of the default 300), and on the CPU presets a save
+    # costs well under 1% of the 100 steps between two (measured in docs/tune-train.md); a big model writes more.
     save_every: int = option(100, help="write checkpoint.pt (all that --resume needs) every N steps, and always "
                                        "after the last; 0: after the last only", metavar="N", group="train")
     resume: str | None = option(None, help="continue that train folder from its checkpoint.pt, in the same folder, "

@@ -86,7 +86,8 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
 
 @dataclass
 class Trained:
-    """What a training run leaves: the final weights, every loss, and the val curve with its best point."""
+    """What a training run leaves (and a checkpoint saves on the way): the weights, every loss, and the val curve
+    with its best point."""
 
     state: dict[str, torch.Tensor]  # the weights at the last save (the final ones at the end), reference names
     losses: list[float]
@@ -163,8 +164,8 @@ def continued(ckpt: dict[str, Any], step: TrainStep, stream: BatchStream) -> Tra
     step.restore(ckpt["model"], r["beyond"], r["optimizer"])
     stream.load_state(r["stream"])
     set_rng_state(r["rng"], step.device)
-    return Trained(ckpt["model"], list(ckpt["losses"]), [tuple(v) for v in ckpt["val"]], None, ckpt["best_step"],
-                   ckpt["best_val"], ckpt["best_seconds"], r["train_seconds"], start=ckpt["step"])
+    return Trained(ckpt["model"], list(ckpt["losses"]), [(int(s), float(v)) for s, v in ckpt["val"]], None,
+                   ckpt["best_step"], ckpt["best_val"], ckpt["best_seconds"], r["train_seconds"], start=ckpt["step"])
 
 
 def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int, log: Callable[[str], None] = print,
