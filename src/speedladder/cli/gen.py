@@ -3,7 +3,8 @@
 Each config field is one flag: its spelling, type, choices, help and default all come from the field
 (codec.option). A command takes the flag groups it names. Only the flags given on the command line are kept,
 and they override `--config FILE.toml`, which overrides the dataclass defaults; `--run RUN_DIR` (train, race)
-puts that run's saved configuration under both, and `train --resume RUN_DIR` that folder's config.toml. What comes out is one Settings, checked as it is made.
+puts that run's saved configuration under both, and `train --resume RUN_DIR` that folder's config.toml. What
+comes out is one Settings, checked as it is made.
 """
 
 from __future__ import annotations
