@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 import numpy as np
 import torch
@@ -312,6 +312,13 @@ def check_fits(corpus: Corpus, batch_size: int, seq_len: int) -> None:
             f"the corpus {corpus.source} holds for training ({corpus.n_tokens - 1:,} usable tokens)")
 
 
+class StreamState(TypedDict):
+    """Where a BatchStream stands (plain data: a checkpoint holds it)."""
+
+    generator: torch.Tensor  # the offsets' generator state
+    drawn: int  # batches drawn so far
+
+
 class BatchStream:
     """Endless stream of (x, y) batches of one fixed shape (B, T), y = x shifted by one.
 
@@ -331,9 +338,20 @@ class BatchStream:
         self._gen = torch.Generator().manual_seed(seed)
         self._span = torch.arange(seq_len + 1)  # (T+1,)
         self._pin = device.type == "cuda"
+        self.drawn = 0  # batches drawn so far
+
+    def state(self) -> StreamState:
+        """Where the stream stands: its generator's state and the batches drawn; `load_state` goes back there."""
+        return {"generator": self._gen.get_state(), "drawn": self.drawn}
+
+    def load_state(self, state: StreamState) -> None:
+        """Continue from a `state()`: the next batch is the one that followed it."""
+        self._gen.set_state(state["generator"])
+        self.drawn = state["drawn"]
 
     def next_host(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next batch on the host, before any copy."""
+        self.drawn += 1
         starts = torch.randint(len(self.tokens) - self.seq_len, (self.batch_size,), generator=self._gen)
         index = starts[:, None] + self._span  # (B, T+1)
         if isinstance(self.tokens, torch.Tensor):

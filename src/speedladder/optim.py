@@ -114,6 +114,14 @@ class MuonAdamW:
         self.muon.zero_grad(set_to_none=set_to_none)
         self.adamw.zero_grad(set_to_none=set_to_none)
 
+    def state_dict(self) -> dict[str, dict]:
+        """Both optimizers' states, for a checkpoint to continue from."""
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+
 
 def is_hidden_matrix(name: str, p: torch.nn.Parameter, prefix: str = "blocks.") -> bool:
     """A 2-D weight inside a block (under `prefix`, the model's repeated blocks): what Muon is for."""

@@ -76,10 +76,19 @@ class TrainConfig:
     temperature: float = option(0.8, help="the sample's temperature", group="train")
     top_k: int = option(20, help="sample among the k likeliest tokens; 0: all", metavar="K", group="train")
     out: str = option("runs", help="the checkpoints go to DIR/<timestamp>/", metavar="DIR", group="train")
+    # Every 100 steps: a kill loses at most 100 steps (a third of the default 300), and on the CPU presets a save
+    # costs well under 1% of the 100 steps between two (measured in docs/tune-train.md); a big model writes more.
+    save_every: int = option(100, help="write checkpoint.pt (all that --resume needs) every N steps, and always "
+                                       "after the last; 0: after the last only", metavar="N", group="train")
+    resume: str | None = option(None, help="continue that train folder from its checkpoint.pt, in the same folder, "
+                                           "to its --steps, with the configuration it was trained with (its "
+                                           "config.toml, under the flags given; a flag that changes the training "
+                                           "is refused)", shown="none", metavar="RUN_DIR", group="train")
 
     def __post_init__(self) -> None:
         if self.steps <= 0 or self.log_every <= 0 or self.sample_tokens < 0 or self.eval_every < 0:
             raise UsageError("--steps and --log-every must be positive, --sample-tokens and --eval-every zero or more")
+        at_least("--save-every", self.save_every, 0)
         if self.run and self.rungs:
             raise UsageError("give --run or --rungs, not both")
         positive("the sample's temperature", self.temperature)

@@ -164,6 +164,29 @@ class TrainStep:
         return {k: (t[: self.init[k].shape[0]] if t.ndim and t.shape[0] != self.init[k].shape[0] else t)
                 .detach().cpu().clone() for k, t in self.state.items()}
 
+    def beyond_reference(self) -> dict[str, torch.Tensor]:
+        """What reference_state leaves out of the trained parameters, on the host: the rows a transform padded a
+        parameter with, and whole parameters a transform made. With reference_state, the parameters exactly as
+        trained (what `restore` puts back)."""
+        out = {}
+        for name, p in self.params.items():
+            if name not in self.init:
+                out[name] = p.detach().cpu().clone()
+            elif p.shape != self.shapes[name]:
+                out[name] = p.detach()[self.shapes[name][0]:].cpu().clone()
+        return out
+
+    def restore(self, weights: dict[str, torch.Tensor], beyond: dict[str, torch.Tensor],
+                optimizer_state: dict) -> None:
+        """The parameters and the optimizer as a checkpoint saved them: reference_state's weights, the rest from
+        beyond_reference, then the optimizer's state dict."""
+        self.reset({**weights, **{n: t for n, t in beyond.items() if n not in self.init}})
+        with torch.no_grad():
+            for name, rows in beyond.items():
+                if name in self.init:  # a padded parameter: reset zeroed its padding
+                    self.params[name][self.shapes[name][0]:].copy_(rows)
+        self.optimizer.load_state_dict(optimizer_state)
+
     def reset(self, weights: dict[str, torch.Tensor] | None = None) -> None:
         """Back to the initial weights (or the given ones) with a fresh optimizer; compiled code is kept."""
         weights = self.init if weights is None else weights

@@ -226,8 +226,9 @@ COMMANDS = (
             tuple(g for g in CLIMB if g != "rungs") + ("memory", "tune"), cmd_tune),
     Command("train", "train one configuration, log its loss and val loss, sample text, save a checkpoint",
             "Train a configuration for --steps steps, logging loss, step time and tokens/s every --log-every steps "
-            "and the val loss every --eval-every, then print a sample of generated text and save "
-            "DIR/<timestamp>/checkpoint.pt and best.pt (load them with torch.load(path, weights_only=True)).",
+            "and the val loss every --eval-every, then print a sample of generated text. DIR/<timestamp>/checkpoint.pt "
+            "is saved every --save-every steps and after the last, best.pt beside it (load them with "
+            "torch.load(path, weights_only=True)); --resume RUN_DIR continues a run from its checkpoint.",
             (*WORKLOAD, "muon", "train", "quiet"), cmd_train),
     Command("report", "print the table and redraw waterfall.png from a run folder",
             "Read RUN_DIR/results.json, print its table and redraw its waterfall.png (scaling.png for predict/ddp); "

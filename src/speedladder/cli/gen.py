@@ -3,7 +3,8 @@
 Each config field is one flag: its spelling, type, choices, help and default all come from the field
 (codec.option). A command takes the flag groups it names. Only the flags given on the command line are kept,
 and they override `--config FILE.toml`, which overrides the dataclass defaults; `--run RUN_DIR` (train, race)
-puts that run's saved configuration under both. What comes out is one Settings, checked as it is made.
+puts that run's saved configuration under both, and `train --resume RUN_DIR` that folder's config.toml. What
+comes out is one Settings, checked as it is made.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from speedladder import codec, results, settings
@@ -130,10 +132,16 @@ def _saved_run(folder: str) -> dict[str, Any]:
 
 
 def to_settings(ns: argparse.Namespace) -> Settings:
-    """The defaults, under `--run RUN_DIR`'s saved workload, under `--config FILE`, under the flags given."""
+    """The defaults, under `--run RUN_DIR`'s saved workload, under the config.toml of the folder `train --resume`
+    continues, under `--config FILE`, under the flags given."""
     data = settings.read(ns.config) if getattr(ns, "config", None) else {}
     data = codec.merge(data, given(ns))
     command = ns._command.name
+    resume = (data.get("train") or {}).get("resume") if command == "train" else None
+    if resume and (Path(resume) / settings.CONFIG_FILE).is_file():
+        # The configuration of the run it continues; how this command prints (quiet) is its own.
+        saved = settings.read(Path(resume) / settings.CONFIG_FILE)
+        data = codec.merge({k: v for k, v in saved.items() if k != "quiet"}, data)
     source = (data.get(command) or {}).get("run") if command in RUN_SOURCES else None
     if source:
         data = codec.merge({"run": _saved_run(source)}, data)
