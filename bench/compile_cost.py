@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -96,7 +97,7 @@ def child(point: dict) -> dict:
     model = work.cfg.model
     return {**point, "blocks": model.n_layer if model else None, "width": model.n_embd if model else None,
             "spec": spec.to_dict(), "torch": torch.__version__, "device_name": str(work.device),
-            "cold_s": cold, "kernel_s": kernel, "python_s": cold - kernel if kernel == kernel else None,
+            "cold_s": cold, "kernel_s": kernel, "python_s": None if math.isnan(kernel) else cold - kernel,
             "kernels": len(kernels), "warm_s": warm_first - warm_steady, "step_s": steady}
 
 
@@ -121,7 +122,7 @@ def row(r: dict) -> str:
         return f"{r['preset']:<10} {r['layers'] or '-':>6} {'+'.join(r['rungs']):<24} error: {r['error']}"
 
     def f(x: float | None) -> str:
-        return "—" if x is None or x != x else f"{x:.1f}"
+        return "—" if x is None or math.isnan(x) else f"{x:.1f}"
 
     return (f"{r['preset']:<10} {r['blocks']:>6} {'+'.join(r['rungs']):<24} {f(r['cold_s']):>7} {f(r['kernel_s']):>8} "
             f"{f(r['python_s']):>8} {r['kernels']:>7} {f(r['warm_s']):>6} {r['step_s']:>7.3f}")
