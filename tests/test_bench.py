@@ -160,8 +160,10 @@ def test_the_carried_wheels_are_the_dependencies_the_device_image_lacks():
 
 
 def gpu_env(tmp_path: Path, **more: str) -> dict[str, str]:
-    """bench/gpu.sh's environment for a test: its folders under tmp_path, no wheels, this Python."""
-    return {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
+    """bench/gpu.sh's environment for a test: its folders under tmp_path (its temporary ones too: a killed plan
+    leaves them), no wheels, this Python."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "TMPDIR": str(tmp_path / "tmp"),
             "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
             "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **more}
 
