@@ -1,27 +1,38 @@
 """The GPU plan's first step: is the device there, does a training step run eager and compiled, what is installed.
 
-    python bench/preflight.py [--device cpu] [--no-compile]
+    python bench/preflight.py [--device cpu] [--no-compile] [--estimate S] [--sleep S]
 
-On the device `auto` picks (CUDA on the GPU machine): the device, its compute capability and memory, the versions
-of torch, Triton and torchao, then one eager step and one compiled step of the tiny preset, each timed, and what
-the fp8 rung would say here (with torchao: one rowwise fp8 Linear forward and backward). Exit 1, with one line,
-when the GPU plan would waste its minutes: no CUDA device (unless --device cpu), or a step that fails. The fp8
-check only reports.
+Each phase is timed and printed as it ends, so a preflight cut by its cap still says how far it got and how long
+each phase took: importing torch and speedladder, creating the CUDA context, preparing the tiny preset, one
+eager step, one compiled step (its cold compile in it: on CUDA the first Triton compile, the compile workers
+started), and what the fp8 rung would say here (with torchao: one rowwise fp8 Linear forward and backward).
+
+Exit 1, with one line, only on a real failure of the environment: torch does not import, no CUDA device (unless
+--device cpu), or a step or the compile fails. The fp8 check only reports. A preflight stopped by its cap (SIGINT)
+says so and exits 130: slow is not broken, and bench/gpu.sh goes on with the plan. --estimate: the plan's
+seconds, printed beside the total. --sleep: seconds of planted delay after the phases (the test of a slow
+preflight).
 """
 
 from __future__ import annotations
 
+import time
+
+T0 = time.perf_counter()
+
+# After the clock: the import phase is timed from the process's first line.
 import argparse
 import dataclasses
 import importlib.metadata
 import sys
-import time
 
-import torch
+PHASES: list[tuple[str, float]] = []
+NOW = ["starting"]  # the phase under way, named if the cap stops it
 
-from speedladder.config import RunConfig
-from speedladder.rungs import RUNGS
-from speedladder.workload import prepare
+
+def phase(name: str, seconds: float, detail: str = "") -> None:
+    PHASES.append((name, seconds))
+    print(f"phase {name}: {seconds:.1f} s" + (f" ({detail})" if detail else ""), flush=True)
 
 
 def version(package: str) -> str:
@@ -31,7 +42,12 @@ def version(package: str) -> str:
         return "not installed"
 
 
-def timed_step(work, spec) -> float:
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def timed_step(torch, work, spec) -> float:
     """Seconds of one training step from a fresh build: the first step, with its compile if any."""
     step, stream = work.step(spec), work.stream(spec)
     if work.device.type == "cuda":
@@ -41,13 +57,13 @@ def timed_step(work, spec) -> float:
     return time.perf_counter() - t0
 
 
-def fp8_check(work) -> str:
+def fp8_check(torch, work) -> str:
     """One rowwise fp8 Linear forward and backward, where the fp8 rung could run; else why it cannot."""
+    from speedladder.rungs import RUNGS, float8_linears
+
     unmet = RUNGS["fp8"].requires.unmet(work.env)
     if unmet:
         return f"fp8 rung: {unmet}"
-    from speedladder.rungs import float8_linears
-
     layer = float8_linears(torch.nn.Sequential(torch.nn.Linear(256, 256)), prefix="").to(work.device)
     x = torch.randn(64, 256, device=work.device, requires_grad=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -56,36 +72,80 @@ def fp8_check(work) -> str:
     return f"fp8 rung: a rowwise fp8 Linear ran forward and backward ({type(layer[0]).__name__})"
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--device", default="auto")
-    p.add_argument("--no-compile", action="store_true", help="skip the compiled step (a CPU smoke run)")
-    args = p.parse_args(argv)
-    work = prepare(RunConfig(preset="tiny", device=args.device))
-    dev = work.device
-    print(f"python {sys.version.split()[0]}; torch {torch.__version__} (CUDA {torch.version.cuda}); triton "
-          f"{version('triton')}; torchao {version('torchao')}")
-    if args.device == "auto" and dev.type != "cuda":
-        print(f"preflight FAILED: no CUDA device (torch sees {dev.type}); the GPU plan stops here")
-        return 1
-    if dev.type == "cuda":
-        props = torch.cuda.get_device_properties(dev)
-        print(f"device {props.name}, compute capability {props.major}.{props.minor}, "
-              f"{props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs")
+def checks(args: argparse.Namespace) -> int:
+    NOW[0] = "import"
     try:
-        print(f"eager step (tiny): {timed_step(work, work.base_spec):.2f} s")
+        import torch
+
+        from speedladder.config import RunConfig
+        from speedladder.workload import prepare
+    except Exception as e:  # noqa: BLE001 -- no torch, or a broken one: the plan cannot run
+        print(f"preflight FAILED: torch or speedladder does not import: {one_line(e)}")
+        return 1
+    phase("import", time.perf_counter() - T0, f"python {sys.version.split()[0]}, torch {torch.__version__} "
+          f"(CUDA {torch.version.cuda}), triton {version('triton')}, torchao {version('torchao')}")
+
+    NOW[0] = "cuda context"
+    t = time.perf_counter()
+    if args.device != "cpu":
+        if not torch.cuda.is_available():
+            print("preflight FAILED: no CUDA device (torch.cuda.is_available() is False); the GPU plan stops here")
+            return 1
+        try:
+            torch.zeros(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 -- a driver or device that does not answer
+            print(f"preflight FAILED: the CUDA context: {one_line(e)}")
+            return 1
+        props = torch.cuda.get_device_properties(0)
+        phase("cuda context", time.perf_counter() - t, f"{props.name}, compute capability {props.major}."
+              f"{props.minor}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs")
+    try:
+        NOW[0] = "workload"
+        t = time.perf_counter()
+        work = prepare(RunConfig(preset="tiny", device=args.device))
+        phase("workload", time.perf_counter() - t, f"the tiny preset on {work.device}")
+        NOW[0] = "eager step"
+        phase("eager step", timed_step(torch, work, work.base_spec), "tiny, the first")
         if not args.no_compile:
+            NOW[0] = "first compile"
             spec = dataclasses.replace(work.base_spec, compile=True)
-            print(f"compiled step (tiny, the first, its cold compile in it): {timed_step(work, spec):.1f} s")
+            phase("first compile", timed_step(torch, work, spec), "tiny's first compiled step, 2 blocks, cold")
     except Exception as e:  # noqa: BLE001 -- said in one line; the plan stops rather than fail rung by rung
-        print(f"preflight FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        print(f"preflight FAILED: {NOW[0]}: {one_line(e)}")
         return 1
+    NOW[0] = "fp8 check"
+    t = time.perf_counter()
     try:
-        print(fp8_check(work))
+        line = fp8_check(torch, work)
     except Exception as e:  # noqa: BLE001 -- reported: the fp8 rung will say the same in its row
-        print(f"fp8 rung: a rowwise fp8 Linear failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    print("preflight passed")
+        line = f"fp8 rung: a rowwise fp8 Linear failed: {one_line(e)}"
+    phase("fp8 check", time.perf_counter() - t, line)
+    if args.sleep:
+        NOW[0] = "planted sleep"
+        time.sleep(args.sleep)
+    total = time.perf_counter() - T0
+    print(f"preflight passed in {total:.1f} s" + (f" (estimate {args.estimate:g} s)" if args.estimate else ""))
     return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="auto", choices=("auto", "cpu"), help="auto (CUDA, or a failure) or cpu")
+    p.add_argument("--no-compile", action="store_true", help="skip the compiled step (a CPU smoke run)")
+    p.add_argument("--estimate", type=float, default=None, help="the plan's estimate in seconds, printed beside")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds of planted delay after the phases")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return checks(args)
+    except KeyboardInterrupt:  # the plan's cap: what was measured is printed above
+        print(f"preflight capped during {NOW[0]} after {time.perf_counter() - T0:.1f} s: slow, not failed; phases "
+              "done: " + (", ".join(f"{n} {s:.1f} s" for n, s in PHASES) or "none"), flush=True)
+        return 130
 
 
 if __name__ == "__main__":

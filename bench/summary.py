@@ -16,12 +16,15 @@ from pathlib import Path
 
 from speedladder import report, results
 from speedladder.records import Results
+from speedladder.report import race as race_report
 from speedladder.report import sweep as sweep_report
 
 SHORT = ("rung", "tokens/s", "× prev", "pred ×", "× cum", "step ms", "MFU", "peak mem", "compile s", "gate",
          "verdict")
 FULL = ("rung", "tokens/s", "min–max", "× prev", "pred ×", "err", "× cum", "step ms", "MFU", "TFLOP/s", "peak mem",
         "compile s", "gate", "verdict")
+RACE = ("config", "s to target", "min–max", "× prev", "p win", "p loss", "× cum", "tok/s", "seeds", "compile s",
+        "verdict")
 
 
 def found(paths: list[str]) -> list[Path]:
@@ -46,12 +49,15 @@ def table(saved: Results, cols: tuple[str, ...]) -> list[str]:
     if saved.kind == "sweep":
         headers, rows = sweep_report.rows(saved)
         return aligned(headers, rows)
+    if saved.race is not None:
+        return aligned(RACE, [[r.get(c, "—") for c in RACE] for r in race_report.race_rows(saved.race)])
     rows = report.rows(saved)
     return aligned(cols, [[r.get(c, "—") for c in cols] for r in rows])
 
 
 def full_text(saved: Results, path: Path) -> list[str]:
-    notes = sweep_report.lines(saved) if saved.kind == "sweep" else report.notes(saved)
+    notes = (sweep_report.lines(saved) if saved.kind == "sweep" else race_report.race_lines(saved)
+             if saved.race is not None else report.notes(saved))
     return [header(saved, path), *("  " + n for n in notes), *table(saved, FULL), ""]
 
 

@@ -83,7 +83,7 @@ def clock(monkeypatch) -> Clock:
 # files to its workers in collection order (pyproject.toml: --dist loadfile --no-loadscope-reorder), so starting
 # these first keeps one worker from being left with a long file at the end.
 SLOWEST_FIRST = ("test_hf.py", "test_models.py", "test_config.py", "test_parallel.py", "test_ladder.py",
-                 "test_race.py")
+                 "test_race.py", "test_bench.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

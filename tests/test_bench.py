@@ -1,5 +1,7 @@
-"""bench/: the GPU plan fits its minutes and reaches every rung, its smoke mode packs what the device returns
-within the device's limits, and the wheels it carries are the ones the device lacks."""
+"""bench/: the GPU plan fits one call and reaches every rung, its estimates stand beside their reasoning, its smoke
+mode packs what the device returns within the device's limits after every step (so that a call killed mid-step
+still returns the steps it finished), a slow preflight does not stop it and a failing one does, and the wheels it
+carries are the ones the device lacks."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,12 +23,17 @@ from speedladder.rungs import RUNGS
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-CALL_S = 360  # one call of the GPU plan: 6 of the device's 15 minutes, machine start aside, leaving a rerun
+# One call of the GPU plan: about 8 minutes of caps, inside the device's 10-minute command limit with the call's
+# 60 s of margin (timeout_s = caps + 60 at least), and its 15 minutes of device time with 3-4 minutes of start.
+CAPS_S = (420, 500)
+PREFLIGHT_CAP_S = 60  # a fresh machine's import, CUDA context and first cold compile take 15-35 s
 # What the device returns from $OUT (its README's limits): at most 8 files of 16 MiB, no more than 2 folders down,
 # names of letters, digits, '.', '_' and '-'. The plan packs into 3 files at the top.
 PACKED = {"runs.tgz", "summary.txt", "environment.txt"}
 NAME = re.compile(r"[A-Za-z0-9._-]+")
 MAX_FILE = 16 * 2**20
+needs_tools = pytest.mark.skipif(any(shutil.which(t) is None for t in ("bash", "timeout", "tar")),
+                                 reason="needs bash, timeout and tar")
 
 
 def plan(mode: str) -> list[dict]:
@@ -42,19 +51,67 @@ def rungs_of(args: list[str]) -> list[str]:
     return args[args.index("--rungs") + 1].split(",") if "--rungs" in args else []
 
 
+def bench_module(name: str):
+    """A script of bench/ as a module (its imports of torch are inside its functions)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def option(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
 def test_the_gpu_plan_fits_one_call_and_runs_every_rung():
     gpu = plan("gpu")
     assert [r["cmd"] for r in gpu[:2]] == ["wheels", "preflight"] and gpu[-1]["cmd"] == "pack"
-    assert sum(r["cap"] for r in gpu) <= CALL_S, [(r["step"], r["cap"]) for r in gpu]
+    caps = sum(r["cap"] for r in gpu)
+    assert CAPS_S[0] <= caps <= CAPS_S[1], [(r["step"], r["cap"]) for r in gpu]
+    assert gpu[1]["cap"] >= PREFLIGHT_CAP_S  # a cold machine's preflight must not be cut
     for r in gpu:  # every cap beside its estimate, and no step planned to overrun it (cap 0: time left only)
         assert r["cap"] == 0 or r["est"] <= r["cap"], r
-    assert [r["step"] for r in gpu if r["cap"] == 0] == ["sweep"]  # only the sweep waits for time left
-    reached = {name for r in gpu if r["cmd"] in ("run", "sweep") for name in rungs_of(r["args"])}
+    # Only the last steps wait for time left: the sweep, then the race.
+    assert [r["step"] for r in gpu if r["cap"] == 0] == ["sweep", "race"] == [r["step"] for r in gpu[-3:-1]]
+    assert sum(r["est"] for r in gpu if r["cap"]) <= caps  # the capped steps' estimates fit in their caps
+    reached = {name for r in gpu if r["cmd"] in ("run", "sweep", "race") for name in rungs_of(r["args"])}
     assert set(FULL_LADDER) | {"ckpt", "cudagraphs", "muon"} <= reached, sorted(reached)
     assert reached <= set(RUNGS)
+    # In the order of the value of their figures: d2l-512's R0-R4 first, then GPT-2's batch rung, then the
+    # CUDA-only rungs, then the sweep.
+    runs = [r for r in gpu if r["cmd"] in ("run", "sweep", "race")]
+    assert option(runs[0]["args"], "--preset") == "d2l-512"
+    assert rungs_of(runs[0]["args"]) == ["eager", "compile", "bf16", "batch", "ckpt"]
+    assert option(runs[1]["args"], "--preset") == "gpt2-124m" and "batch" in rungs_of(runs[1]["args"])
+    cuda_only = {"max-autotune", "cudagraphs", "fp8"}
+    first_cuda = next(i for i, r in enumerate(runs) if cuda_only & set(rungs_of(r["args"])))
+    assert first_cuda == 2 and runs[3]["cmd"] == "sweep"
+    assert rungs_of(runs[2]["args"])[-1] == "max-autotune"  # the costliest, least certain compile: cut first
     for r in gpu:  # the CUDA-only rungs each in a run on a CUDA preset
-        if {"max-autotune", "cudagraphs", "fp8"} & set(rungs_of(r["args"])):
-            assert r["args"][r["args"].index("--preset") + 1] in ("d2l-512", "gpt2-124m")
+        if cuda_only & set(rungs_of(r["args"])):
+            assert option(r["args"], "--preset") in ("d2l-512", "gpt2-124m")
+
+
+def test_every_gpu_estimate_stands_beside_its_reasoning():
+    """Each gpu step's comment derives its estimate: it ends on "~EST" (the sum of the parts it names), and the
+    cold-compile model the parts come from is stated above them."""
+    text = (BENCH / "plan.txt").read_text()
+    assert "cold = F x (a + b x blocks) x p + K" in text
+    for name in ("a = 5.3 s", "b = 2.8 s a block", "F = 0.4"):
+        assert name in text, name
+    comment: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            comment.append(line)
+            continue
+        words = line.split()
+        if words and words[0] == "gpu":
+            est = words[2]
+            reasoning = " ".join(comment)
+            assert re.search(rf"~{est}\b", reasoning), f"{words[1]}: its comment does not derive ~{est}"
+        comment = []
 
 
 @pytest.mark.parametrize("mode", ["gpu", "smoke"])
@@ -64,8 +121,10 @@ def test_every_planned_command_line_parses(mode, tmp_path):
     from speedladder.cli.gen import to_settings
 
     for r in plan(mode):
-        if r["cmd"] in ("run", "sweep"):
+        if r["cmd"] in ("run", "sweep", "race"):
             to_settings(build_parser().parse_args([r["cmd"], *r["args"], "--out", str(tmp_path)]))
+        if r["cmd"] == "preflight":  # its own flags, and the one gpu.sh adds
+            bench_module("preflight").parser().parse_args([*r["args"], "--estimate", str(r["est"])])
     assert {r["cmd"] for r in plan("smoke")} == {"wheels", "preflight", "run", "pack"}
 
 
@@ -100,12 +159,26 @@ def test_the_carried_wheels_are_the_dependencies_the_device_image_lacks():
     assert ".whl/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
-@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None or shutil.which("tar") is None,
-                    reason="needs bash, timeout and tar")
+def gpu_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    """bench/gpu.sh's environment for a test: its folders under tmp_path (its temporary ones too: a killed plan
+    leaves them), no wheels, this Python."""
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    return {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "TMPDIR": str(tmp_path / "tmp"),
+            "WHEELS": str(tmp_path / "no-wheels"), "PYTHON": sys.executable,
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), **more}
+
+
+def unpack(tgz_path: Path, dest: Path) -> list[str]:
+    with tarfile.open(tgz_path) as tgz:
+        names = tgz.getnames()
+        tgz.extractall(dest, filter="data") if sys.version_info >= (3, 12) else tgz.extractall(dest)
+    return names
+
+
+@needs_tools
 def test_gpu_script_smoke_mode_packs_within_the_devices_limits(tmp_path):
-    out, work, wheels = tmp_path / "out", tmp_path / "work", tmp_path / "no-wheels"
-    env = {**os.environ, "OUT": str(out), "WORK": str(work), "WHEELS": str(wheels), "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--smoke"], cwd=ROOT, env=env,
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--smoke"], cwd=ROOT, env=gpu_env(tmp_path),
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     files = sorted(out.iterdir())
@@ -113,9 +186,7 @@ def test_gpu_script_smoke_mode_packs_within_the_devices_limits(tmp_path):
     for f in files:
         assert f.is_file() and NAME.fullmatch(f.name) and 0 < f.stat().st_size <= MAX_FILE, f
     unpacked = tmp_path / "unpacked"
-    with tarfile.open(out / "runs.tgz") as tgz:
-        names = tgz.getnames()
-        tgz.extractall(unpacked, filter="data") if sys.version_info >= (3, 12) else tgz.extractall(unpacked)
+    names = unpack(out / "runs.tgz", unpacked)
     assert not any(n.endswith("trace.json") for n in names)  # the profile's trace stays behind
     for step in ("small", "gpt2"):
         (path,) = (unpacked / step).glob("*/results.json")
@@ -130,7 +201,8 @@ def test_gpu_script_smoke_mode_packs_within_the_devices_limits(tmp_path):
     small = json.loads(next((unpacked / "small").glob("*/results.json")).read_text())
     assert {r["name"]: r["status"] for r in small["rungs"]}["cudagraphs"] == "skipped"  # CUDA-only, said why
     environment = (out / "environment.txt").read_text()
-    assert "preflight passed" in environment
+    assert "preflight passed" in environment and "phase import:" in environment  # each phase timed
+    assert "pending" not in environment and "-- steps final" in environment
     for r in plan("smoke"):
         assert re.search(rf"^{r['step']}\s+{r['est']}\s+{r['cap']}\s", environment, flags=re.MULTILINE), r["step"]
     summary = (out / "summary.txt").read_text()
@@ -149,3 +221,146 @@ def test_the_plan_in_the_usage_guide_is_the_plan_file():
     shown = {m[0]: (int(m[1]), int(m[2])) for m in re.findall(r"^\| (\w+) \| .* \| (\d+) \| (\d+) \|$", section,
                                                                flags=re.MULTILINE)}
     assert shown == {r["step"]: (r["est"], r["cap"]) for r in plan("gpu")}
+    # The call it gives: the caps' sum as the plan has it, and a timeout at least 60 s over it, within the
+    # device's 10 minutes a command.
+    caps = sum(r["cap"] for r in plan("gpu"))
+    assert f"caps add up to {caps} s" in section and f"the caps ({caps} s)" in section
+    (timeout,) = map(int, re.findall(r"^timeout_s: +(\d+)$", section, flags=re.MULTILINE))
+    assert caps + 60 <= timeout <= 600
+    assert 'carry:     [".whl"]' in section and "command:   bash bench/gpu.sh" in section
+
+
+# -- a call cut short: a slow preflight, then a kill ----------------------------------------------------------
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of a session (from /proc): gpu.sh's own group and each `timeout`'s group under it."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[3]) == sid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL to gpu.sh's whole process group, as a device limit would, then to what `timeout` had put in groups
+    of their own under it, until the session is empty."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    for _ in range(50):
+        left = session_pids(proc.pid)
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"processes of the killed plan still running: {session_pids(proc.pid)}")
+
+
+@pytest.fixture(scope="module")
+def cut_short(tmp_path_factory):
+    """The smoke plan with a preflight planted to sleep past its cap, killed (SIGKILL, the whole process group)
+    halfway through its second run step (gpt2: its results.json begun, no rung finished)."""
+    if any(shutil.which(t) is None for t in ("bash", "timeout", "tar")) or not Path("/proc/self/stat").exists():
+        pytest.skip("needs bash, timeout, tar and /proc")
+    tmp = tmp_path_factory.mktemp("cut-short")
+    lines = []
+    for line in (BENCH / "plan.txt").read_text().splitlines():
+        words = line.split()
+        if words[:2] == ["smoke", "preflight"]:  # capped at 12 s, 60 s of planted sleep after its phases
+            line = "smoke preflight 5 12 preflight --device cpu --no-compile --sleep 60"
+        lines.append(line)
+    (tmp / "plan.txt").write_text("\n".join(lines) + "\n")
+    work, log = tmp / "work", tmp / "log.txt"
+    with log.open("w") as f:  # a file, not a pipe: a full pipe would stall the plan
+        proc = subprocess.Popen(["bash", str(BENCH / "gpu.sh"), "--smoke"], cwd=ROOT, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=gpu_env(tmp, PLAN=str(tmp / "plan.txt"), GRACE="3"))
+    try:
+        deadline = time.monotonic() + 480
+        while not list((work / "gpt2").glob("*/results.json")):
+            assert proc.poll() is None, f"the plan ended before its second run step: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "the second run step never started"
+            time.sleep(0.2)
+    finally:
+        kill_session(proc)
+    return tmp, log.read_text()
+
+
+def test_a_slow_preflight_does_not_stop_the_plan(cut_short):
+    tmp, log = cut_short
+    preflight = (tmp / "work" / "preflight" / "log.txt").read_text()
+    assert "preflight capped during" in preflight, preflight  # stopped by its cap, and said so
+    environment = (tmp / "out" / "environment.txt").read_text()
+    assert re.search(r"^preflight\s+5\s+12\s+\d+\s+\d+\s+capped \(slow, not failed", environment, re.MULTILINE)
+    assert re.search(r"^small\s+\d+\s+\d+\s+\d+\s+\d+\s+ok$", environment, re.MULTILINE), environment
+    assert "skipped: the preflight failed" not in log
+
+
+def test_a_plan_killed_mid_step_leaves_valid_files_for_the_steps_it_finished(cut_short):
+    tmp, _ = cut_short
+    out = tmp / "out"
+    files = sorted(out.iterdir())
+    assert {f.name for f in files} == PACKED, files  # complete files only: each was renamed into place
+    for f in files:
+        assert f.is_file() and NAME.fullmatch(f.name) and 0 < f.stat().st_size <= MAX_FILE, f
+    unpacked = tmp / "unpacked"
+    names = unpack(out / "runs.tgz", unpacked)  # a whole archive, not a truncated one
+    (small,) = (unpacked / "small").glob("*/results.json")
+    assert json.loads(small.read_text())["status"] == "complete"
+    assert not any(n.startswith("./gpt2") for n in names)  # packed before the killed step began
+    summary = (out / "summary.txt").read_text()
+    assert "tiny B=4 T=32" in summary and "fastest rung that passed every gate" in summary
+    environment = (out / "environment.txt").read_text()
+    assert re.search(r"^small\s.*\sok$", environment, re.MULTILINE)
+    assert re.search(r"^gpt2\s+\d+\s+\d+\s+-\s+-\s+pending$", environment, re.MULTILINE), environment
+
+
+@needs_tools
+def test_a_failing_preflight_stops_the_plan(tmp_path):
+    """A preflight that finds no CUDA device (here, where there is none) is a real failure: the steps after it
+    are skipped with the reason, and the files still come back."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the preflight would pass")
+    (tmp_path / "plan.txt").write_text("smoke preflight 3 60 preflight\n"
+                                       "smoke small 5 60 run --preset tiny --rungs eager\n"
+                                       "smoke pack 1 10 pack\n")
+    proc = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--smoke"], cwd=ROOT,
+                          env=gpu_env(tmp_path, PLAN=str(tmp_path / "plan.txt")), capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert "preflight FAILED: no CUDA device" in proc.stdout
+    assert "== small: skipped: the preflight failed" in proc.stdout
+    assert {f.name for f in (tmp_path / "out").iterdir()} == PACKED
+    assert not (tmp_path / "work" / "small").exists()
+
+
+@needs_tools
+@pytest.mark.parametrize("line, says", [
+    ("smoke small five 60 run --preset tiny", "line 1: want MODE STEP EST CAP COMMAND"),
+    ("smoke small 5 60 train --preset tiny", "line 1: want MODE STEP EST CAP COMMAND"),
+])
+def test_a_bad_plan_line_is_one_line_and_exit_2(tmp_path, line, says):
+    (tmp_path / "plan.txt").write_text(line + "\n")
+    proc = subprocess.run(["bash", str(BENCH / "gpu.sh"), "--smoke"], cwd=ROOT, capture_output=True, text=True,
+                          env=gpu_env(tmp_path, PLAN=str(tmp_path / "plan.txt")), timeout=60, check=False)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_the_summary_reads_a_race(tmp_path):
+    """The plan's last step is a race: its table and notes are the race's, not a ladder's."""
+    proc = subprocess.run([sys.executable, str(BENCH / "summary.py"), "--full", str(tmp_path / "full.txt"),
+                           str(ROOT / "docs" / "example-race-results.json")], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")}, timeout=120, check=True)
+    tail = proc.stdout.strip().splitlines()
+    assert tail[-6].startswith("config") and "s to target" in tail[-6] and tail[-5].startswith("eager")
+    assert "target: val loss" in (tmp_path / "full.txt").read_text()

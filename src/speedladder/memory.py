@@ -75,8 +75,10 @@ def count_saved(forward: Callable[[], object], state: Iterable[torch.Tensor]) ->
     kept: dict[tuple[str, int], int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _key(t)
-        (kept if key in own else acts)[key] = t.untyped_storage().nbytes()
+        nbytes = t.untyped_storage().nbytes()
+        if nbytes:  # an empty placeholder (torch 2.11's checkpoint saves one) holds no memory: not counted
+            key = _key(t)
+            (kept if key in own else acts)[key] = nbytes
         return t  # kept as is: the hook counts, it does not move anything
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

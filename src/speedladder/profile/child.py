@@ -34,6 +34,21 @@ TRACE = "trace.json"
 FILENAME = "profile.json"  # what `speedladder profile` writes; `run` keeps the profile inside results.json
 
 
+def _copy_dtypes(prof: profile, events: list) -> None:
+    """The input dtypes of each CPU operator, which the memory-bound operators' bytes are counted from. torch 2.11
+    (the GPU machine's) records them on the profiler's kineto events but not on the FunctionEvents built from
+    them: copied over by correlation id, where the names agree (else none, and no bytes are counted)."""
+    if not events or hasattr(events[0], "input_dtypes"):
+        return
+    kineto: dict[int, tuple[str, list[str]]] = {}
+    for k in prof.profiler.kineto_results.events():
+        if k.device_type() == torch.autograd.DeviceType.CPU:
+            kineto.setdefault(k.correlation_id(), (k.name(), k.dtypes()))
+    for e in events:
+        name, dtypes = kineto.get(e.id, (None, None))
+        e.input_dtypes = dtypes if name == e.trace_name else None
+
+
 def profile_step(step: Callable[[], object], device: torch.device, steps: int, warmup: int,
                  trace_path: Path | None = None) -> dict:
     """Warm up, then profile `steps` steps (each synchronized at its end) and break them down step by step."""
@@ -55,6 +70,7 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
             after = _run_queue_wait_s()
             waits.append(None if wait is None or after is None else after - wait)
     events = list(prof.events())
+    _copy_dtypes(prof, events)
     spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP_MARK)
     per_step: list[list] = [[] for _ in spans]
     for e in events:
