@@ -58,8 +58,8 @@ def _from_settings(path: Path, device: torch.device) -> tuple[StepSpec, RunConfi
 
 def winner(where: str | Path | StepSpec, device: torch.device) -> tuple[StepSpec, RunConfig]:
     """The spec to apply and the run configuration it came with (its learning rate, Muon's settings): a StepSpec
-    as given; a config file (tune's winner.toml, a run's config.toml); or a run folder's winner (tune's, else its
-    fastest rung)."""
+    as given; a config file (tune's winner.toml, a run's config.toml); or a folder's winner (tune's, a race's
+    fastest to the target, else a run's fastest rung)."""
     if isinstance(where, StepSpec):
         return where, RunConfig()
     path = Path(where)
@@ -67,10 +67,12 @@ def winner(where: str | Path | StepSpec, device: torch.device) -> tuple[StepSpec
         return _from_settings(path, device)
     saved = results.load(path)
     tuned = saved.tune.winner_spec if saved.tune else None
+    raced = saved.race.entry(saved.race.fastest) if saved.race and saved.race.fastest else None
     best = saved.rung(saved.fastest) if saved.fastest else None
-    if not tuned and best is None:
+    spec = tuned or (raced.spec if raced is not None else None) or (best.spec if best is not None else None)
+    if not spec:
         raise UsageError(f"{where} names no configuration that passed every gate")
-    return StepSpec.from_dict(tuned or best.spec), settings.run_from_results(saved.config)  # type: ignore[union-attr]
+    return StepSpec.from_dict(spec), settings.run_from_results(saved.config)
 
 
 def apply(model: nn.Module, where: str | Path | StepSpec, optimizer: AdamWFactory | None = None,

@@ -12,11 +12,12 @@ from speedladder.cli.commands import header, start
 from speedladder.cli.gen import Command
 from speedladder.config import RACE_LADDER, RunConfig
 from speedladder.errors import UsageError
-from speedladder.racing import Race
+from speedladder.racing import Race, ruler
 from speedladder.report import race as race_report
 from speedladder.report.outputs import write_outputs
 from speedladder.rungs import RUNGS
 from speedladder.settings import RaceConfig, Settings
+from speedladder.workload import Workload
 
 
 def plan(s: Settings) -> tuple[RunConfig, RaceConfig, str]:
@@ -41,10 +42,16 @@ def plan(s: Settings) -> tuple[RunConfig, RaceConfig, str]:
 
 def cmd_race(s: Settings, _: argparse.Namespace) -> int:
     cfg, race_cfg, role = plan(s)
-    # a val split too small for one batch is refused before any folder is made
-    progress, work, run_dir = start(s, cfg, refuse=lambda w: w.val_set(w.cfg.seq_len))
+    race_cfg, note, same_ruler = ruler.fixed(race_cfg)
+
+    def refuse(work: Workload) -> None:  # refused before any folder is made
+        work.val_set(work.cfg.seq_len)  # a val split too small for one batch
+        same_ruler(work)
+
+    progress, work, run_dir = start(s, cfg, refuse=refuse)
     progress(header(work, run_dir))
-    race = Race(work, run_dir, race_cfg, progress, role=role, settings=s)
+    race = Race(work, run_dir, race_cfg, progress, role=role, settings=dataclasses.replace(s, race=race_cfg),
+                target_note=note)
     try:
         if role == "rung":
             race.prepare_ladder(work.cfg.run.rungs or ())
@@ -75,9 +82,11 @@ COMMANDS = (
     Command("race", "train each configuration to a target val loss over seeds; judge it by the time, with a p-value",
             "Train every configuration (a cumulative ladder of rungs, given combinations, or a run's winner) from the "
             "same initial weights and batch order, seed by seed, until its val loss on held-out data reaches the "
-            "target; the clock runs over training steps only. Judge each against the configuration it builds on by "
-            "Welch's t-test on the times, one-sided each way (win or loss at p < 0.01, else noise). Writes "
+            "target; the clock runs over training steps only. A ladder races in stages, each rung beside the best "
+            "configuration so far, in an order that alternates from seed to seed; a rung that loses is not built "
+            "upon. Judge each against its base by a t-test paired by seed on log times, one-sided each way, a run "
+            "that did not reach counted as at least its clock (win or loss at p < 0.01, else noise). Writes "
             "DIR/<timestamp>/results.json, config.toml, waterfall.png (tokens/s beside × faster to the target) and "
             "report.html.",
-            ("model", "batch", "warmup", "muon", "race", "output", "quiet"), cmd_race),
+            ("model", "batch", "warmup", "muon", "race", "race-rule", "output", "quiet"), cmd_race),
 )

@@ -1,20 +1,24 @@
 """`speedladder race`: every configuration trained to a target val loss, over seeds, judged by the time it takes.
 
-Tokens/s says how fast a step runs; a race says how fast a model gets good (docs/race.md). As modded-nanogpt
-judges its records:
+Tokens/s says how fast a step runs; a race says how fast a model gets good (docs/race.md):
 
-1. The target is a val loss on held-out data: `--target-loss`, or by default the loss eager fp32 reaches after
-   `calibrate_steps` steps on a seed of its own, so that every sound configuration can reach it.
+1. The target is a val loss on held-out data: `--target-loss`, a saved race's (`--target-from`), or by default
+   the loss eager fp32 reaches after `calibrate_steps` steps on a seed of its own.
 2. Each configuration is prepared first (built, compiled and warmed up, its compile time recorded apart) and
    passes the causality probe: a step that lets a position see the future would reach any loss sooner.
-3. Then every configuration is trained from each seed's initial weights and batch order until its val loss is at
-   or below the target, or a time cap stops it ("did not reach", with its best loss). Runs go seed by seed
-   across the configurations, so the machine's drift lands on all of them alike.
-4. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation, which
-   happens every `eval_every` base steps' worth of tokens, on a fixed val set, in eval mode, under no_grad.
-5. A configuration's verdict against the one it builds on is Welch's t-test on the times, one-sided each way:
-   win or loss at p < alpha (0.01), otherwise noise (stats.py). A configuration that changes how the model learns
-   (batch, optimizer, learning rate) must also be no worse at equal tokens, or it is "not a win".
+3. The race goes in **stages**. A cumulative ladder's stage k trains rung k and the best configuration so far
+   (its base), both afresh, from every seed's initial weights and batch order; given configurations (combos, a
+   run's winner, tune's finalists) race in one stage beside eager. Within a stage the order of the runs rotates
+   from seed to seed (a Latin square: with two configurations, base then rung, rung then base, ...), so that a
+   position effect (the first run after a compile, the allocator's state) lands on every configuration alike.
+4. A run trains until its val loss is at or below the target (the crossing interpolated between evaluations) and
+   it has trained the token budget of modded-nanogpt's criterion, or until its cap: `cap_factor` times its
+   base's time in the same seed (its base's median so far when the rung runs first); a base stops at the race's
+   time cap (`cap_factor` times eager fp32's calibration). A run stopped at its cap did not reach: a censored
+   time, at least its clock.
+5. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation.
+6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The
+   next stage builds on the rung only if it won or was noise (`stack_all` builds on every one that ran).
 
 Everything lands in results.json's `race` section (records.RaceSection), saved after every run.
 """
@@ -22,6 +26,7 @@ Everything lands in results.json's `race` section (records.RaceSection), saved a
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import statistics
 import time
@@ -35,8 +40,9 @@ from speedladder import measure, models, probes, results
 from speedladder.codec import to_data
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
-from speedladder.racing.verdicts import judge
-from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, Results
+from speedladder.racing.ruler import val_hash
+from speedladder.racing.verdicts import PAYS, at_tokens, judge
+from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
 from speedladder.settings import CONFIG_FILE, RaceConfig, Settings
 from speedladder.settings import write as write_settings
@@ -44,6 +50,7 @@ from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, free_device_memory, new_results
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
+_WARM_SEED = 1 << 20  # the stream of the untimed step before each run: no race seed draws from it
 
 
 class Clock(Protocol):
@@ -87,31 +94,66 @@ def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
             or (spec.optimizer in ADAMW_VARIANTS) != (base.optimizer in ADAMW_VARIANTS))
 
 
+def rotated(items: list, i: int) -> list:
+    """Seed i's order: the list rotated by i (a cyclic Latin square over the seeds)."""
+    k = i % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def cross(run: RaceRun, target: float) -> None:
+    """The time, tokens and steps to the target, where the curve's last point is the first at or below it:
+    linear between that evaluation and the one before (the raw figures kept as first_eval_*)."""
+    i = len(run.curve_val) - 1
+    run.first_eval_seconds, run.first_eval_tokens, run.first_eval_steps = (
+        run.curve_seconds[i], run.curve_tokens[i], run.curve_steps[i])
+    if i == 0:
+        run.seconds, run.tokens, run.steps = 0.0, 0.0, 0.0
+        return
+    v0, v1 = run.curve_val[i - 1], run.curve_val[i]
+    assert v0 is not None and v1 is not None and v0 > target >= v1
+    f = (v0 - target) / (v0 - v1)
+    run.seconds = run.curve_seconds[i - 1] + f * (run.curve_seconds[i] - run.curve_seconds[i - 1])
+    run.tokens = run.curve_tokens[i - 1] + f * (run.curve_tokens[i] - run.curve_tokens[i - 1])
+    run.steps = run.curve_steps[i - 1] + f * (run.curve_steps[i] - run.curve_steps[i - 1])
+
+
 class Race:
     def __init__(self, work: Workload, run_dir: Path, race: RaceConfig, progress: Progress | None = None,
-                 clock: Clock | None = None, role: str = "rung", settings: Settings | None = None) -> None:
+                 clock: Clock | None = None, role: str = "rung", settings: Settings | None = None,
+                 results_: Results | None = None, target_note: str | None = None) -> None:
+        """results_: a results file of another command to race inside (tune's); by default a race of its own, with
+        its config.toml. target_note: where a given target came from (--target-from)."""
         self.work = work
         self.run_dir = run_dir
         self.cfg = race
         self.progress = progress or Progress(quiet=True)
         self.clock = clock or WallClock(work.device)
-        self.role = role  # "combo" or "winner" when the configurations are given rather than a ladder
+        self.role = role  # "combo", "winner" or "finalist" when the configurations are given rather than a ladder
+        self.target_note = target_note
         self.val_x, self.val_y = work.val_set(work.cfg.seq_len)
         base = work.base_spec
         seed = work.cfg.run.seed
+        budget_steps = race.calibrate_steps if race.budget_steps is None else race.budget_steps
         self.section = RaceSection(
             seeds=[seed + i for i in range(race.seeds)], eval_every=race.eval_every,
             eval_tokens=race.eval_every * base.tokens_per_step, val_sequences=len(self.val_x),
-            val_seq_len=work.cfg.seq_len, alpha=race.alpha, detect=race.detect,
-            batch_lr_scale=work.cfg.run.batch_lr_scale, calibrate_steps=race.calibrate_steps,
-            order="seed by seed: every configuration's run of one seed, then the next seed")
+            val_seq_len=work.cfg.seq_len, val_hash=val_hash(self.val_x, self.val_y), alpha=race.alpha,
+            detect=race.detect, batch_lr_scale=work.cfg.run.batch_lr_scale, calibrate_steps=race.calibrate_steps,
+            cap_factor=race.cap_factor, budget_steps=budget_steps or None,
+            budget_tokens=budget_steps * base.tokens_per_step or None, stack_all=race.stack_all,
+            order="in stages; within a stage, the configurations' order rotated from seed to seed")
         self.section.config = to_data(race)
-        self.results: Results = new_results(work, kind="race")
-        self.results.race = self.section
-        # config.toml: the resolved run and this race, which `speedladder race --config` repeats.
-        write_settings(run_dir / CONFIG_FILE, dataclasses.replace(settings or Settings(), run=work.cfg.run, race=race),
-                       f"speedladder race: the configuration of {run_dir}", ("run", "race", "quiet"))
+        if results_ is None:
+            self.results: Results = new_results(work, kind="race")
+            self.results.race = self.section
+            # config.toml: the resolved run and this race, which `speedladder race --config` repeats.
+            write_settings(run_dir / CONFIG_FILE,
+                           dataclasses.replace(settings or Settings(), run=work.cfg.run, race=race),
+                           f"speedladder race: the configuration of {run_dir}", ("run", "race", "quiet"))
+        else:
+            self.results = results_
         self.prepared: list[Prepared] = []
+        self._ladder: tuple[str, ...] | None = None
         self._inits: dict[int, dict[str, torch.Tensor]] = {}
         self.save()
 
@@ -123,30 +165,30 @@ class Race:
     def _entry(self, name: str, names: tuple[str, ...], spec: StepSpec, built_on: Prepared | None,
                role: str) -> RaceEntry:
         last = RUNGS[names[-1]] if names else RUNGS["eager"]
-        return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,
+        return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,  # type: ignore[arg-type]
                          built_on=built_on.entry.name if built_on else None, spec=spec.to_dict(),
                          precision=spec.precision,
                          changes_learning=built_on is not None and changes_learning(spec, built_on.spec))
 
     def prepare_ladder(self, names: tuple[str, ...]) -> None:
-        """A cumulative ladder: each rung composed on the last configuration that was prepared and passed."""
-        spec, base, path = self.work.base_spec, None, ()
-        for name in names:
-            rung = RUNGS[name]
-            new = rung.transform(spec, self.work.env)
-            p = self._prepare(self._entry(name, (*path, name), new, base, "rung"), new)
-            if p.entry.ok:
-                spec, base, path = new, p, (*path, name)
+        """A cumulative ladder, raced stage by stage: run() prepares each rung when its stage comes, on the best
+        configuration so far (the verdicts decide which)."""
+        self._ladder = tuple(names)
 
     def prepare_combos(self, combos: tuple[tuple[str, ...], ...], role: str = "combo") -> None:
-        """Eager, then each given set of rungs composed on it, each judged against eager."""
+        """Eager, then each given set of rungs composed on it, each judged against eager, in one stage."""
+        env = self.work.env
+        self.prepare_configs([("+".join(n for n in names if n != "eager") or "eager-again",
+                               tuple(n for n in names if n != "eager"),
+                               compose(tuple(n for n in names if n != "eager"), self.work.base_spec, env))
+                              for names in combos], role)
+
+    def prepare_configs(self, configs: list[tuple[str, tuple[str, ...], StepSpec]], role: str) -> None:
+        """Eager, then each (name, rungs, spec) given, each judged against eager, in one stage."""
         base = self._prepare(self._entry("eager", ("eager",), self.work.base_spec, None, "rung"),
                              self.work.base_spec)
-        for names in combos:
-            names = tuple(n for n in names if n != "eager")
-            spec = compose(names, self.work.base_spec, self.work.env)
-            self._prepare(self._entry("+".join(names) or "eager-again", names, spec, base if base.entry.ok else None,
-                                      role), spec)
+        for name, names, spec in configs:
+            self._prepare(self._entry(name, names, spec, base if base.entry.ok else None, role), spec)
 
     def _prepare(self, entry: RaceEntry, spec: StepSpec) -> Prepared:
         """Build, compile and warm up; probe causality. A configuration that cannot run is recorded, never dropped."""
@@ -196,6 +238,13 @@ class Race:
         rows = max(1, min(spec.batch_size, _PROBE_LOGITS // (spec.seq_len * step.vocab_size)))
         return probes.causality(step, probes.amplified(self.work.init), batch, rows, step.vocab_size)
 
+    @staticmethod
+    def _release(p: Prepared) -> None:
+        """A configuration no later stage trains: its step (and compiled code) freed. Not torch.compiler.reset():
+        the base's compiled step is still in use."""
+        p.step = None
+        gc.collect()
+
     # -- one run ------------------------------------------------------------------------------
 
     def _init(self, seed: int) -> dict[str, torch.Tensor]:
@@ -206,13 +255,25 @@ class Race:
     def _evaluate(self, step: TrainStep) -> float:
         return float(step.evaluate(self.val_x, self.val_y, self.work.cfg.batch_size))
 
+    def _warm(self, step: TrainStep, init: dict[str, torch.Tensor]) -> None:
+        """Memory handed back to the system, then one untimed step on a stream no run draws from, then the weights
+        and optimizer back: the pages the steps use are faulted in here, not on the clock."""
+        measure.return_host_memory()
+        with matmul_precision(step.spec):
+            step(*next(self.work.stream(step.spec, seed=_WARM_SEED)))
+        measure.sync(self.work.device)
+        step.reset(init)
+
     def train_to(self, step: TrainStep, seed: int, target: float, cap_s: float | None,
-                 max_steps: int | None = None, say: Callable[[str], None] = lambda m: None) -> RaceRun:
-        """Train from a seed's initial weights and batch order until the val loss is at or below `target`, the
-        clock passes `cap_s`, `max_steps` are done, or the loss is not finite."""
+                 max_steps: int | None = None, say: Callable[[str], None] = lambda m: None,
+                 budget_tokens: int | None = None) -> RaceRun:
+        """Train from a seed's initial weights and batch order until the val loss is at or below `target` and
+        `budget_tokens` are trained; or until the clock passes `cap_s`, `max_steps` are done, or the loss is not
+        finite."""
         spec = step.spec
-        step.reset(self._init(seed))
-        measure.return_host_memory()  # before the clock starts: what the last run freed goes back to the system
+        init = self._init(seed)
+        step.reset(init)
+        self._warm(step, init)
         stream = self.work.stream(spec, seed=seed)
         run = RaceRun(seed=seed, stopped="")
         interval, tps = self.section.eval_tokens, spec.tokens_per_step
@@ -220,14 +281,17 @@ class Race:
         clock = 0.0
         next_eval = interval
         loss: torch.Tensor | None = None
+        reached = False
         with matmul_precision(spec):
             v = self._point(run, step, loss, steps, tokens, clock)
             while True:
                 if not math.isfinite(v):
                     run.stopped = "diverged"
                     break
-                if v <= target:
-                    run.stopped, run.seconds, run.tokens, run.steps = "reached", clock, tokens, steps
+                if not reached and v <= target:
+                    reached = True
+                    cross(run, target)
+                if reached and (budget_tokens is None or tokens >= budget_tokens):
                     break
                 if cap_s is not None and clock >= cap_s:
                     run.stopped = "time cap"
@@ -248,9 +312,14 @@ class Race:
                 while next_eval <= tokens:
                     next_eval += interval
                 v = self._point(run, step, loss, steps, tokens, clock)
+        if reached:
+            run.stopped = "reached"
         run.train_seconds = clock
-        say(f"seed {seed}: " + (f"reached {target:.3f} at {run.seconds:.2f} s (step {run.steps:,}, "
-                                f"{run.tokens:,} tokens)" if run.reached else
+        if budget_tokens:
+            b = at_tokens(run, budget_tokens)
+            run.budget_loss = b if b is not None and math.isfinite(b) else None
+        say(f"seed {seed}: " + (f"reached {target:.3f} at {run.seconds:.2f} s (step {run.steps:,.1f}, "
+                                f"{run.tokens:,.0f} tokens)" if run.reached else
                                 f"{run.stopped} after {clock:.2f} s; best {run.best_loss:.3f} at "
                                 f"{run.best_seconds:.2f} s ({run.best_tokens:,} tokens)" if run.best_loss is not None
                                 else f"{run.stopped}"))
@@ -283,7 +352,7 @@ class Race:
 
     def calibrate(self) -> None:
         """Set the target (given, or eager fp32's val loss after calibrate_steps steps on a seed of its own) and
-        the time cap (given, or cap_factor times what eager fp32 needs for those steps)."""
+        the race's time cap (given, or cap_factor times what eager fp32 needs for those steps)."""
         c, sec = self.cfg, self.section
         say = self.progress.scoped("race target")
         eager = self._eager_step()
@@ -298,15 +367,15 @@ class Race:
             sec.target_from = f"eager fp32's val loss after {c.calibrate_steps} steps (seed {seed})"
             eager_s = run.train_seconds
         else:
-            sec.target_loss, sec.target_from = c.target_loss, "--target-loss"
+            sec.target_loss, sec.target_from = c.target_loss, self.target_note or "--target-loss"
             eager_s = self._steps_seconds(eager, seed, c.calibrate_steps)
         if c.time_cap_s is not None:
             sec.time_cap_s, sec.cap_from = c.time_cap_s, "--time-cap"
         else:
             sec.time_cap_s = c.cap_factor * eager_s
             sec.cap_from = f"{c.cap_factor:g}x eager fp32's {c.calibrate_steps} steps ({eager_s:.2f} s)"
-        say(f"target val loss {sec.target_loss:.4f} ({sec.target_from}); each run is capped at "
-            f"{sec.time_cap_s:.1f} s of training ({sec.cap_from})")
+        say(f"target val loss {sec.target_loss:.4f} ({sec.target_from}); a run stops at {c.cap_factor:g}x its "
+            f"base's time in the same seed, and at {sec.time_cap_s:.1f} s of training at the latest ({sec.cap_from})")
         self.save()
 
     def _steps_seconds(self, step: TrainStep, seed: int, steps: int) -> float:
@@ -315,25 +384,103 @@ class Race:
         run = self.train_to(step, seed, -math.inf, None, max_steps=n)
         return run.train_seconds * steps / n
 
-    # -- the whole race -------------------------------------------------------------------------
+    def _cap(self, p: Prepared, base: Prepared, seed: int, stage: int) -> tuple[float | None, str]:
+        """The clock at which a run stops. A base (and a configuration raced alone) at the race's time cap; any
+        other at cap_factor times its base's time in this seed (at least its clock when it stopped short), or, when
+        the base has not run this seed yet, its base's median so far (eager fp32's calibration before any); never
+        past --time-cap."""
+        sec, factor = self.section, self.cfg.cap_factor
+        if p is base:
+            return sec.time_cap_s, "the race's time cap"
+        b = base.entry.name
+        here = next((r for r in base.entry.runs_in(stage) if r.seed == seed), None)
+        if here is not None:
+            ref = here.seconds if here.reached and here.seconds is not None else here.train_seconds
+            said = f"{factor:g}x {b}'s time in this seed" + ("" if here.reached else " (at least its clock: it stopped)")
+        else:
+            known = [r.seconds if r.reached and r.seconds is not None else r.train_seconds for r in base.entry.runs]
+            if known:
+                ref, said = statistics.median(known), f"{factor:g}x {b}'s median time so far ({b} runs later here)"
+            elif sec.calibration is not None and base.spec == self.work.base_spec:
+                ref, said = sec.calibration.train_seconds, f"{factor:g}x eager fp32's calibration ({b} runs later here)"
+            else:
+                return sec.time_cap_s, "the race's time cap"
+        if self.cfg.time_cap_s is not None and self.cfg.time_cap_s <= factor * ref:
+            return self.cfg.time_cap_s, "--time-cap"
+        return factor * ref, said
+
+    # -- the stages -----------------------------------------------------------------------------
+
+    def _stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
+        """Every configuration trained from every seed, the order rotated from seed to seed; saved after each run."""
+        sec = self.section
+        stage = RaceStage(index=len(sec.stages) + 1, names=[p.entry.name for p in configs], base=base.entry.name)
+        sec.stages.append(stage)
+        for p in configs:
+            if p.entry.stage is None:
+                p.entry.stage = stage.index
+        started = time.perf_counter()
+        for i, seed in enumerate(sec.seeds):
+            order = rotated(configs, i)
+            stage.orders.append([p.entry.name for p in order])
+            for position, p in enumerate(order):
+                say = self.progress.scoped(f"race {p.entry.name}")
+                cap, why = self._cap(p, base, seed, stage.index)
+                try:
+                    run = self.train_to(p.step, seed, sec.target_loss, cap, say=say,  # type: ignore[arg-type]
+                                        budget_tokens=sec.budget_tokens)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the race goes on
+                    run = RaceRun(seed=seed, stopped=f"error: {one_line(e)}")
+                    say(f"seed {seed}: error: {one_line(e)}")
+                run.stage, run.position, run.cap_s, run.cap_from = stage.index, position, cap, why
+                p.entry.runs.append(run)
+                stage.wall_s = time.perf_counter() - started
+                self.save()
+        return stage
+
+    def _run_ladder(self, names: tuple[str, ...]) -> None:
+        """Stage by stage: each rung composed on the best configuration so far, raced beside it, then judged; the
+        next builds on it only if it paid (won, or was noise), or on every one that ran with stack_all."""
+        spec, base, path = self.work.base_spec, None, ()
+        for name in names:
+            new = RUNGS[name].transform(spec, self.work.env)
+            p = self._prepare(self._entry(name, (*path, name), new, base, "rung"), new)
+            if not p.entry.ok:
+                p.entry.built_upon = False
+                continue
+            if base is None:  # the baseline: every later stage is measured from it
+                p.entry.built_upon = True
+                spec, base, path = new, p, (*path, name)
+                self.calibrate()
+                continue
+            self._stage([base, p], base)
+            judge(self.section)
+            pays = self.cfg.stack_all or p.entry.verdict in PAYS
+            p.entry.built_upon = pays
+            self.progress.scoped(f"race {p.entry.name}")(
+                f"{p.entry.verdict}" + (f" ({p.entry.verdict_detail})" if p.entry.verdict_detail else "")
+                + ("; the next stage builds on it" if pays else f"; the next stage builds on {base.entry.name}"))
+            if pays:
+                self._release(base)
+                spec, base, path = new, p, (*path, name)
+            else:
+                self._release(p)
+            self.save()
+        if base is not None and not base.entry.runs:  # a ladder of one: the baseline raced alone
+            self._stage([base], base)
 
     def run(self) -> Results:
-        """Calibrate, race every prepared configuration seed by seed, then judge; saved after every run."""
+        """Calibrate, race the stages, then judge; saved after every run."""
         try:
-            self.calibrate()
-            ready = [p for p in self.prepared if p.entry.ok and p.step is not None]
-            for seed in self.section.seeds:
-                for p in ready:
-                    say = self.progress.scoped(f"race {p.entry.name}")
-                    try:
-                        p.entry.runs.append(self.train_to(p.step, seed, self.section.target_loss,  # type: ignore[arg-type]
-                                                          self.section.time_cap_s, say=say))
-                    except KeyboardInterrupt:
-                        raise
-                    except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the race goes on
-                        p.entry.runs.append(RaceRun(seed=seed, stopped=f"error: {one_line(e)}"))
-                        say(f"seed {seed}: error: {one_line(e)}")
-                    self.save()
+            if self._ladder is not None:
+                self._run_ladder(self._ladder)
+            else:
+                ready = [p for p in self.prepared if p.entry.ok and p.step is not None]
+                if ready:
+                    self.calibrate()
+                    self._stage(ready, ready[0])
             judge(self.section)
             self.results.status = "complete"
         except KeyboardInterrupt:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from speedladder.records import Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
+from speedladder.report import summary
 from speedladder.report.common import label, model_label
 from speedladder.report.htmlkit import (
     _figure,
@@ -44,7 +45,7 @@ from speedladder.report.waterfall import COLOURS, PREDICTED, waterfall_figure
 
 FILENAME = "report.html"
 SECTIONS: tuple[tuple[str, str], ...] = (
-    ("header", "Run"), ("rungs", "Rungs"), ("waterfall", "Waterfall"), ("race", "Race to a target loss"),
+    ("header", "Run"), ("summary", "Summary"), ("rungs", "Rungs"), ("waterfall", "Waterfall"), ("race", "Race to a target loss"),
     ("loss-curves", "Loss curves"),
     ("memory", "Memory"), ("profile", "Profile and predictions"), ("parallel", "Data parallelism"),
     ("environment", "Environment"))
@@ -354,9 +355,14 @@ def environment_section(results: dict) -> str:
 
 
 BUILDERS = {"rungs": rungs_section, "waterfall": waterfall_section,
-            "race": lambda results: race_html(_typed(results)), "loss-curves": loss_section,
+            "race": lambda results: _race(_typed(results)), "loss-curves": loss_section,
             "memory": memory_section, "profile": profile_section, "parallel": parallel_section,
             "environment": environment_section}
+
+
+def _race(typed: Results) -> str:
+    """A race's section: a race's own, or the race tune ran among its finalists."""
+    return race_html(typed, typed.race or (typed.tune.race if typed.tune else None))
 
 
 def _typed(results: dict) -> Results:
@@ -364,12 +370,13 @@ def _typed(results: dict) -> Results:
     return from_dict(Results, results)
 
 
-def build(saved: Results | dict) -> str:
-    """The whole page for saved results: a pure function of them. The sections read the file's own fields
-    (docs/results.md), as the page is a view of the file."""
+def build(saved: Results | dict, run_dir: Path | str | None = None) -> str:
+    """The whole page for saved results: a pure function of them (and of the folder the summary's commands
+    name). The sections read the file's own fields (docs/results.md), as the page is a view of the file."""
     results = saved if isinstance(saved, dict) else to_dict(saved)
-    body = [header(results)]
-    for sid, title in SECTIONS[1:]:
+    body = [header(results),
+            section("summary", "Summary", summary.html(_typed(results), str(run_dir) if run_dir else "RUN_DIR"))]
+    for sid, title in SECTIONS[2:]:
         body.append(section(sid, title, BUILDERS[sid](results)))
     c, e = results.get("config") or {}, results.get("environment") or {}
     label_ = model_label(c, results.get("model"))
@@ -379,5 +386,5 @@ def build(saved: Results | dict) -> str:
 def write(results: Results | dict, run_dir: Path) -> Path:
     """report.html beside results.json."""
     path = Path(run_dir) / FILENAME
-    path.write_text(build(results), encoding="utf-8")
+    path.write_text(build(results, run_dir), encoding="utf-8")
     return path
