@@ -370,12 +370,11 @@ def _typed(results: dict) -> Results:
     return from_dict(Results, results)
 
 
-def build(saved: Results | dict, run_dir: Path | str | None = None) -> str:
-    """The whole page for saved results: a pure function of them (and of the folder the summary's commands
-    name). The sections read the file's own fields (docs/results.md), as the page is a view of the file."""
+def build(saved: Results | dict) -> str:
+    """The whole page for saved results: a pure function of them. The sections read the file's own fields
+    (docs/results.md), as the page is a view of the file."""
     results = saved if isinstance(saved, dict) else to_dict(saved)
-    body = [header(results),
-            section("summary", "Summary", summary.html(_typed(results), str(run_dir) if run_dir else "RUN_DIR"))]
+    body = [header(results), section("summary", "Summary", summary.html(_typed(results)))]
     for sid, title in SECTIONS[2:]:
         body.append(section(sid, title, BUILDERS[sid](results)))
     c, e = results.get("config") or {}, results.get("environment") or {}
@@ -386,5 +385,5 @@ def build(saved: Results | dict, run_dir: Path | str | None = None) -> str:
 def write(results: Results | dict, run_dir: Path) -> Path:
     """report.html beside results.json."""
     path = Path(run_dir) / FILENAME
-    path.write_text(build(results, run_dir), encoding="utf-8")
+    path.write_text(build(results), encoding="utf-8")
     return path

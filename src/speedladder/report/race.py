@@ -273,7 +273,7 @@ def print_race(results: Results, out: Console | None = None, section: RaceSectio
 
 # -- charts ---------------------------------------------------------------------------------------
 
-def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of) -> float:
+def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of, tag: str) -> float:
     top = 1.0
     for i, e in enumerate(entries):
         level = level_of(e)
@@ -282,7 +282,7 @@ def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of)
             continue
         start = base_of(e) or 0.0
         lo, hi = sorted((start, level))
-        ax.bar(i, hi - lo, bottom=lo, width=0.6, color=colour_of(e), gid=e.name)
+        ax.bar(i, hi - lo, bottom=lo, width=0.6, color=colour_of(e), gid=f"{tag}-{e.name}")
         spread = spread_of(e)
         if spread is not None:
             ax.errorbar(i, level, yerr=[[level - spread[0]], [spread[1] - level]], color="black", capsize=3,
@@ -329,11 +329,11 @@ def race_figure(results: Results, section: RaceSection | None = None):
 
     fig, (tx, rx) = plt.subplots(1, 2, figsize=(max(10.0, 2.4 * len(entries) + 3), 4.8))
     _bars(tx, entries, lambda e: e.tokens_per_s_cum if e.ok else None, lambda e: base(e, "tokens_per_s_cum"),
-          lambda e: TOKENS_COLOUR, lambda e: None)
+          lambda e: TOKENS_COLOUR, lambda e: None, "tokens")
     tx.set_ylabel("× baseline tokens/s (during the race)")
     tx.set_title("tokens/s: how fast a step runs", fontsize=10)
     _bars(rx, entries, lambda e: e.speedup_cum if e.ok else None, lambda e: base(e, "speedup_cum"),
-          lambda e: RACE_COLOURS.get(e.verdict or "", "#cccccc"), time_spread)
+          lambda e: RACE_COLOURS.get(e.verdict or "", "#cccccc"), time_spread, "time")
     rx.set_ylabel("× faster to the target val loss")
     target = "—" if s.target_loss is None else f"{s.target_loss:.3f}"
     rx.set_title(f"time to val loss {target}: how fast it gets good ({len(s.seeds)} seeds)", fontsize=10)

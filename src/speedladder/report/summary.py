@@ -1,5 +1,6 @@
 """The summary at the top of report.html: the winner, what it buys (× eager in tokens/s, and in time to the target
-with its p-value), what it is built from, and the lines that use it. Drawn from the saved file alone."""
+with its p-value), what it is built from, and the lines that use it. Drawn from the saved file alone: a run's or a
+race's folder is named RUN_DIR (the folder this page is in); a tune's commands are the ones it saved."""
 
 from __future__ import annotations
 
@@ -52,9 +53,10 @@ def of(results: Results, folder: str = "RUN_DIR") -> Summary | None:
         return None
     t = results.tune
     if t is not None:
-        config = f"{folder}/{WINNER_FILE}"
-        judge = (f"the time to the target val loss, raced over seeds ({t.judged_by})" if t.judge == "time" else
-                 f"tokens/s ({t.judged_by or 'the only judge of this file'})")
+        saved = (t.commands or {}).get("train", "")
+        config = saved.split("--config ", 1)[1] if "--config " in saved else f"{folder}/{WINNER_FILE}"
+        judge = t.judged_by or ("the time to the target val loss, raced over seeds" if t.judge == "time" else
+                                "tokens/s in timed windows")
         out = Summary(t.winner, judge, "eager + " + (" + ".join(t.winner_rungs) or "nothing"),
                       lines=_uses(folder, config) if t.winner else [])
         chosen = t.time_judge if t.judge == "time" else t.tokens_judge
@@ -105,5 +107,7 @@ def html(results: Results, folder: str = "RUN_DIR") -> str:
     pairs = [("winner", s.winner), ("named by", s.judge), ("built from", s.built_from),
              ("× eager tokens/s", s.tokens_x), ("× eager to the target", s.time_x)]
     uses = "".join(f"<pre>{esc(line)}</pre>" for line in s.lines)
+    if any("RUN_DIR" in line for line in s.lines):
+        uses += "<p>RUN_DIR: the folder this report is in.</p>"
     notes = "".join(f"<p>{esc(n)}</p>" for n in s.notes)
     return f'<div class="summary">{kv(pairs)}<h3>use it</h3>{uses}{notes}</div>'
