@@ -514,3 +514,37 @@ def test_check_re_runs_a_race_with_its_own_configuration(raced):
     assert race.rungs == ("eager", "bf16", "batch", "muon") and again.run.rungs == race.rungs
     assert (again.run.preset, again.run.batch_size, again.run.seq_len, again.run.seed) == ("tiny", 4, 32, 0)
     assert (race.seeds, race.calibrate_steps, race.eval_every, race.time_cap_s) == (4, 60, 10, 60.0)
+
+
+def test_memory_handed_back_before_a_run_is_faulted_in_again_off_the_clock(monkeypatch, tmp_path):
+    """Each run hands freed memory back to the system, then takes one untimed step (on a stream no run draws from)
+    and restores the weights: the pages the steps need are faulted in before the clock starts, not on it."""
+    from speedladder import measure
+
+    events: list[str] = []
+    monkeypatch.setattr(measure, "return_host_memory", lambda: events.append("trim"))
+
+    class Recording(StepClock):
+        def start(self) -> None:
+            events.append("clock")
+
+    work = prepare(RunConfig(preset="tiny", device="cpu"))
+    race = Race(work, tmp_path, RACE, clock=Recording(0.0, 1e-5))
+    step = work.step(work.base_spec)
+    calls = []
+    real = type(step).__call__
+
+    def recorded(self, x, y):
+        events.append("step")
+        calls.append(x)
+        return real(self, x, y)
+
+    monkeypatch.setattr(type(step), "__call__", recorded)
+    run = race.train_to(step, 0, -math.inf, None, max_steps=10)
+    assert events[:3] == ["trim", "step", "clock"]  # handed back, a warm step, and only then the clock
+    assert len(calls) == 11 and not torch.equal(calls[0], calls[1])  # the warm step's batch is not the run's first
+    monkeypatch.setattr(type(step), "__call__", real)
+    monkeypatch.setattr(Race, "_warm", lambda self, step, init: None)
+    cold = race.train_to(work.step(work.base_spec), 0, -math.inf, None, max_steps=10)
+    # The warm step left the run as it was: the same weights and batches, the same curve as a run without it.
+    assert run.curve_val == cold.curve_val and run.curve_train == cold.curve_train and run.curve_train[-1] is not None
