@@ -141,7 +141,7 @@ def test_equal_tokens_interpolates_between_evaluations_and_pairs_by_seed():
 
 
 def test_the_crossing_is_interpolated_between_the_two_evaluations_around_it():
-    from speedladder.racing.engine import cross
+    from speedladder.racing.runs import cross
 
     r = RaceRun(0, "", curve_steps=[0, 10, 20], curve_tokens=[0, 640, 1280], curve_seconds=[0.0, 1.0, 2.5],
                 curve_val=[3.0, 2.4, 2.0])
