@@ -548,3 +548,14 @@ def test_memory_handed_back_before_a_run_is_faulted_in_again_off_the_clock(monke
     cold = race.train_to(work.step(work.base_spec), 0, -math.inf, None, max_steps=10)
     # The warm step left the run as it was: the same weights and batches, the same curve as a run without it.
     assert run.curve_val == cold.curve_val and run.curve_train == cold.curve_train and run.curve_train[-1] is not None
+
+
+def test_a_race_folder_names_its_fastest_for_train_and_apply(raced):
+    from speedladder import results
+    from speedladder.winner import winner
+
+    saved = results.load(raced)
+    best = saved.race.entry(saved.race.fastest)
+    assert saved.winner() == (best.name, tuple(n for n in best.rungs if n != "eager"))
+    spec, _ = winner(raced, torch.device("cpu"))
+    assert spec.to_dict() == best.spec

@@ -224,10 +224,14 @@ def race_lines(results: Results, section: RaceSection | None = None) -> list[str
             f"the first at or below it; compile and warm-up are timed apart. {factor}: a run that stops first "
             "counts as at least its clock.")]
     out.extend(_stage_lines(s))
-    out.append(f"verdict: per seed, the log of the time over its base's in the same stage; a one-sided t-test each "
-               f"way on their mean, paired by seed: win or loss at p < {s.alpha:g}, otherwise noise. Each side is "
-               "tested on the bound that works against it: a configuration with a run that stopped is never a win, "
-               "and a base's run that stopped gives no loss.")
+    if s.stages or not any(e.runs for e in s.entries):
+        out.append(f"verdict: per seed, the log of the time over its base's in the same stage; a one-sided t-test "
+                   f"each way on their mean, paired by seed: win or loss at p < {s.alpha:g}, otherwise noise. Each "
+                   "side is tested on the bound that works against it: a configuration with a run that stopped is "
+                   "never a win, and a base's run that stopped gives no loss.")
+    else:  # a file from before stages: its verdicts are as saved
+        out.append(f"verdict (as saved, by a version before stages): Welch's t-test on the times against the "
+                   f"configuration built on, one-sided each way, win or loss at p < {s.alpha:g}.")
     out.append(COLUMNS_NOTE)
     for e in s.entries:
         out.extend(_entry_lines(e, s))
