@@ -8,14 +8,14 @@ Tokens/s says how fast a step runs; a race says how fast a model gets good (docs
    passes the causality probe: a step that lets a position see the future would reach any loss sooner.
 3. The race goes in **stages**. A cumulative ladder's stage k trains rung k and the best configuration so far
    (its base), both afresh, from every seed's initial weights and batch order; given configurations (combos, a
-   run's winner, tune's finalists) race in one stage beside eager. Within a stage the order of the runs rotates
-   from seed to seed (a Latin square: with two configurations, base then rung, rung then base, ...), so that a
-   position effect (the first run after a compile, the allocator's state) lands on every configuration alike.
+   run's winner, tune's finalists) race in one stage beside eager. Within a seed the runs take turns, one stretch
+   between two evaluations at a time, the one with the least training time next: they see the machine in the same
+   seconds, so a slowdown of the machine lands on all of them alike. Who goes first rotates from seed to seed (a
+   Latin square: with two configurations, base first, then rung first, ...).
 4. A run trains until its val loss is at or below the target (the crossing interpolated between evaluations) and
-   it has trained the token budget of modded-nanogpt's criterion, or until its cap: `cap_factor` times its
-   base's time in the same seed (its base's median so far when the rung runs first); a base stops at the race's
-   time cap (`cap_factor` times eager fp32's calibration). A run stopped at its cap did not reach: a censored
-   time, at least its clock.
+   it has trained the token budget of modded-nanogpt's criterion, or until its cap: a rung stops at `cap_factor`
+   times its base's time in the same seed, once the base is done; a base at the race's time cap (`cap_factor`
+   times eager fp32's calibration). A run stopped at its cap did not reach: a censored time, at least its clock.
 5. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation.
 6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The
    next stage builds on the rung only if it won or was noise (`stack_all` builds on every one that ran).
@@ -39,7 +39,7 @@ from speedladder.codec import to_data
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.racing.ruler import val_hash
-from speedladder.racing.runs import Clock, Runs, WallClock
+from speedladder.racing.runs import Clock, Going, Runs, WallClock
 from speedladder.racing.verdicts import PAYS, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
@@ -242,32 +242,73 @@ class Race(Runs):
         run = self.train_to(step, seed, -math.inf, None, max_steps=n)
         return run.train_seconds * steps / n
 
-    def _cap(self, p: Prepared, base: Prepared, seed: int, stage: int) -> tuple[float | None, str]:
-        """The clock at which a run stops. A base (and a configuration raced alone) at the race's time cap; any
-        other at cap_factor times its base's time in this seed (at least its clock when it stopped short), or, when
-        the base has not run this seed yet, its base's median so far (eager fp32's calibration before any); never
-        past --time-cap."""
-        sec, factor = self.section, self.cfg.cap_factor
-        if p is base:
-            return sec.time_cap_s, "the race's time cap"
-        b = base.entry.name
-        here = next((r for r in base.entry.runs_in(stage) if r.seed == seed), None)
-        if here is not None:
-            ref = here.seconds if here.reached and here.seconds is not None else here.train_seconds
-            said = f"{factor:g}x {b}'s time in this seed" + ("" if here.reached else " (at least its clock: it stopped)")
+    def _rung_cap(self, base: RaceRun) -> tuple[float | None, str]:
+        """A rung's cap once its base's run of the same seed is done: cap_factor times the base's time (at least its
+        clock, when it stopped short of the target), never past --time-cap."""
+        factor, given = self.cfg.cap_factor, self.cfg.time_cap_s
+        if base.reached and base.seconds is not None:
+            cap, why = factor * base.seconds, f"{factor:g}x {{}}'s time in this seed"
+        elif base.train_seconds > 0:
+            cap, why = factor * base.train_seconds, f"{factor:g}x {{}}'s clock in this seed (it stopped short)"
         else:
-            known = [r.seconds if r.reached and r.seconds is not None else r.train_seconds for r in base.entry.runs]
-            if known:
-                ref, said = statistics.median(known), f"{factor:g}x {b}'s median time so far ({b} runs later here)"
-            elif sec.calibration is not None and base.spec == self.work.base_spec:
-                ref, said = sec.calibration.train_seconds, f"{factor:g}x eager fp32's calibration ({b} runs later here)"
-            else:
-                return sec.time_cap_s, "the race's time cap"
-        if self.cfg.time_cap_s is not None and self.cfg.time_cap_s <= factor * ref:
-            return self.cfg.time_cap_s, "--time-cap"
-        return factor * ref, said
+            return self.section.time_cap_s, "the race's time cap ({} raised)"
+        return (given, "--time-cap") if given is not None and given <= cap else (cap, why)
 
-    # -- the stages -----------------------------------------------------------------------------
+    def _seed(self, stage: RaceStage, order: list[Prepared], base: Prepared, seed: int) -> None:
+        """One seed of a stage: every configuration's run begun (memory handed back once, then each warmed up off
+        the clock), then the runs take turns, a stretch between two evaluations at a time, the one with the least
+        training time next (ties in the seed's order). So they see the machine in the same seconds. Once the base
+        is done, every other run is capped at cap_factor times its time. Each run is saved as it ends."""
+        sec, name = self.section, base.entry.name
+        measure.return_host_memory()  # once, before every run of the seed begins: not between their stretches
+        going: list[tuple[int, Prepared, Going]] = []
+        caps: dict[int, str] = {}
+
+        def end(position: int, p: Prepared, run: RaceRun) -> None:
+            run.stage, run.position = stage.index, position
+            run.cap_from = caps.get(position, "") or ("the race's time cap" if p is base else
+                                                      f"none: it was done before {name}")
+            p.entry.runs.append(run)
+            stage.wall_s = time.perf_counter() - started
+            self.save()
+
+        started = time.perf_counter() - (stage.wall_s or 0.0)
+        for position, p in enumerate(order):
+            cap = sec.time_cap_s if p is base else self.cfg.time_cap_s
+            if p is not base and cap is not None:
+                caps[position] = "--time-cap"
+            try:
+                going.append((position, p, self.begin(p.step, seed, sec.target_loss, cap,  # type: ignore[arg-type]
+                                                      budget_tokens=sec.budget_tokens)))
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the race goes on
+                self.progress.scoped(f"race {p.entry.name}")(f"seed {seed}: error: {one_line(e)}")
+                end(position, p, RaceRun(seed=seed, stopped=f"error: {one_line(e)}"))
+        while live := [x for x in going if not x[2].done]:
+            position, p, g = min(live, key=lambda x: (x[2].clock, x[0]))
+            try:
+                self.advance(g)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the others go on
+                g.run.stopped, g.done = f"error: {one_line(e)}", True
+            if not g.done:
+                continue
+            run = self.finish(g, self.progress.scoped(f"race {p.entry.name}"))
+            run.cap_s = g.cap_s
+            end(position, p, run)
+            if p is base:  # its time in this seed sets every other run's cap
+                for other_position, other, og in going:
+                    if og.done or other is base:
+                        continue
+                    og.cap_s, why = self._rung_cap(run)
+                    caps[other_position] = why.format(name)
+                    if og.cap_s is not None and og.clock >= og.cap_s:
+                        og.run.stopped, og.done = "time cap", True
+                        stopped = self.finish(og, self.progress.scoped(f"race {other.entry.name}"))
+                        stopped.cap_s = og.cap_s
+                        end(other_position, other, stopped)
 
     def _stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
         """Every configuration trained from every seed, the order rotated from seed to seed; saved after each run."""
@@ -277,25 +318,10 @@ class Race(Runs):
         for p in configs:
             if p.entry.stage is None:
                 p.entry.stage = stage.index
-        started = time.perf_counter()
         for i, seed in enumerate(sec.seeds):
             order = rotated(configs, i)
             stage.orders.append([p.entry.name for p in order])
-            for position, p in enumerate(order):
-                say = self.progress.scoped(f"race {p.entry.name}")
-                cap, why = self._cap(p, base, seed, stage.index)
-                try:
-                    run = self.train_to(p.step, seed, sec.target_loss, cap, say=say,  # type: ignore[arg-type]
-                                        budget_tokens=sec.budget_tokens)
-                except KeyboardInterrupt:
-                    raise
-                except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the race goes on
-                    run = RaceRun(seed=seed, stopped=f"error: {one_line(e)}")
-                    say(f"seed {seed}: error: {one_line(e)}")
-                run.stage, run.position, run.cap_s, run.cap_from = stage.index, position, cap, why
-                p.entry.runs.append(run)
-                stage.wall_s = time.perf_counter() - started
-                self.save()
+            self._seed(stage, order, base, seed)
         return stage
 
     def _run_ladder(self, names: tuple[str, ...]) -> None:

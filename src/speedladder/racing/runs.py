@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -63,8 +64,34 @@ def cross(run: RaceRun, target: float) -> None:
     run.steps = run.curve_steps[i - 1] + f * (run.curve_steps[i] - run.curve_steps[i - 1])
 
 
+@dataclass
+class Going:
+    """A run in progress: where it is, and when it would stop. `cap_s` may be set while it runs (a rung's cap, once
+    its base's time in the same seed is known)."""
+
+    step: TrainStep
+    run: RaceRun
+    stream: Iterator
+    target: float
+    cap_s: float | None
+    max_steps: int | None
+    budget_tokens: int | None
+    steps: int = 0
+    tokens: int = 0
+    clock: float = 0.0
+    next_eval: int = 0
+    loss: torch.Tensor | None = None
+    reached: bool = False
+    done: bool = False
+
+
 class Runs:
-    """Training runs to a target: what a race needs of its workload, its section and its clock."""
+    """Training runs to a target: what a race needs of its workload, its section and its clock.
+
+    A run is resumable (begin, advance, finish), so that the runs of one seed can take turns stretch by stretch,
+    the one with the least training time going next: the configurations of a seed then see the machine in the same
+    seconds, and a slowdown lands on all of them alike (engine.Race._seed). `train_to` is one run alone.
+    """
 
     work: Workload
     section: RaceSection
@@ -82,74 +109,88 @@ class Runs:
         return float(step.evaluate(self.val_x, self.val_y, self.work.cfg.batch_size))
 
     def _warm(self, step: TrainStep, init: dict[str, torch.Tensor]) -> None:
-        """Memory handed back to the system, then one untimed step on a stream no run draws from, then the weights
-        and optimizer back: the pages the steps use are faulted in here, not on the clock."""
-        measure.return_host_memory()
+        """One untimed step on a stream no run draws from, then the weights and optimizer back: after memory was
+        handed back to the system (measure.return_host_memory, before it), the pages the steps use are faulted in
+        here, not on the clock."""
         with matmul_precision(step.spec):
             step(*next(self.work.stream(step.spec, seed=_WARM_SEED)))
         measure.sync(self.work.device)
         step.reset(init)
 
-    def train_to(self, step: TrainStep, seed: int, target: float, cap_s: float | None,
-                 max_steps: int | None = None, say: Callable[[str], None] = lambda m: None,
-                 budget_tokens: int | None = None) -> RaceRun:
-        """Train from a seed's initial weights and batch order until the val loss is at or below `target` and
-        `budget_tokens` are trained; or until the clock passes `cap_s`, `max_steps` are done, or the loss is not
-        finite."""
-        spec = step.spec
+    def begin(self, step: TrainStep, seed: int, target: float, cap_s: float | None = None,
+              max_steps: int | None = None, budget_tokens: int | None = None) -> Going:
+        """A run from a seed's initial weights and batch order, warmed up off the clock and evaluated at step 0."""
         init = self._init(seed)
         step.reset(init)
         self._warm(step, init)
-        stream = self.work.stream(spec, seed=seed)
-        run = RaceRun(seed=seed, stopped="")
-        interval, tps = self.section.eval_tokens, spec.tokens_per_step
-        steps = tokens = 0
-        clock = 0.0
-        next_eval = interval
-        loss: torch.Tensor | None = None
-        reached = False
+        g = Going(step, RaceRun(seed=seed, stopped=""), self.work.stream(step.spec, seed=seed), target, cap_s,
+                  max_steps, budget_tokens, next_eval=self.section.eval_tokens)
+        with matmul_precision(step.spec):
+            self._check(g, self._point(g.run, step, None, 0, 0, 0.0))
+        return g
+
+    def advance(self, g: Going) -> None:
+        """One stretch of training steps to the next evaluation (the clock running), then the evaluation."""
+        spec = g.step.spec
+        tps = spec.tokens_per_step
+        n = max(1, math.ceil((g.next_eval - g.tokens) / tps))
+        if g.max_steps is not None:
+            n = min(n, g.max_steps - g.steps)
         with matmul_precision(spec):
-            v = self._point(run, step, loss, steps, tokens, clock)
-            while True:
-                if not math.isfinite(v):
-                    run.stopped = "diverged"
-                    break
-                if not reached and v <= target:
-                    reached = True
-                    cross(run, target)
-                if reached and (budget_tokens is None or tokens >= budget_tokens):
-                    break
-                if cap_s is not None and clock >= cap_s:
-                    run.stopped = "time cap"
-                    break
-                if max_steps is not None and steps >= max_steps:
-                    run.stopped = "steps"
-                    break
-                n = max(1, math.ceil((next_eval - tokens) / tps))
-                if max_steps is not None:
-                    n = min(n, max_steps - steps)
-                c0 = measure.compile_count()
-                self.clock.start()
-                for _ in range(n):
-                    loss = step(*next(stream))
-                clock += self.clock.stop(n, spec)
-                run.recompiles += measure.compile_count() - c0
-                steps, tokens = steps + n, tokens + n * tps
-                while next_eval <= tokens:
-                    next_eval += interval
-                v = self._point(run, step, loss, steps, tokens, clock)
-        if reached:
-            run.stopped = "reached"
-        run.train_seconds = clock
-        if budget_tokens:
-            b = at_tokens(run, budget_tokens)
-            run.budget_loss = b if b is not None and math.isfinite(b) else None
-        say(f"seed {seed}: " + (f"reached {target:.3f} at {run.seconds:.2f} s (step {run.steps:,.1f}, "
-                                f"{run.tokens:,.0f} tokens)" if run.reached else
-                                f"{run.stopped} after {clock:.2f} s; best {run.best_loss:.3f} at "
-                                f"{run.best_seconds:.2f} s ({run.best_tokens:,} tokens)" if run.best_loss is not None
-                                else f"{run.stopped}"))
-        return run
+            c0 = measure.compile_count()
+            self.clock.start()
+            for _ in range(n):
+                g.loss = g.step(*next(g.stream))
+            g.clock += self.clock.stop(n, spec)
+            g.run.recompiles += measure.compile_count() - c0
+            g.steps, g.tokens = g.steps + n, g.tokens + n * tps
+            while g.next_eval <= g.tokens:
+                g.next_eval += self.section.eval_tokens
+            self._check(g, self._point(g.run, g.step, g.loss, g.steps, g.tokens, g.clock))
+
+    def _check(self, g: Going, v: float) -> None:
+        """Whether the run is done after the evaluation that gave v: diverged, reached (and past the budget), at its
+        cap, or at its steps."""
+        r = g.run
+        if not math.isfinite(v):
+            r.stopped, g.done = "diverged", True
+            return
+        if not g.reached and v <= g.target:
+            g.reached = True
+            cross(r, g.target)
+        if g.reached and (g.budget_tokens is None or g.tokens >= g.budget_tokens):
+            g.done = True
+        elif g.cap_s is not None and g.clock >= g.cap_s:
+            r.stopped, g.done = "time cap", True
+        elif g.max_steps is not None and g.steps >= g.max_steps:
+            r.stopped, g.done = "steps", True
+
+    def finish(self, g: Going, say: Callable[[str], None] = lambda m: None) -> RaceRun:
+        """The run's record, once it is done (or stopped where it is)."""
+        r = g.run
+        if g.reached:
+            r.stopped = "reached"
+        r.train_seconds = g.clock
+        if g.budget_tokens:
+            b = at_tokens(r, g.budget_tokens)
+            r.budget_loss = b if b is not None and math.isfinite(b) else None
+        say(f"seed {r.seed}: " + (f"reached {g.target:.3f} at {r.seconds:.2f} s (step {r.steps:,.1f}, "
+                                  f"{r.tokens:,.0f} tokens)" if r.reached else
+                                  f"{r.stopped} after {g.clock:.2f} s; best {r.best_loss:.3f} at "
+                                  f"{r.best_seconds:.2f} s ({r.best_tokens:,} tokens)" if r.best_loss is not None
+                                  else f"{r.stopped}"))
+        return r
+
+    def train_to(self, step: TrainStep, seed: int, target: float, cap_s: float | None,
+                 max_steps: int | None = None, say: Callable[[str], None] = lambda m: None,
+                 budget_tokens: int | None = None) -> RaceRun:
+        """One run alone: until the val loss is at or below `target` and `budget_tokens` are trained; or until the
+        clock passes `cap_s`, `max_steps` are done, or the loss is not finite."""
+        measure.return_host_memory()  # before the warm step: what the last run freed goes back to the system
+        g = self.begin(step, seed, target, cap_s, max_steps, budget_tokens)
+        while not g.done:
+            self.advance(g)
+        return self.finish(g, say)
 
     def _point(self, run: RaceRun, step: TrainStep, loss: torch.Tensor | None, steps: int, tokens: int,
                clock: float) -> float:
