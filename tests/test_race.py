@@ -361,7 +361,7 @@ def raced(tmp_path_factory):
     out = tmp_path_factory.mktemp("race")
     # A generous cap: on a machine shared with other tests a tiny step's time can vary many times over.
     assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16,batch,muon",
-                 "--calibrate-steps", "60", "--time-cap", "60", "--quiet", "--out", str(out)]) == 0
+                 "--calibrate-steps", "60", "--eval-every", "10", "--time-cap", "60", "--quiet", "--out", str(out)]) == 0
     (run_dir,) = out.iterdir()
     return run_dir
 

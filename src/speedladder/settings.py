@@ -101,9 +101,10 @@ class TrainConfig:
         at_least("prompt tokens", self.prompt_tokens, 1)
 
 
-# The race's seeds: paired by seed and run in alternating order, an even number cancels a position effect in the
+# The race's seeds: paired by seed, who goes first alternating, an even number cancels a position effect in the
 # mean; at the spread measured on the development CPU (docs/race.md#the-verdict), 4 find a 25% change with 80%
-# power at p < 0.01.
+# power at p < 0.01. The calibration's 200 steps and evaluations every 20 keep the default race within 6 minutes
+# there, cold, bf16 native or not (docs/benchmarks.md#cpu-race).
 RACE_SEEDS = 4
 
 
@@ -134,9 +135,9 @@ class RaceConfig:
     target_from: str | None = option(None, help="take the target of that saved race, so that both are measured on "
                                                 "one ruler (its val set and eval cadence must be this race's)",
                                      shown="none", metavar="RUN_DIR", group="race-rule")
-    calibrate_steps: int = option(300, help="the calibration's steps (and, with --target-loss, what the time cap is "
+    calibrate_steps: int = option(200, help="the calibration's steps (and, with --target-loss, what the time cap is "
                                             "priced from)", metavar="N", group="race-rule")
-    eval_every: int = option(10, help="val loss every N base steps' worth of tokens (the clock stops meanwhile); "
+    eval_every: int = option(20, help="val loss every N base steps' worth of tokens (the clock stops meanwhile); "
                                       "the crossing is interpolated between evaluations", metavar="N",
                              group="race-rule")
     time_cap_s: float | None = option(None, help="seconds of training after which any run that has not reached "
