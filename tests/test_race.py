@@ -7,6 +7,7 @@ and per token, with seeded jitter), so what they assert is the rule, not this ma
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import random
@@ -197,7 +198,7 @@ def _race(monkeypatch, tmp_path, rungs: tuple[str, ...], clock: StepClock, race:
 def test_a_rung_that_keeps_tokens_per_s_but_halves_the_learning_rate_loses(monkeypatch, tmp_path):
     s = _race(monkeypatch, tmp_path, ("eager", "half-lr", "same"), StepClock(0.0, 1e-5))
     eager, half, same = s.entries
-    assert s.time_cap_s == pytest.approx(2 * s.calibration.train_seconds) and s.cap_from.startswith("2x eager fp32")
+    assert s.time_cap_s == pytest.approx(4 * s.calibration.train_seconds) and s.cap_from.startswith("twice --cap-factor")
     assert half.tokens_per_s_prev == pytest.approx(1.0, abs=0.03)  # tokens/s alone would call it noise
     assert half.verdict == "loss" and half.p_loss < 0.01 and half.speedup_prev < 0.8 and half.p_win > 0.5
     assert half.changes_learning and half.equal_tokens is not None and half.equal_tokens.worse
@@ -225,7 +226,7 @@ def test_a_rung_with_the_same_math_30_percent_slower_is_a_loss_at_the_default_se
     assert slow.verdict == "loss" and slow.p_win > 0.5 and slow.speedup_prev == pytest.approx(1 / 1.3, rel=0.05)
     # Within a seed the two runs take turns, stretch by stretch, the one with less training time next.
     race_turns = turns[8:]  # after the calibration's 8 stretches
-    switches = sum(a != b for a, b in zip(race_turns, race_turns[1:]))
+    switches = sum(a != b for a, b in itertools.pairwise(race_turns))
     assert switches > 8 * len(s.seeds)  # one after the other would switch at most twice a seed
 
 
@@ -235,6 +236,10 @@ def test_a_10x_slower_rung_is_stopped_at_twice_its_base_and_not_built_upon(monke
     eager, slow, same = s.entries
     assert slow.verdict == "loss" and slow.built_upon is False and same.built_on == "eager"
     assert all(r.stopped == "time cap" for r in slow.own_runs)
+    # Stopped at twice eager's time in both of its first two seeds (each side starting one): a loss by that alone,
+    # and its other seeds are not run.
+    assert s.stages[0].decided == ["slow"] and len(slow.own_runs) == 2 and len(s.stages[0].orders) == 2
+    assert "needed more than 2x eager's time in each of its 2 seeds" in slow.verdict_detail
     for r in slow.own_runs:  # at twice eager's time in the same seed, or eager's median when it ran first
         mine = next(b for b in eager.runs_in(slow.stage) if b.seed == r.seed)
         assert r.cap_from.startswith("2x eager's")
@@ -459,8 +464,12 @@ def test_races_on_different_rulers_are_refused_by_check_and_flagged_by_compare(r
 
 def test_target_from_races_on_a_saved_races_ruler(raced, tmp_path, capsys):
     saved = json.loads((raced / "results.json").read_text())["race"]
-    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--seeds", "2",
-                 "--target-from", str(raced), "--calibrate-steps", "20", "--quiet", "--out", str(tmp_path)]) == 0
+    # Its eval cadence is that race's (evaluations every 10): another is refused, as below.
+    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--seeds", "2", "--eval-every",
+                 "20", "--target-from", str(raced), "--out", str(tmp_path / "cadence")]) == 2
+    assert "(eval every 1,280 tokens vs 2,560 tokens)" in capsys.readouterr().err
+    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--seeds", "2", "--eval-every",
+                 "10", "--target-from", str(raced), "--calibrate-steps", "20", "--quiet", "--out", str(tmp_path)]) == 0
     (run_dir,) = tmp_path.iterdir()
     again = json.loads((run_dir / "results.json").read_text())["race"]
     assert again["target_loss"] == saved["target_loss"] and again["calibration"] is None
@@ -468,8 +477,8 @@ def test_target_from_races_on_a_saved_races_ruler(raced, tmp_path, capsys):
     assert again["val_hash"] == saved["val_hash"] and again["config"]["target_loss"] == saved["target_loss"]
     capsys.readouterr()
     # Another val set (fewer windows): another ruler, refused before anything is measured.
-    assert main(["race", "--preset", "tiny", "--device", "cpu", "--val-sequences", "32", "--target-from",
-                 str(raced), "--out", str(tmp_path / "other")]) == 2
+    assert main(["race", "--preset", "tiny", "--device", "cpu", "--val-sequences", "32", "--eval-every", "10",
+                 "--target-from", str(raced), "--out", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err.strip()
     assert "that race was measured on another ruler (val set" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "other").exists()

@@ -142,11 +142,12 @@ class RaceConfig:
                              group="race-rule")
     time_cap_s: float | None = option(None, help="seconds of training after which any run that has not reached "
                                                  "the target stops (did not reach)",
-                                      shown="--cap-factor times eager fp32's --calibrate-steps steps", metavar="S",
+                                      shown="for a base, twice --cap-factor times eager fp32's --calibrate-steps steps",
+                                      metavar="S",
                                       flag="--time-cap", group="race-rule")
     cap_factor: float = option(2.0, help="a run that needs more than this multiple of its base's time in the same "
-                                         "seed stops there, a censored loss; the race's time cap is this multiple "
-                                         "of eager fp32's --calibrate-steps steps", metavar="F", group="race-rule")
+                                         "seed stops there, a censored loss; a base stops at twice this multiple of "
+                                         "eager fp32's --calibrate-steps steps", metavar="F", group="race-rule")
     budget_steps: int | None = option(None, help="modded-nanogpt's criterion: the val loss after this many base "
                                                  "steps' worth of tokens, tested below the target (one-sample "
                                                  "t-test); each run trains at least that far; 0: off",

@@ -14,8 +14,9 @@ Tokens/s says how fast a step runs; a race says how fast a model gets good (docs
    Latin square: with two configurations, base first, then rung first, ...).
 4. A run trains until its val loss is at or below the target (the crossing interpolated between evaluations) and
    it has trained the token budget of modded-nanogpt's criterion, or until its cap: a rung stops at `cap_factor`
-   times its base's time in the same seed, once the base is done; a base at the race's time cap (`cap_factor`
-   times eager fp32's calibration). A run stopped at its cap did not reach: a censored time, at least its clock.
+   times its base's time in the same seed, once the base is done; a base at the race's time cap (twice
+   `cap_factor` times eager fp32's calibration). A run stopped at its cap did not reach: a censored time, at least
+   its clock.
 5. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation.
 6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The
    next stage builds on the rung only if it won or was noise (`stack_all` builds on every one that ran).
@@ -40,7 +41,7 @@ from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.racing.ruler import val_hash
 from speedladder.racing.runs import Clock, Going, Runs, WallClock
-from speedladder.racing.verdicts import PAYS, judge
+from speedladder.racing.verdicts import PAYS, capped_out, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
 from speedladder.settings import CONFIG_FILE, RaceConfig, Settings
@@ -229,11 +230,12 @@ class Race(Runs):
             eager_s = self._steps_seconds(eager, seed, c.calibrate_steps)
         if c.time_cap_s is not None:
             sec.time_cap_s, sec.cap_from = c.time_cap_s, "--time-cap"
-        else:
-            sec.time_cap_s = c.cap_factor * eager_s
-            sec.cap_from = f"{c.cap_factor:g}x eager fp32's {c.calibrate_steps} steps ({eager_s:.2f} s)"
-        say(f"target val loss {sec.target_loss:.4f} ({sec.target_from}); a run stops at {c.cap_factor:g}x its "
-            f"base's time in the same seed, and at {sec.time_cap_s:.1f} s of training at the latest ({sec.cap_from})")
+        else:  # a base is known to reach: its cap is only a guard, generous so that a slow moment cannot censor it
+            sec.time_cap_s = 2 * c.cap_factor * eager_s
+            sec.cap_from = (f"twice --cap-factor times eager fp32's {c.calibrate_steps} steps ({eager_s:.2f} s), for "
+                            "a base")
+        say(f"target val loss {sec.target_loss:.4f} ({sec.target_from}); a rung stops at {c.cap_factor:g}x its "
+            f"base's time in the same seed, a base at {sec.time_cap_s:.1f} s of training ({sec.cap_from})")
         self.save()
 
     def _steps_seconds(self, step: TrainStep, seed: int, steps: int) -> float:
@@ -319,9 +321,18 @@ class Race(Runs):
             if p.entry.stage is None:
                 p.entry.stage = stage.index
         for i, seed in enumerate(sec.seeds):
-            order = rotated(configs, i)
+            going = [p for p in configs if p.entry.name not in stage.decided]
+            if all(p is base for p in going) and len(configs) > 1:
+                break  # every rung decided: nothing left to race its base against
+            order = rotated(going, i)
             stage.orders.append([p.entry.name for p in order])
             self._seed(stage, order, base, seed)
+            for p in going:  # a rung stopped at cap_factor x its base in each of its first two seeds is a loss
+                if p is not base and capped_out(p.entry, base.entry, self.cfg.cap_factor):
+                    stage.decided.append(p.entry.name)
+                    self.progress.scoped(f"race {p.entry.name}")(
+                        f"stopped at {self.cfg.cap_factor:g}x {base.entry.name}'s time in each of its first "
+                        f"{i + 1} seeds: a loss; its other seeds are not run")
         return stage
 
     def _run_ladder(self, names: tuple[str, ...]) -> None:

@@ -19,6 +19,9 @@ from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload
 
 _WARM_SEED = 1 << 20  # the stream of the untimed step before each run: no race seed draws from it
+# A stretch of steps between two looks at the clock lasts about this long at most, where a step is slow: so that the
+# runs of a seed take turns finely, and a run stops near its cap, not a whole evaluation interval past it.
+STRETCH_S = 1.0
 
 
 class Clock(Protocol):
@@ -83,6 +86,7 @@ class Going:
     loss: torch.Tensor | None = None
     reached: bool = False
     done: bool = False
+    step_hint_s: float = 0.0  # the untimed warm step's wall time: the step time before any is measured
 
 
 class Runs:
@@ -108,34 +112,41 @@ class Runs:
     def _evaluate(self, step: TrainStep) -> float:
         return float(step.evaluate(self.val_x, self.val_y, self.work.cfg.batch_size))
 
-    def _warm(self, step: TrainStep, init: dict[str, torch.Tensor]) -> None:
+    def _warm(self, step: TrainStep, init: dict[str, torch.Tensor]) -> float:
         """One untimed step on a stream no run draws from, then the weights and optimizer back: after memory was
         handed back to the system (measure.return_host_memory, before it), the pages the steps use are faulted in
-        here, not on the clock."""
+        here, not on the clock. Its wall time (an overestimate of a step's) sizes the run's first stretch."""
+        t0 = time.perf_counter()
         with matmul_precision(step.spec):
             step(*next(self.work.stream(step.spec, seed=_WARM_SEED)))
         measure.sync(self.work.device)
+        wall = time.perf_counter() - t0
         step.reset(init)
+        return wall
 
     def begin(self, step: TrainStep, seed: int, target: float, cap_s: float | None = None,
               max_steps: int | None = None, budget_tokens: int | None = None) -> Going:
         """A run from a seed's initial weights and batch order, warmed up off the clock and evaluated at step 0."""
         init = self._init(seed)
         step.reset(init)
-        self._warm(step, init)
+        hint = self._warm(step, init)
         g = Going(step, RaceRun(seed=seed, stopped=""), self.work.stream(step.spec, seed=seed), target, cap_s,
-                  max_steps, budget_tokens, next_eval=self.section.eval_tokens)
+                  max_steps, budget_tokens, next_eval=self.section.eval_tokens, step_hint_s=hint or 0.0)
         with matmul_precision(step.spec):
             self._check(g, self._point(g.run, step, None, 0, 0, 0.0))
         return g
 
     def advance(self, g: Going) -> None:
-        """One stretch of training steps to the next evaluation (the clock running), then the evaluation."""
+        """One stretch of training steps towards the next evaluation (the clock running), then, if it got there,
+        the evaluation. A stretch is cut to about STRETCH_S of the run's own step time so far."""
         spec = g.step.spec
         tps = spec.tokens_per_step
         n = max(1, math.ceil((g.next_eval - g.tokens) / tps))
         if g.max_steps is not None:
             n = min(n, g.max_steps - g.steps)
+        step_s = g.clock / g.steps if g.steps and g.clock > 0 else g.step_hint_s
+        if step_s > 0:
+            n = min(n, max(1, int(STRETCH_S / step_s)))
         with matmul_precision(spec):
             c0 = measure.compile_count()
             self.clock.start()
@@ -144,6 +155,10 @@ class Runs:
             g.clock += self.clock.stop(n, spec)
             g.run.recompiles += measure.compile_count() - c0
             g.steps, g.tokens = g.steps + n, g.tokens + n * tps
+            if g.tokens < g.next_eval and not (g.max_steps is not None and g.steps >= g.max_steps):
+                if g.cap_s is not None and g.clock >= g.cap_s:  # between evaluations: only the cap can stop it
+                    g.run.stopped, g.done = "time cap", True
+                return
             while g.next_eval <= g.tokens:
                 g.next_eval += self.section.eval_tokens
             self._check(g, self._point(g.run, g.step, g.loss, g.steps, g.tokens, g.clock))

@@ -41,6 +41,17 @@ def pairs(entry: RaceEntry, base: RaceEntry, stage: int | None = None) -> list[t
     return [(mine[s], theirs[s]) for s in sorted(mine) if s in theirs]
 
 
+def capped_out(entry: RaceEntry, base: RaceEntry, factor: float | None, least: int = 2) -> bool:
+    """Whether every run of the entry's own (at least `least`) was stopped at its cap of `factor` times its base's
+    time in the same seed, the base having reached: slower than `factor` x in every seed it ran."""
+    if not factor:
+        return False
+    ps = pairs(entry, base)
+    return len(ps) >= least and len(ps) == len(entry.own_runs) and all(
+        r.stopped == "time cap" and b.reached and b.seconds is not None and r.cap_s is not None
+        and r.cap_s >= factor * b.seconds * (1 - 1e-9) and r.train_seconds >= r.cap_s for r, b in ps)
+
+
 def versus(a: RaceEntry, b: RaceEntry, alpha: float, stage: int | None = None) -> stats.Paired:
     """a's times against b's, paired by seed, from a stage both ran in (a's own by default)."""
     ps = pairs(a, b, stage)
@@ -119,7 +130,7 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _judge_pair(e: RaceEntry, base: RaceEntry, alpha: float) -> None:
+def _judge_pair(e: RaceEntry, base: RaceEntry, alpha: float, factor: float | None = None) -> None:
     ps = pairs(e, base)
     test = stats.paired([time_of(r) for r, _ in ps], [time_of(b) for _, b in ps], alpha)
     e.paired = PairedTest([r.seed for r, _ in ps], list(test.low), list(test.high), test.p_less, test.p_greater,
@@ -128,7 +139,11 @@ def _judge_pair(e: RaceEntry, base: RaceEntry, alpha: float) -> None:
     reached = sum(r.reached for r, _ in ps)
     base_missed = sum(not b.reached for _, b in ps)
     v = stats.verdict_of(test, alpha)
-    if len(ps) < 2:
+    if capped_out(e, base, factor):
+        e.verdict = stats.LOSS
+        e.verdict_detail = (f"it needed more than {factor:g}x {base.name}'s time in each of its {len(ps)} seeds, and "
+                            "was stopped there")
+    elif len(ps) < 2:
         e.verdict = stats.NOISE if ps and reached == len(ps) else DID_NOT_REACH
         e.verdict_detail = f"{len(ps)} seed(s) paired with {base.name}: no test with fewer than 2"
     elif v == stats.LOSS:
@@ -182,7 +197,7 @@ def judge(section: RaceSection) -> None:
                 e.verdict_detail = f"reached the target in {n} of {len(e.own_runs)} seeds"
             e.speedup_cum = e.tokens_per_s_cum = 1.0
         else:
-            _judge_pair(e, base, section.alpha)
+            _judge_pair(e, base, section.alpha, section.cap_factor)
             # Entries come after their bases: the chain of paired ratios down to the baseline.
             e.speedup_cum = (base.speedup_cum * e.speedup_prev if base.speedup_cum is not None
                              and e.speedup_prev is not None and e.speedup_bound is None else None)

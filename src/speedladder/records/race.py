@@ -100,6 +100,7 @@ class RaceStage:
     base: str
     orders: list[list[str]] = field(default_factory=list)  # per seed, the order the runs went in
     wall_s: float | None = None  # the stage's wall time, evaluations and all
+    decided: list[str] = field(default_factory=list)  # configurations whose later seeds were not run (capped out)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

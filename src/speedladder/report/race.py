@@ -148,18 +148,20 @@ def _stage_lines(s: RaceSection) -> list[str]:
     if len(s.stages) == 1 and len(s.stages[0].names) > 2:
         st = s.stages[0]
         orders = ", ".join("-".join(o) for o in st.orders[:len(st.names)])
-        return [(f"one stage: {', '.join(st.names)}, each over {seeds}, the order rotated from seed to seed (a "
-                 f"Latin square: {orders}, ...); each judged against {st.base}.")]
+        return [(f"one stage: {', '.join(st.names)}, each over {seeds}, the runs of a seed taking turns a stretch at "
+                 f"a time, the order rotated from seed to seed (a Latin square: {orders}, ...); each judged against "
+                 f"{st.base}.")]
     parts = []
     for st in s.stages:
         rungs = [n for n in st.names if n != st.base]
         parts.append(f"{st.index} {', '.join(rungs) or st.base}" + (f" against {st.base}" if rungs else " alone"))
     first = s.stages[0]
-    order = ", ".join("-".join(o) for o in first.orders[:2])
-    balance = ("a position effect cancels in the mean" if len(s.seeds) % 2 == 0 else
-               "an odd number of seeds leaves one order once more than the other")
-    return [f"stages: {'; '.join(parts)}. Each stage trains both afresh over {seeds}, the order alternating from "
-            f"seed to seed ({order}, ...): {balance}."
+    starts = ", ".join(o[0] for o in first.orders[:2])
+    balance = ("a first-mover effect cancels in the mean" if len(s.seeds) % 2 == 0 else
+               "an odd number of seeds lets one side start once more than the other")
+    return [f"stages: {'; '.join(parts)}. Each stage trains both afresh over {seeds}, the two runs of a seed taking "
+            f"turns a stretch at a time (the one with less training time next); who starts alternates ({starts}, "
+            f"...): {balance}."
             + (" Every rung that ran was built upon (--stack-all)." if s.stack_all else
                " The next stage builds on the rung only if it won or was noise.")]
 
@@ -213,8 +215,8 @@ def race_lines(results: Results, section: RaceSection | None = None) -> list[str
         return []
     corpus = results.corpus or {}
     cap = (f"{s.time_cap_s:.1f} s ({s.cap_from})" if s.time_cap_s is not None else "— (not set)")
-    factor = (f"a run stops at {s.cap_factor:g}x its base's time in the same seed (its base's median so far when "
-              f"it runs first), a base at {cap}" if s.cap_factor else f"each run is capped at {cap}")
+    factor = (f"a rung stops at {s.cap_factor:g}x its base's time in the same seed, once the base is done; a base "
+              f"at {cap}" if s.cap_factor else f"each run is capped at {cap}")
     out = [f"target: val loss {s.target_loss:.4f}, {s.target_from}; on a fixed val set of {s.val_sequences} "
            f"sequences of {s.val_seq_len} tokens from {corpus.get('val_from', 'the held-out split')}, in eval mode, "
            f"under no_grad, at each configuration's precision." if s.target_loss is not None else
