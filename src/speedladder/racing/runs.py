@@ -185,7 +185,7 @@ class Runs:
         r = g.run
         if g.reached:
             r.stopped = "reached"
-        r.train_seconds = g.clock
+        r.train_seconds, r.train_tokens, r.train_steps = g.clock, g.tokens, g.steps
         if g.budget_tokens:
             b = at_tokens(r, g.budget_tokens)
             r.budget_loss = b if b is not None and math.isfinite(b) else None

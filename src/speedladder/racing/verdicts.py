@@ -118,7 +118,10 @@ def _summaries(e: RaceEntry) -> None:
 
 
 def _rate(runs: list[RaceRun]) -> float | None:
-    rates = [r.curve_tokens[-1] / r.train_seconds for r in runs if r.curve_tokens and r.train_seconds > 0]
+    """Median over runs of tokens trained over the training clock (a file from before train_tokens: the tokens of
+    the last evaluation)."""
+    rates = [(r.train_tokens if r.train_tokens is not None else r.curve_tokens[-1]) / r.train_seconds
+             for r in runs if (r.curve_tokens or r.train_tokens) and r.train_seconds > 0]
     return statistics.median(rates) if rates else None
 
 

@@ -40,6 +40,8 @@ class RaceRun:
     best_seconds: float | None = None
     best_tokens: int | None = None
     train_seconds: float = 0.0  # the training clock when it stopped
+    train_tokens: int | None = None  # tokens trained when it stopped (past its last evaluation too)
+    train_steps: int | None = None
     eval_seconds: float = 0.0  # wall time of its evaluations, the clock paused
     recompiles: int = 0  # graphs compiled while the clock ran: a time that includes compiling
     stage: int | None = None  # the stage it ran in (RaceStage.index)
