@@ -209,9 +209,10 @@ class Raced:
 
 
 def race_configs(results: Results, n: int, env: Env, base: StepSpec) -> list[Raced]:
-    """What tune races beside eager: the n fastest configurations by tokens/s that passed every gate (distinct
-    specs), the tokens/s winner among them, and the batch axis: the fastest passing configuration with the batch
-    rung under each --batch-lr-scale rule, and the same without it."""
+    """What tune races beside eager, in the order they are kept when the budget is short (the last dropped first):
+    the tokens/s winner; the batch axis, the fastest passing configuration with the batch rung under each
+    --batch-lr-scale rule (the one asked for first) and the same without it; then the fastest by tokens/s that
+    passed every gate, to n finalists besides the batch axis (distinct specs)."""
     from speedladder.config import BATCH_LR_SCALES
 
     passed = [r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE, Role.CANDIDATE, Role.FINAL)
@@ -230,17 +231,22 @@ def race_configs(results: Results, n: int, env: Env, base: StepSpec) -> list[Rac
             seen.add(key)
             out.append(Raced(name, names, spec, scale if "batch" in names else "none", source, tokens_x))
 
-    for r in ([won] if won is not None else []) + ranked:
-        if len(out) >= n:
-            break
-        add(r.name, rungs_of(r, results), rule, r.name, r.speedup_cum)
+    if won is not None:
+        add(won.name, rungs_of(won, results), rule, won.name, won.speedup_cum)
     batched = next((r for r in ranked if "batch" in rungs_of(r, results)), None)
-    if batched is not None:
+    if batched is not None:  # the batch axis comes next: what a race is most needed for
         names = rungs_of(batched, results)
-        for scale in BATCH_LR_SCALES:
+        for scale in (rule, *(x for x in BATCH_LR_SCALES if x != rule)):
             add(batched.name if scale == rule else f"{batched.name}@lr-{scale}", names, scale, batched.name,
                 batched.speedup_cum if scale == rule else None)
         add(f"{batched.name}-no-batch", tuple(x for x in names if x != "batch"), rule, batched.name, None)
+    others = 1 if won is not None else 0
+    for r in ranked:  # then the fastest by tokens/s, to n finalists besides the batch axis
+        if others >= n:
+            break
+        before = len(out)
+        add(r.name, rungs_of(r, results), rule, r.name, r.speedup_cum)
+        others += len(out) > before
     return out
 
 
@@ -249,7 +255,8 @@ def race_seconds(configs: list[Raced], results: Results, calibrate_steps: int, s
     """What racing these configurations beside eager should take, from the ladder's own measurements: eager's
     calibration and runs at about its calibration time R each, every other run at R over its × eager tokens/s
     (half as long again for the tokens it may need, and never past its cap), 15% more for the evaluations, and
-    each configuration compiled once; None without an eager measurement."""
+    each configuration that compiles compiled once, as slowly as the slowest compile of the climb; None without an
+    eager measurement."""
     eager = results.baseline
     if eager is None or eager.tokens_per_s is None:
         return None
@@ -257,7 +264,7 @@ def race_seconds(configs: list[Raced], results: Results, calibrate_steps: int, s
     r = calibrate_steps * base.tokens_per_step / eager.tokens_per_s.median
     runs = (1 + seeds) * r + seeds * sum(min(cap_factor, 1.5 / (c.tokens_x or 1.0)) * r for c in configs)
     compile_s = max((x.compile_s or 0.0 for x in results.rungs if x.ok), default=0.0)
-    return 1.15 * runs + compile_s * len(configs)
+    return 1.15 * runs + compile_s * sum(c.spec.compile for c in configs)
 
 
 def judge_by_time(section: TuneSection, race: RaceSection, configs: list[Raced], results: Results,

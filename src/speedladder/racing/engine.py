@@ -232,8 +232,7 @@ class Race(Runs):
             sec.time_cap_s, sec.cap_from = c.time_cap_s, "--time-cap"
         else:  # a base is known to reach: its cap is only a guard, generous so that a slow moment cannot censor it
             sec.time_cap_s = 2 * c.cap_factor * eager_s
-            sec.cap_from = (f"twice --cap-factor times eager fp32's {c.calibrate_steps} steps ({eager_s:.2f} s), for "
-                            "a base")
+            sec.cap_from = f"twice --cap-factor times eager fp32's {c.calibrate_steps} steps ({eager_s:.2f} s)"
         say(f"target val loss {sec.target_loss:.4f} ({sec.target_from}); a rung stops at {c.cap_factor:g}x its "
             f"base's time in the same seed, a base at {sec.time_cap_s:.1f} s of training ({sec.cap_from})")
         self.save()
