@@ -84,7 +84,7 @@ def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path):
     ("[run]\nbatch_size = 'x'\n", "run.batch_size: expected a whole number, got 'x'"),
     ("[run]\nbatch_size = 0\n", "batch size must be positive, got 0"),
     ("[run.timing]\nwindows = 2\n", "at least 3 timed windows"),
-    ("[race]\nseeds = 1\n", "a verdict needs at least 2 seeds"),
+    ("[race]\nseeds = 1\n", "--seeds 1: the verdict is a test paired by seed"),
     ("[run\n", "is not valid TOML"),
 ])
 def test_a_bad_config_file_is_one_line_and_exit_2(text, message, tmp_path, capsys):

@@ -34,7 +34,7 @@ def test_a_file_shown_in_the_docs_is_the_file_itself():
     shown = 0
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = page.read_text(encoding="utf-8")
-        for path, block in re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.S):
+        for path, block in re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", text, flags=re.DOTALL):
             assert block == (ROOT / path).read_text(encoding="utf-8"), f"{page.name} shows {path} as it was"
             shown += 1
     assert shown >= 1

@@ -33,9 +33,37 @@ def folders(tmp_path_factory, one_thread) -> dict[str, Path]:
     assert main(["report", str(example)]) == 0
     assert main(["predict", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "2",
                  "--bandwidth", "1", "--nproc", "2,4", "--quiet", "--out", str(base / "predict")]) == 0
+    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--seeds", "2",
+                 "--calibrate-steps", "20", "--quiet", "--out", str(base / "race")]) == 0
     (run,) = (base / "run").iterdir()
     (predict,) = (base / "predict").iterdir()
-    return {"run": run, "example": example, "predict": predict}
+    (race,) = (base / "race").iterdir()
+    return {"run": run, "example": example, "predict": predict, "race": race, "tune": _tune_folder(base, race)}
+
+
+def _tune_folder(base: Path, race: Path) -> Path:
+    """The saved CPU example as a tune's folder: its rungs, and a race of finalists (the tiny race's section,
+    renamed) that named the winner by time, with both judges' answers."""
+    saved = json.loads(EXAMPLE.read_text())
+    section = json.loads((race / results.FILENAME).read_text())["race"]
+    finalist = next(e for e in section["entries"] if e["name"] != "eager")
+    finalist["name"] = "bf16"
+    folder = base / "tune"
+    folder.mkdir()
+    winner = f"{folder}/winner.toml"
+    saved["tune"] = {"budget_minutes": 10, "winner": "bf16", "winner_rungs": ["compile", "bf16"],
+                     "winner_spec": finalist["spec"], "judge": "time", "judged_by": "the time to the target val loss",
+                     "commands": {"run": f"speedladder run --config {winner}",
+                                  "train": f"speedladder train --config {winner}",
+                                  "apply": f'model, optimizer, autocast, spec = speedladder.apply(model, "{winner}")'},
+                     "tokens_judge": {"judge": "tokens", "winner": "ckpt", "rungs": ["compile", "bf16", "batch", "ckpt"],
+                                      "tokens_per_s_x": 2.9, "time_x": 0.8},
+                     "time_judge": {"judge": "time", "winner": "bf16", "rungs": ["compile", "bf16"],
+                                    "tokens_per_s_x": 1.46, "time_x": 1.69, "p_vs_eager": 0.0014, "p_vs_other": 0.002},
+                     "race": section}
+    (folder / results.FILENAME).write_text(json.dumps(saved))
+    assert main(["report", str(folder)]) == 0
+    return folder
 
 
 def section(page: str, sid: str) -> str:
@@ -46,7 +74,7 @@ def section(page: str, sid: str) -> str:
 
 # Sections that must hold at least one chart, by folder; the others may say why they are empty.
 CHARTS = {"run": ["waterfall", "loss-curves"], "example": ["waterfall", "loss-curves", "profile"],
-          "predict": ["parallel"]}
+          "predict": ["parallel"], "race": ["waterfall", "race"], "tune": ["waterfall", "race", "profile"]}
 
 
 @pytest.mark.parametrize("name", list(CHARTS))
@@ -163,6 +191,44 @@ def visit(path: Path, look=lambda page: None, shot: Path | None = None) -> tuple
         finally:
             browser.close()
     return requests, errors
+
+
+# What each kind's summary box must say: the winner, and the lines that use it.
+SUMMARY = {"run": ("speedladder train --run RUN_DIR", "not raced"),
+           "example": ("ckpt", "2.90×", "not raced: speedladder race --run RUN_DIR"),
+           "race": ("× eager to the target", "speedladder.apply(model, \"RUN_DIR\")"),
+           "tune": ("bf16", "1.69× (p win 0.0014 against eager)", "the tokens judge named ckpt",
+                    "winner.toml")}
+
+
+@pytest.mark.parametrize("name", list(SUMMARY))
+def test_the_summary_names_the_winner_and_the_lines_that_use_it(folders, name):
+    box = section((folders[name] / html_report.FILENAME).read_text(), "summary")
+    for text in SUMMARY[name]:
+        assert html_report.esc(text) in box, text
+    if name != "run":  # the tiny run's fastest may be eager or bf16, as this machine has it
+        assert 'class="summary"' in box
+    predict = section((folders["predict"] / html_report.FILENAME).read_text(), "summary")
+    assert 'class="missing"' in predict and "no winner to summarize" in predict
+
+
+@pytest.mark.parametrize("name", ["example", "race", "tune"])
+def test_the_summary_box_is_seen_first_in_a_real_browser(folders, name, tmp_path):
+    """In Chromium: the box is drawn, right under the header, above every other section; a screenshot of it."""
+    shot = tmp_path / f"summary-{name}.png"
+
+    def look(page) -> None:
+        box = page.locator("#summary div.summary")
+        assert box.count() == 1 and box.is_visible()
+        top = box.bounding_box()
+        assert top and top["width"] > 400 and top["height"] > 100
+        assert page.locator("#header").bounding_box()["y"] < top["y"] < page.locator("#rungs").bounding_box()["y"]
+        assert SUMMARY[name][0] in box.inner_text()
+        box.screenshot(path=str(shot))
+
+    requests, errors = visit(folders[name] / html_report.FILENAME, look)
+    assert requests == [] and errors == []
+    assert shot.stat().st_size > 5_000
 
 
 def test_the_browser_check_sees_fetches_and_errors(tmp_path):

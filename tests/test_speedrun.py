@@ -103,3 +103,30 @@ def test_the_speedrun_ladder_names_the_records_after_muon():
     cfg = resolve(RunConfig(ladder="speedrun", preset="tiny"), torch.device("cpu"), known_rungs=tuple(RUNGS))
     assert cfg.run.rungs == LADDERS["speedrun"].rungs == ("eager", "compile", "bf16", "muon", *RECORDS)
     assert prepare(RunConfig(preset="tiny", device="cpu")).env.model_hooks  # our GPT has the hooks
+
+
+def test_race_takes_the_speedrun_ladder_by_name():
+    from speedladder import codec
+    from speedladder.cli.race import plan
+    from speedladder.settings import RaceConfig, Settings
+
+    cfg, race, role = plan(Settings(race=RaceConfig(ladder="speedrun")))
+    assert cfg.rungs == race.rungs == LADDERS["speedrun"].rungs and role == "rung"
+    assert codec.from_data(RaceConfig, codec.to_data(race)) == race  # saved resolved: --config repeats it
+
+
+def test_a_raced_record_is_judged_as_a_change_of_learning_at_equal_tokens(tmp_path):
+    """An architecture rung changes what is learned per token, so the race also compares the val loss at equal
+    tokens, as it does for batch and Muon: a record that only wins by running faster per step is named so."""
+    from conftest import cli, only_folder
+
+    rc, _, err = cli("race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,qk-norm", "--seeds", "2",
+                     "--calibrate-steps", "20", "--eval-every", "10", "--time-cap", "30", "--quiet",
+                     "--out", str(tmp_path))
+    assert rc == 0, err
+    import json
+    entries = {e["name"]: e for e in json.loads((only_folder(tmp_path) / "results.json").read_text())["race"]["entries"]}
+    record = entries["qk-norm"]
+    assert record["status"] == "ok" and record["causality"]["passed"] and record["kind"] == "architecture"
+    assert record["changes_learning"] and not entries["eager"]["changes_learning"]
+    assert record["spec"]["transforms"] == ["qk-norm"] and len(record["runs"]) == 2

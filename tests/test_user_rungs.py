@@ -221,3 +221,33 @@ def test_the_api_declares_all_three_kinds_of_change_and_refuses_bad_declarations
     needs = Requirement(hooks=("speedladder_qk_norm",))
     assert "defines no speedladder_qk_norm() hook" in needs.unmet(Env("cpu", None, 2))
     assert needs.unmet(Env("cpu", None, 2, model_hooks=("speedladder_qk_norm",))) is None
+
+
+RACE = ["race", "--preset", "tiny", "--device", "cpu", "--seeds", "2", "--calibrate-steps", "20", "--eval-every",
+        "10", "--time-cap", "30", "--quiet"]
+
+
+def test_a_race_records_a_rung_that_raises_goes_on_and_exits_2_and_never_races_one_that_peeks(tmp_path, planted):
+    broken = write(tmp_path, "broken.py", """
+        import speedladder
+
+        @speedladder.rung("broken", "a transform that raises", kind="speed")
+        def broken(model):
+            raise RuntimeError("not today")
+
+        @speedladder.rung("bad-spec", "a spec transform that raises", kind="speed", on="spec")
+        def bad_spec(spec, env):
+            raise RuntimeError("no spec today")
+        """)
+    planted_file = next(f for f in rung_files._LOADED)
+    rc, _, err = cli(*RACE, "--rung-file", str(broken), "--rung-file", planted_file,
+                     "--rungs", "eager,broken,bad-spec,peek,bf16", "--out", str(tmp_path / "o"))
+    assert rc == 2 and "rung broken" in err and "not today" in err and err.count("\n") == 1, err
+    race = json.loads((only_folder(tmp_path / "o") / "results.json").read_text())["race"]
+    entries = {e["name"]: e for e in race["entries"]}
+    assert entries["broken"]["status"] == "error" and entries["bad-spec"]["status"] == "error"
+    assert "no spec today" in entries["bad-spec"]["detail"]
+    # An architecture that sees the future would reach any loss sooner: it fails causality and never trains.
+    assert entries["peek"]["status"] == "failed" and "see the future" in entries["peek"]["detail"]
+    assert entries["peek"]["runs"] == [] and not entries["peek"]["built_upon"]
+    assert entries["bf16"]["status"] == "ok" and entries["bf16"]["built_on"] == "eager"  # the race went on

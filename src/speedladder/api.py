@@ -26,7 +26,7 @@ from speedladder.config import RACE_LADDER, RunConfig, default
 from speedladder.ladder import Ladder
 from speedladder.models.user import LIVE, portable
 from speedladder.progress import show_on_stderr
-from speedladder.racing import Race
+from speedladder.racing import Race, ruler
 from speedladder.records import Results
 from speedladder.report.outputs import write_outputs
 from speedladder.report.race import print_race
@@ -101,9 +101,10 @@ def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data
          race_options: dict[str, Any] | None = None, **options: Any) -> Results:
     """Race configurations to a target val loss, as `speedladder race` does; the files land in out/<timestamp>/.
 
-    rungs: a cumulative ladder (default eager, compile, bf16, batch, muon), each judged against the one before;
-    or combos: lists of rungs composed on eager, each judged against eager. seeds and target_loss as the flags;
-    race_options: any other RaceConfig field (calibrate_steps, eval_every, time_cap_s, alpha, ...). model, data and
+    rungs: a cumulative ladder (default eager, compile, bf16, batch, muon), raced in stages, each rung beside the
+    best configuration so far and judged against it; or combos: lists of rungs composed on eager, raced in one
+    stage beside eager. seeds and target_loss as the flags; race_options: any other RaceConfig field
+    (calibrate_steps, eval_every, cap_factor, budget_steps, stack_all, target_from, alpha, ...). model, data and
     options as `climb` takes them; results.race holds every run, time, p-value and verdict.
     """
     spec, obj = _model(model)
@@ -114,12 +115,15 @@ def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data
                               beside=(), ladder=None)
     cfg = from_data(RaceConfig, {**codec_data(race_options or {}), "seeds": seeds, "target_loss": target_loss,
                                  "combos": given or (), "rungs": None if given else names})
+    cfg, note, same_ruler = ruler.fixed(cfg)  # target_from: a saved race's target, on its ruler
     progress = show_on_stderr(quiet)
     work = prepare(run, obj)
     work.val_set(work.cfg.seq_len)
+    same_ruler(work)
     run_dir = results.new_run_dir(work.cfg.run.out)
     progress(f"{work.model.name}: {work.params:,} parameters on {work.device}; {work.data_line}; writing {run_dir}")
-    contest = Race(work, run_dir, cfg, progress, role="combo" if given else "rung")  # it writes config.toml
+    contest = Race(work, run_dir, cfg, progress, role="combo" if given else "rung",  # it writes config.toml
+                   target_note=note)
     try:
         if given:
             contest.prepare_combos(given)

@@ -268,8 +268,37 @@ def holdout(corpus: Corpus, val_data: str | None = None, vocab_size: int | None 
     if is_token_file(val_data) != is_token_file(corpus.source):
         kind = "a token file (.bin)" if is_token_file(corpus.source) else "text"
         raise UsageError(f"--val-data {val_data} must be {kind}, as --data {corpus.source} is")
+    why = same_data(val_data, corpus.source)
+    if why:
+        raise UsageError(f"--val-data {val_data} is the training data --data {corpus.source} ({why}): a val split "
+                         f"must be held out of training; give another file, or leave --val-data out to hold out the "
+                         f"last {VAL_FRACTION:.0%} of --data")
     val = load_corpus(val_data, corpus.tokenizer, vocab_size)
     return Split(corpus, val, val_data)
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def same_data(a: str, b: str) -> str | None:
+    """Why two data sources are one (the same name or file, a link to it, or the same bytes), or None."""
+    if a == b:
+        return "the same name" if a in EMBEDDED_CORPORA else "the same path"
+    pa, pb = (data_file(f"{x}.txt") if x in EMBEDDED_CORPORA else Path(x) for x in (a, b))
+    if not (pa.is_file() and pb.is_file()):
+        return None
+    if pa.resolve() == pb.resolve() or pa.samefile(pb):
+        return "the same file, through a link" if pa.is_symlink() or pb.is_symlink() else "the same file"
+    if pa.stat().st_size == pb.stat().st_size and _digest(pa) == _digest(pb):
+        return "the same content: equal sha256"
+    return None
 
 
 def check_val_ids(split: Split, vocab_size: int) -> None:

@@ -34,16 +34,27 @@ def combo_list(text: str) -> tuple[tuple[str, ...], ...]:
     return combos
 
 
+TUNE_JUDGES = ("time", "tokens")
+
+
 @dataclass(frozen=True)
 class TuneConfig:
-    """`speedladder tune`: the full ladder, then its surviving rungs together, within a time budget."""
+    """`speedladder tune`: the full ladder, then its surviving rungs together, within a time budget; then its
+    finalists raced to a target val loss, the winner named by the time to get there."""
 
-    budget_minutes: float = option(10.0, help="time for the whole search; work that would not fit is not started "
-                                              "(the final learns-check always runs)", metavar="M", group="tune")
+    budget_minutes: float = option(10.0, help="time for the whole search, the race included; work that would not "
+                                              "fit is not started (the final learns-check always runs)", metavar="M",
+                                   group="tune")
     max_candidates: int = option(4, help="combinations to measure at most: the survivors together, then each left "
                                          "out in turn", metavar="N", group="tune")
-    finalists: int = option(2, help="the fastest passing configurations measured again beside eager before a "
-                                    "winner is named", metavar="N", group="tune")
+    finalists: int = option(2, help="the fastest passing configurations measured again beside eager before the "
+                                    "tokens/s winner is named", metavar="N", group="tune")
+    judge: str = option("time", help="what names the winner: time, the time to the target val loss (the fastest "
+                                     "passing configurations raced over seeds); tokens, tokens/s alone",
+                        choices=TUNE_JUDGES, group="tune")
+    race_finalists: int = option(3, help="the fastest passing configurations by tokens/s that are raced (the "
+                                         "batch rung among them under each --batch-lr-scale rule)", metavar="N",
+                                 group="tune")
 
     def __post_init__(self) -> None:
         if not self.budget_minutes > 0:
@@ -51,6 +62,9 @@ class TuneConfig:
         if self.max_candidates < 0:
             raise UsageError(f"the number of candidates must be zero or more, got {self.max_candidates}")
         at_least("finalists", self.finalists, 1)
+        at_least("raced finalists", self.race_finalists, 1)
+        if self.judge not in TUNE_JUDGES:
+            raise UsageError(f"--judge must be one of {', '.join(TUNE_JUDGES)}, got {self.judge!r}")
 
 
 @dataclass(frozen=True)
@@ -96,53 +110,85 @@ class TrainConfig:
         at_least("prompt tokens", self.prompt_tokens, 1)
 
 
+# The race's seeds: paired by seed, who goes first alternating, an even number cancels a position effect in the
+# mean; at the spread measured on the development CPU (docs/race.md#the-verdict), 4 find a 25% change with 80%
+# power at p < 0.01. The calibration's 200 steps and evaluations every 20 keep the default race within 6 minutes
+# there, cold, bf16 native or not (docs/benchmarks.md#cpu-race).
+RACE_SEEDS = 4
+
+
 @dataclass(frozen=True)
 class RaceConfig:
     """`speedladder race`: each configuration trained to a target val loss, over seeds, judged by the time to it."""
 
-    rungs: tuple[str, ...] | None = option(None, help="a cumulative ladder, each configuration the one before plus "
-                                                      "one rung, judged against it",
-                                           shown="eager,compile,bf16,batch,muon", metavar="A,B,C", parse=rung_list,
-                                           group="race")
-    combos: tuple[tuple[str, ...], ...] = option((), help="configurations of rungs composed on eager, each judged "
-                                                          "against eager", shown="none", metavar="A+B,C+D",
-                                                 parse=combo_list, group="race")
+    rungs: tuple[str, ...] | None = option(None, help="a cumulative ladder raced in stages: each rung composed on the "
+                                                      "best configuration so far and raced beside it, judged "
+                                                      "against it", shown="eager,compile,bf16,batch,muon",
+                                           metavar="A,B,C", parse=rung_list, group="race")
+    ladder: str | None = option(None, help="a named ladder raced in stages instead: speedrun (compile, bf16 and "
+                                           "Muon, then modded-nanogpt's model records), source, full",
+                                shown="none, i.e. --rungs", metavar="NAME", group="race")
+    combos: tuple[tuple[str, ...], ...] = option((), help="configurations of rungs composed on eager, raced in one "
+                                                          "stage beside eager, each judged against it", shown="none",
+                                                 metavar="A+B,C+D", parse=combo_list, group="race")
     run: str | None = option(None, help="race that folder's winner (a tune's, else the run's fastest rung) "
                                         "against eager, on its workload", shown="none", metavar="RUN_DIR",
                              group="race")
-    seeds: int = option(3, help="runs per configuration, seeds --seed, --seed+1, ...: each changes the initial "
-                                "weights and the batch order; more raise the power", metavar="N", group="race")
+    stack_all: bool = option(False, help="build every rung of the ladder on the one before it, losers too (by "
+                                         "default a rung that lost, or did not reach, is not built upon)",
+                             group="race")
+    seeds: int = option(RACE_SEEDS, help="runs per configuration in each stage, seeds --seed, --seed+1, ...: each "
+                                         "changes the initial weights and the batch order; an even number balances "
+                                         "the alternating order; more raise the power", metavar="N",
+                        group="race-rule")
     target_loss: float | None = option(None, help="the val loss to reach",
                                        shown="calibrated, eager fp32's val loss after --calibrate-steps steps on a "
-                                             "seed of its own", metavar="L", group="race")
-    calibrate_steps: int = option(300, help="the calibration's steps (and, with --target-loss, what the time cap is "
-                                            "priced from)", metavar="N", group="race")
-    eval_every: int = option(10, help="val loss every N base steps' worth of tokens (the clock stops meanwhile)",
-                             metavar="N", group="race")
-    time_cap_s: float | None = option(None, help="seconds of training after which a run that has not reached the "
-                                                 "target stops (did not reach)",
-                                      shown="--cap-factor times eager fp32's --calibrate-steps steps", metavar="S",
-                                      flag="--time-cap", group="race")
-    cap_factor: float = option(3.0, help="the time cap as a multiple of eager fp32's --calibrate-steps steps",
-                               metavar="F", group="race")
-    # modded-nanogpt's rule: a record must beat its base at p < 0.01.
-    alpha: float = option(0.01, help="win or loss only at p below this, one-sided each way (Welch's t-test on the "
-                                     "times)", metavar="P", group="race")
-    detect: float = option(0.10, help="a note says when the seeds cannot detect a change this large at --alpha",
-                           metavar="F", group="race")
+                                             "seed of its own", metavar="L", group="race-rule")
+    target_from: str | None = option(None, help="take the target of that saved race, so that both are measured on "
+                                                "one ruler (its val set and eval cadence must be this race's)",
+                                     shown="none", metavar="RUN_DIR", group="race-rule")
+    calibrate_steps: int = option(200, help="the calibration's steps (and, with --target-loss, what the time cap is "
+                                            "priced from)", metavar="N", group="race-rule")
+    eval_every: int = option(20, help="val loss every N base steps' worth of tokens (the clock stops meanwhile); "
+                                      "the crossing is interpolated between evaluations", metavar="N",
+                             group="race-rule")
+    time_cap_s: float | None = option(None, help="seconds of training after which any run that has not reached "
+                                                 "the target stops (did not reach)",
+                                      shown="for a base, twice --cap-factor times eager fp32's --calibrate-steps steps",
+                                      metavar="S",
+                                      flag="--time-cap", group="race-rule")
+    cap_factor: float = option(2.0, help="a run that needs more than this multiple of its base's time in the same "
+                                         "seed stops there, a censored loss; a base stops at twice this multiple of "
+                                         "eager fp32's --calibrate-steps steps", metavar="F", group="race-rule")
+    budget_steps: int | None = option(None, help="modded-nanogpt's criterion: the val loss after this many base "
+                                                 "steps' worth of tokens, tested below the target (one-sample "
+                                                 "t-test); each run trains at least that far; 0: off",
+                                      shown="--calibrate-steps", metavar="N", group="race-rule")
+    # modded-nanogpt's threshold: a record must be below the target at p < 0.01.
+    alpha: float = option(0.01, help="win or loss only at p below this, one-sided each way (a paired t-test by seed "
+                                     "on log times)", metavar="P", group="race-rule")
+    detect: float = option(0.10, help="a note says when the seeds cannot find a change this large with 80% power "
+                                      "at --alpha", metavar="F", group="race-rule")
 
     def __post_init__(self) -> None:
         if sum(bool(x) for x in (self.rungs, self.combos, self.run)) > 1:
             raise UsageError("give one of --rungs, --combos and --run")
+        if self.target_loss is not None and self.target_from:
+            raise UsageError("give --target-loss or --target-from, not both")
         if self.target_loss is not None and not (math.isfinite(self.target_loss) and self.target_loss > 0):
             raise UsageError(f"the target loss must be a positive finite number, got {self.target_loss}")
         if self.seeds < 2:
-            raise UsageError(f"a verdict needs at least 2 seeds per configuration (3 by default), got {self.seeds}")
+            raise UsageError(f"--seeds {self.seeds}: the verdict is a test paired by seed, and needs at least 2 seeds "
+                             f"(with 2 it finds only a change of several times; {RACE_SEEDS} by default, each an "
+                             "even number to balance the order)")
         for name, value in (("calibration steps", self.calibrate_steps), ("eval every", self.eval_every)):
             if value < 1:
                 raise UsageError(f"{name} must be at least 1, got {value}")
-        for name, value in (("cap factor", self.cap_factor), ("detectable change", self.detect),
-                            ("time cap", self.time_cap_s)):
+        if not (math.isfinite(self.cap_factor) and self.cap_factor > 1):
+            raise UsageError(f"--cap-factor {self.cap_factor:g}: a run stops at this multiple of its base's time, so "
+                             "it must be above 1 (2 by default)")
+        at_least("the budget steps", self.budget_steps, 0)
+        for name, value in (("detectable change", self.detect), ("time cap", self.time_cap_s)):
             positive(name, value)
         if not 0 < self.alpha < 0.5:
             raise UsageError(f"the significance level must be between 0 and 0.5, got {self.alpha}")

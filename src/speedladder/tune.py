@@ -6,9 +6,14 @@
    gate, or that could not run. (`survivors`, `dropped`: pure, on saved results.)
 3. Measure the survivors together, then, budget permitting, the survivors with
    each one left out in turn, smallest gain first (`candidates`).
-4. The winner is the fastest measured configuration (ladder rung or candidate)
-   that passed every gate and then the learns-check (`Ladder._learns_check`).
-Everything lands in the run folder's results.json, with a "tune" section.
+4. The tokens/s judge's winner is the fastest measured configuration (ladder rung or
+   candidate) that passed every gate and then the learns-check (`Ladder._learns_check`).
+5. Unless `--judge tokens`, the fastest passing configurations are raced beside eager
+   to a target val loss over seeds (`race_configs`: the batch rung among them under
+   each --batch-lr-scale rule), and the winner is the fastest to the target that
+   beats eager at p < alpha (`judge_by_time`). Both judges' answers are kept.
+Everything lands in the run folder's results.json, with a "tune" section (its race
+in tune.race).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 
 from speedladder.config import RunConfig
 from speedladder.ladder import Ladder
-from speedladder.records import Results, Role, RungResult, TuneSection
+from speedladder.records import RaceSection, Results, Role, RungResult, TuneJudge, TuneSection
 from speedladder.rungs import Env, Rung, StepSpec, compose, kind_of
 from speedladder.settings import WINNER_FILE, Settings
 
@@ -82,12 +87,13 @@ def commands(run_dir: str | Path) -> dict[str, str]:
             "apply": f'model, optimizer, autocast, spec = speedladder.apply(model, "{winner}")'}
 
 
-def winner_settings(s: Settings, run: RunConfig, names: tuple[str, ...]) -> Settings:
-    """winner.toml: the tuned run's resolved workload with the winner's rungs, for `run` (run.rungs) and `train`
-    (train.rungs) alike."""
+def winner_settings(s: Settings, run: RunConfig, names: tuple[str, ...], batch_lr_scale: str | None = None) -> Settings:
+    """winner.toml: the tuned run's resolved workload with the winner's rungs (and its batch rung's learning-rate
+    rule, when the race chose one), for `run` (run.rungs) and `train` (train.rungs) alike."""
     rungs = tuple(n for n in names if n != "eager")
-    return dataclasses.replace(s, run=dataclasses.replace(run, rungs=("eager", *rungs), ladder=None, beside=()),
-                               train=dataclasses.replace(s.train, rungs=rungs, run=None))
+    run = dataclasses.replace(run, rungs=("eager", *rungs), ladder=None, beside=(),
+                              batch_lr_scale=batch_lr_scale or run.batch_lr_scale)
+    return dataclasses.replace(s, run=run, train=dataclasses.replace(s.train, rungs=rungs, run=None))
 
 
 @dataclass
@@ -187,3 +193,115 @@ def summarize(section: TuneSection, results: Results, run_dir: str | Path) -> No
     section.winner, section.winner_rungs = (best.name if best else None), list(names)
     section.winner_spec = best.spec if best else None
     section.commands = commands(run_dir) if best else None
+
+
+# -- the race among the finalists: the winner named by the time to the target ---------------------
+
+@dataclass(frozen=True)
+class Raced:
+    """A configuration tune races: the record it comes from, its rungs above eager, its spec and batch rule."""
+
+    name: str
+    rungs: tuple[str, ...]
+    spec: StepSpec
+    batch_lr_scale: str  # its batch rung's learning-rate rule ("none" without a batch rung)
+    source: str  # the measured record it is (or varies), for the notes
+    tokens_x: float | None  # that record's × eager tokens/s (None for a variant not measured in windows)
+
+
+def race_configs(results: Results, n: int, env: Env, base: StepSpec) -> list[Raced]:
+    """What tune races beside eager, in the order they are kept when the budget is short (the last dropped first):
+    the tokens/s winner; the batch axis, the fastest passing configuration with the batch rung under each
+    --batch-lr-scale rule (the one asked for first) and the same without it; then the fastest by tokens/s that
+    passed every gate, to n finalists besides the batch axis (distinct specs)."""
+    from speedladder.config import BATCH_LR_SCALES
+
+    passed = [r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE, Role.CANDIDATE, Role.FINAL)
+              and r.passed and r.name != "eager" and r.speedup_cum is not None]
+    ranked = sorted(passed, key=lambda r: r.speedup_cum or 0.0, reverse=True)
+    won = winner(results)
+    rule = env.batch_lr_scale
+    out: list[Raced] = []
+    seen: set[str] = {_key(base.to_dict())}
+
+    def add(name: str, names: tuple[str, ...], scale: str, source: str, tokens_x: float | None) -> None:
+        names = tuple(x for x in names if x != "eager")
+        spec = compose(names, base, dataclasses.replace(env, batch_lr_scale=scale))
+        key = _key(spec.to_dict())
+        if key not in seen:
+            seen.add(key)
+            out.append(Raced(name, names, spec, scale if "batch" in names else "none", source, tokens_x))
+
+    if won is not None:
+        add(won.name, rungs_of(won, results), rule, won.name, won.speedup_cum)
+    batched = next((r for r in ranked if "batch" in rungs_of(r, results)), None)
+    if batched is not None:  # the batch axis comes next: what a race is most needed for
+        names = rungs_of(batched, results)
+        for scale in (rule, *(x for x in BATCH_LR_SCALES if x != rule)):
+            add(batched.name if scale == rule else f"{batched.name}@lr-{scale}", names, scale, batched.name,
+                batched.speedup_cum if scale == rule else None)
+        add(f"{batched.name}-no-batch", tuple(x for x in names if x != "batch"), rule, batched.name, None)
+    others = 1 if won is not None else 0
+    for r in ranked:  # then the fastest by tokens/s, to n finalists besides the batch axis
+        if others >= n:
+            break
+        before = len(out)
+        add(r.name, rungs_of(r, results), rule, r.name, r.speedup_cum)
+        others += len(out) > before
+    return out
+
+
+def race_seconds(configs: list[Raced], results: Results, calibrate_steps: int, seeds: int,
+                 cap_factor: float) -> float | None:
+    """What racing these configurations beside eager should take, from the ladder's own measurements: eager's
+    calibration and runs at about its calibration time R each, every other run at R over its × eager tokens/s
+    (half as long again for the tokens it may need, and never past its cap), 15% more for the evaluations, and
+    each configuration that compiles compiled once, as slowly as the slowest compile of the climb; None without an
+    eager measurement."""
+    eager = results.baseline
+    if eager is None or eager.tokens_per_s is None:
+        return None
+    base = StepSpec.from_dict(eager.spec)
+    r = calibrate_steps * base.tokens_per_step / eager.tokens_per_s.median
+    runs = (1 + seeds) * r + seeds * sum(min(cap_factor, 1.5 / (c.tokens_x or 1.0)) * r for c in configs)
+    compile_s = max((x.compile_s or 0.0 for x in results.rungs if x.ok), default=0.0)
+    return 1.15 * runs + compile_s * sum(c.spec.compile for c in configs)
+
+
+def judge_by_time(section: TuneSection, race: RaceSection, configs: list[Raced], results: Results,
+                  against_tokens: Callable[[str], float | None] = lambda name: None) -> None:
+    """The time judge's winner: the fastest raced configuration that beats eager to the target at p < alpha
+    (its × eager is the paired ratio of the one stage they all ran in); eager itself when none does. Its answer
+    and the tokens/s judge's are both kept; this one names the winner."""
+    by_name = {c.name: c for c in configs}
+    won = [e for e in race.entries if e.name in by_name and e.verdict == "win" and e.speedup_cum is not None]
+    best = max(won, key=lambda e: e.speedup_cum or 0.0) if won else None
+    tokens = section.tokens_judge
+    if best is None:
+        chosen = Raced("eager", (), StepSpec.from_dict(race.entries[0].spec), "none", "eager", 1.0)
+        detail = f"no raced configuration reached the target faster than eager at p < {race.alpha:g}"
+    else:
+        chosen = by_name[best.name]
+        detail = ""
+    other = against_tokens(chosen.name) if tokens is not None and tokens.winner != chosen.name else None
+    section.time_judge = TuneJudge("time", chosen.name, list(chosen.rungs), chosen.spec.to_dict(),
+                                   chosen.batch_lr_scale if "batch" in chosen.rungs else None, chosen.tokens_x,
+                                   best.speedup_cum if best else 1.0, best.p_win if best else None, other, detail)
+    if tokens is not None:
+        entry = race.entry(tokens.winner or "")
+        tokens.time_x = entry.speedup_cum if entry is not None else None
+        tokens.p_vs_eager = entry.p_win if entry is not None else None
+    section.judge, section.judged_by = "time", "the time to the target val loss (--judge time)"
+    section.winner, section.winner_rungs = chosen.name, list(chosen.rungs)
+    section.winner_spec = chosen.spec.to_dict()
+    section.winner_batch_lr_scale = chosen.batch_lr_scale if "batch" in chosen.rungs else None
+
+
+def tokens_judge(section: TuneSection, results: Results) -> None:
+    """The tokens/s judge's answer (summarize's winner), kept beside the other judge's."""
+    best = winner(results)
+    if best is None:
+        return
+    rule = (results.config or {}).get("batch_lr_scale") or "none"
+    section.tokens_judge = TuneJudge("tokens", best.name, list(section.winner_rungs), best.spec,
+                                     rule if "batch" in section.winner_rungs else None, best.speedup_cum)

@@ -61,8 +61,8 @@ def _from_settings(path: Path, device: torch.device, hooks: tuple[str, ...]) -> 
 def winner(where: str | Path | StepSpec, device: torch.device,
            hooks: tuple[str, ...] = ()) -> tuple[StepSpec, RunConfig]:
     """The spec to apply and the run configuration it came with (its learning rate, Muon's settings): a StepSpec
-    as given; a config file (tune's winner.toml, a run's config.toml); or a run folder's winner (tune's, else its
-    fastest rung)."""
+    as given; a config file (tune's winner.toml, a run's config.toml); or a folder's winner (tune's, a race's
+    fastest to the target, else a run's fastest rung)."""
     if isinstance(where, StepSpec):
         return where, RunConfig()
     path = Path(where)
@@ -70,12 +70,14 @@ def winner(where: str | Path | StepSpec, device: torch.device,
         return _from_settings(path, device, hooks)
     saved = results.load(path)
     tuned = saved.tune.winner_spec if saved.tune else None
+    raced = saved.race.entry(saved.race.fastest) if saved.race and saved.race.fastest else None
     best = saved.rung(saved.fastest) if saved.fastest else None
-    if not tuned and best is None:
+    spec = tuned or (raced.spec if raced is not None else None) or (best.spec if best is not None else None)
+    if not spec:
         raise UsageError(f"{where} names no configuration that passed every gate")
     run = settings.run_from_results(saved.config)
     rung_files.load(run.rung_files, run.rung_hashes)  # the run's own rung files, refused if they changed since
-    return StepSpec.from_dict(tuned or best.spec), run  # type: ignore[union-attr]
+    return StepSpec.from_dict(spec), run
 
 
 def apply(model: nn.Module, where: str | Path | StepSpec, optimizer: AdamWFactory | None = None,

@@ -16,7 +16,9 @@ Exit 1 with one line per regression; 0 with a one-line summary; 2 for bad input 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +29,9 @@ from speedladder import codec, results, settings, subproc
 from speedladder.cli.gen import Command
 from speedladder.errors import UsageError
 from speedladder.records import Role, to_dict
+from speedladder.records.race import ruler_differences
 from speedladder.report.compare import differences, drift_warnings
+from speedladder.report.compare_race import change_test, own_runs
 from speedladder.settings import RaceConfig, Settings, run_from_results
 
 # Roles a plain `run` reproduces; tune's combined candidates are compared only when both runs have them.
@@ -63,41 +67,46 @@ def rerun_settings(saved: dict) -> tuple[str, Settings]:
     run = run_from_results(saved["config"])
     race = saved.get("race")
     if race:
-        return "race", Settings(run=run, race=codec.from_data(RaceConfig, race.get("config") or {}, "race"))
+        again = codec.from_data(RaceConfig, race.get("config") or {}, "race")
+        if race.get("target_loss") is not None:  # the baseline's ruler: its target, not one calibrated here again
+            again = dataclasses.replace(again, target_loss=race["target_loss"], target_from=None)
+        return "race", Settings(run=run, race=again)
     return "run", Settings(run=run)
 
 
 def race_regressions(baseline: dict, new: dict, tolerance: float) -> tuple[list[Regression], list[Passed]]:
     """A race against a baseline race, configuration by configuration: one that reached the target in every seed
-    there must reach it here, and its times must not be slower at the baseline's alpha (Welch, one-sided) by more
-    than the tolerance."""
-    from speedladder import stats
-
+    there must reach it here, and its times must not be slower at the baseline's alpha (one-sided, paired by seed
+    where the seeds agree) by more than the tolerance. Races on different rulers are refused (a usage error)."""
     race = baseline["race"]
     alpha = race.get("alpha") or 0.01
+    differ = ruler_differences(race, new.get("race") or {}) if new.get("race") else []
+    if differ:
+        raise UsageError("the races were measured on different rulers (" + "; ".join(differ) + "): their times to "
+                         "the target do not compare; race on the baseline's with --target-from BASELINE_DIR")
     now = {e["name"]: e for e in (new.get("race") or {}).get("entries") or []}
     out: list[Regression] = []
     held: list[Passed] = []
     for b in race.get("entries") or []:
-        runs = b.get("runs") or []
+        runs = own_runs(b)
         if b.get("status") != "ok" or not runs or any(r["stopped"] != "reached" for r in runs):
             continue  # it did not reach in the baseline: nothing to hold the new race to
         name, n = b["name"], now.get(b["name"])
         if n is None:
             out.append(Regression(name, "missing", "raced in the baseline, absent from the new race"))
             continue
-        new_runs = n.get("runs") or []
+        new_runs = own_runs(n)
         if n.get("status") != "ok" or not new_runs or any(r["stopped"] != "reached" for r in new_runs):
             reached = sum(r["stopped"] == "reached" for r in new_runs)
             out.append(Regression(name, "did not reach", f"reached the target in every seed in the baseline, "
                                   f"{reached} of {len(new_runs)} now ({n.get('status')}: {n.get('detail') or ''})"))
             continue
-        mine, theirs = [r["seconds"] for r in new_runs], [r["seconds"] for r in runs]
-        ratio = (sum(mine) / len(mine)) / (sum(theirs) / len(theirs))
-        w = stats.welch(mine, theirs, alpha) if len(mine) > 1 and len(theirs) > 1 else None
-        if w is not None and w.p_greater < alpha and ratio > 1 + tolerance:
+        mine, theirs = {r["seed"]: r["seconds"] for r in new_runs}, {r["seed"]: r["seconds"] for r in runs}
+        ratio = statistics.fmean(mine.values()) / statistics.fmean(theirs.values())
+        _, p_slower = change_test(mine, theirs, alpha) if len(mine) > 1 and len(theirs) > 1 else (1.0, 1.0)
+        if p_slower < alpha and ratio > 1 + tolerance:
             out.append(Regression(name, "speed", f"{ratio:.2f}× the baseline's time to the target "
-                                                 f"(p={w.p_greater:.2g} that it is slower; tolerance "
+                                                 f"(p={p_slower:.2g} that it is slower; tolerance "
                                                  f"{100 * tolerance:g}%)"))
         else:
             held.append(Passed(name, 1 / ratio))

@@ -18,6 +18,7 @@ from speedladder.ladder import Ladder
 from speedladder.profile import child
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress, show_on_stderr
+from speedladder.racing import Race, versus
 from speedladder.records import ProfileSummary, Results, TuneSection, from_dict
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
@@ -151,11 +152,19 @@ def cmd_tune(s: Settings, _: argparse.Namespace) -> int:
         interrupted = True
     section = ladder.results.tune = ladder.results.tune or TuneSection(budget_minutes=t.budget_minutes)
     tune.summarize(section, ladder.results, run_dir)
+    tune.tokens_judge(section, ladder.results)
+    section.judge, section.judged_by = "tokens", "tokens/s in timed windows (--judge tokens)"
+    if t.judge == "time" and not interrupted and section.winner:
+        try:
+            race_finalists(s, ladder, section, budget, run_dir, progress)
+        except KeyboardInterrupt:
+            interrupted = True
     section.seconds = budget.seconds - budget.left()
     ladder.save()
     if section.winner:
-        settings.write(run_dir / settings.WINNER_FILE, tune.winner_settings(s, work.cfg.run, tuple(section.winner_rungs)),
-                       f"tune's winner ({section.winner}) from {run_dir}", ("run", "train"))
+        settings.write(run_dir / settings.WINNER_FILE,
+                       tune.winner_settings(s, work.cfg.run, tuple(section.winner_rungs), section.winner_batch_lr_scale),
+                       winner_header(section, run_dir), ("run", "train", "tune"))
     saved = results.load(run_dir)
     report.print_report(saved)
     report.print_tune(saved)
@@ -165,6 +174,59 @@ def cmd_tune(s: Settings, _: argparse.Namespace) -> int:
         print("interrupted: what was measured before the stop is kept", file=sys.stderr)
         return 130
     return failed_run(saved, work.model.kind)
+
+
+def race_finalists(s: Settings, ladder: Ladder, section: TuneSection, budget: tune.Budget, run_dir: Path,
+                   progress: Progress) -> None:
+    """tune's finalists raced beside eager to a target val loss over seeds, within what is left of the budget; the
+    winner then named by the time to the target (tune.judge_by_time). When the race does not fit, the tokens/s
+    judge's winner stands, and the section says why."""
+    work, res, say = ladder.work, ladder.results, progress.scoped("tune")
+    configs = tune.race_configs(res, s.tune.race_finalists, work.env, work.base_spec)
+    if not configs:
+        section.judged_by = "tokens/s: no configuration passed every gate, so there was nothing to race"
+        return
+
+    def need() -> float | None:
+        return tune.race_seconds(configs, res, s.race.calibrate_steps, s.race.seeds, s.race.cap_factor)
+
+    while len(configs) > 1 and (need() or 0.0) > budget.left():
+        configs.pop()
+    est = need()
+    if est is None or est > budget.left():
+        section.judged_by = (f"tokens/s: the race would take about {est or 0:.0f} s and the tune budget has "
+                             f"{max(budget.left(), 0):.0f} s left (--budget-minutes)")
+        say(f"not racing the finalists: {section.judged_by}")
+        return
+    say(f"racing {len(configs)} finalist(s) beside eager to a target val loss over {s.race.seeds} seeds (about "
+        f"{est:.0f} s): {', '.join(c.name for c in configs)}")
+    race = Race(work, run_dir, s.race, progress, role="finalist", results_=res)
+    section.race = race.section
+    race.prepare_configs([(c.name, c.rungs, c.spec) for c in configs], "finalist")
+    race.run()
+    tokens = section.tokens_judge.winner if section.tokens_judge else None
+
+    def against_tokens(chosen: str) -> float | None:
+        a, b = race.section.entry(chosen), race.section.entry(tokens or "")
+        return versus(a, b, race.section.alpha).p_less if a is not None and b is not None and a is not b else None
+
+    tune.judge_by_time(section, race.section, configs, res, against_tokens)
+    section.commands = tune.commands(run_dir)
+
+
+def winner_header(section: TuneSection, run_dir: Path) -> str:
+    """winner.toml's comment lines: both judges' answers, and which one chose."""
+    lines = [f"tune's winner ({section.winner}) from {run_dir}, chosen by {section.judged_by}"]
+    for j in (section.time_judge, section.tokens_judge):
+        if j is None:
+            continue
+        figures = [f"{j.tokens_per_s_x:.2f}x eager's tokens/s" if j.tokens_per_s_x else "",
+                   f"{j.time_x:.2f}x faster than eager to the target" if j.time_x else "",
+                   f"p={j.p_vs_eager:.2g} against eager" if j.p_vs_eager is not None else "",
+                   f"p={j.p_vs_other:.2g} against the tokens/s winner" if j.p_vs_other is not None else ""]
+        lines.append(f"the {j.judge} judge: {j.winner} (eager + {' + '.join(j.rungs) or 'nothing'}"
+                     + "".join(f"; {f}" for f in figures if f) + ")" + (f": {j.detail}" if j.detail else ""))
+    return "\n".join(lines)
 
 
 def cmd_train(s: Settings, _: argparse.Namespace) -> int:
@@ -223,7 +285,7 @@ COMMANDS = (
             "windows and gates, and name the fastest that passes every gate and the learns-check. Writes "
             "DIR/<timestamp>/results.json and winner.toml (`run --config` measures it, `train --config` trains it, "
             "speedladder.apply puts it in your own loop).",
-            tuple(g for g in CLIMB if g != "rungs") + ("memory", "tune"), cmd_tune),
+            tuple(g for g in CLIMB if g != "rungs") + ("memory", "tune", "race-rule"), cmd_tune),
     Command("train", "train one configuration, log its loss and val loss, sample text, save a checkpoint",
             "Train a configuration for --steps steps, logging loss, step time and tokens/s every --log-every steps "
             "and the val loss every --eval-every, then print a sample of generated text. DIR/<timestamp>/checkpoint.pt "

@@ -124,7 +124,10 @@ def given(ns: argparse.Namespace) -> dict[str, Any]:
 def _saved_run(folder: str) -> dict[str, Any]:
     """A run folder's resolved workload, as the base of a train or race of its winner: its device, output and
     rungs left to this command."""
-    run = settings.run_from_results(results.load(folder).config)
+    saved = results.load(folder)
+    run = settings.run_from_results(saved.config)
+    if saved.tune is not None and saved.tune.winner_batch_lr_scale:  # the rule the race chose the winner under
+        run = dataclasses.replace(run, batch_lr_scale=saved.tune.winner_batch_lr_scale)
     data = codec.to_data(run)
     for key in ("device", "out", "rungs", "ladder", "beside"):
         data.pop(key, None)

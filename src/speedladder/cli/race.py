@@ -10,13 +10,14 @@ from pathlib import Path
 from speedladder import results
 from speedladder.cli.commands import header, start
 from speedladder.cli.gen import Command
-from speedladder.config import RACE_LADDER, RunConfig
+from speedladder.config import LADDERS, RACE_LADDER, RunConfig
 from speedladder.errors import UsageError
-from speedladder.racing import Race
+from speedladder.racing import Race, ruler
 from speedladder.report import race as race_report
 from speedladder.report.outputs import write_outputs
-from speedladder.rungs import RUNGS
+from speedladder.rungs import BUILT_IN, RUNGS
 from speedladder.settings import RaceConfig, Settings
+from speedladder.workload import Workload
 
 
 def plan(s: Settings) -> tuple[RunConfig, RaceConfig, str]:
@@ -34,17 +35,28 @@ def plan(s: Settings) -> tuple[RunConfig, RaceConfig, str]:
             raise UsageError(f"unknown rung {unknown[0]!r} in --combos (choose from {', '.join(RUNGS)})")
         role = "combo"
     else:
-        race, role = dataclasses.replace(race, rungs=tuple(race.rungs or RACE_LADDER)), "rung"
+        if race.ladder is not None and race.ladder not in LADDERS:
+            raise UsageError(f"unknown ladder {race.ladder!r} (choose from {', '.join(LADDERS)})")
+        if race.ladder is not None and race.rungs is not None:
+            raise UsageError("give --ladder or --rungs, not both")
+        ladder = LADDERS[race.ladder].rungs if race.ladder else RACE_LADDER
+        race, role = dataclasses.replace(race, rungs=tuple(race.rungs or ladder), ladder=None), "rung"
     names = race.rungs or ("eager", *dict.fromkeys(n for c in race.combos for n in c if n != "eager"))
     return dataclasses.replace(s.run, rungs=tuple(names), beside=(), ladder=None), race, role
 
 
 def cmd_race(s: Settings, _: argparse.Namespace) -> int:
     cfg, race_cfg, role = plan(s)
-    # a val split too small for one batch is refused before any folder is made
-    progress, work, run_dir = start(s, cfg, refuse=lambda w: w.val_set(w.cfg.seq_len))
+    race_cfg, note, same_ruler = ruler.fixed(race_cfg)
+
+    def refuse(work: Workload) -> None:  # refused before any folder is made
+        work.val_set(work.cfg.seq_len)  # a val split too small for one batch
+        same_ruler(work)
+
+    progress, work, run_dir = start(s, cfg, refuse=refuse)
     progress(header(work, run_dir))
-    race = Race(work, run_dir, race_cfg, progress, role=role, settings=s)
+    race = Race(work, run_dir, race_cfg, progress, role=role, settings=dataclasses.replace(s, race=race_cfg),
+                target_note=note)
     try:
         if role == "rung":
             race.prepare_ladder(work.cfg.run.rungs or ())
@@ -56,6 +68,12 @@ def cmd_race(s: Settings, _: argparse.Namespace) -> int:
         print("interrupted: the runs finished before the stop are kept", file=sys.stderr)
         return 130
     finish(run_dir)
+    broken = next((e for e in race.section.entries if e.status == "error" and e.rungs
+                   and e.rungs[-1] in RUNGS and RUNGS[e.rungs[-1]].source != BUILT_IN), None)
+    if broken is not None:  # a rung of the user's that raised: the race went on, the command says so
+        print(f"speedladder: error: rung {broken.name} ({RUNGS[broken.rungs[-1]].source}): {broken.detail}",
+              file=sys.stderr)
+        return 2
     first = race.section.entries[0] if race.section.entries else None
     if first is not None and first.status in ("error", "oom", "failed"):  # every verdict is against it
         print(f"speedladder: error: the baseline {first.name} did not race: {first.status}: {first.detail}",
@@ -75,9 +93,11 @@ COMMANDS = (
     Command("race", "train each configuration to a target val loss over seeds; judge it by the time, with a p-value",
             "Train every configuration (a cumulative ladder of rungs, given combinations, or a run's winner) from the "
             "same initial weights and batch order, seed by seed, until its val loss on held-out data reaches the "
-            "target; the clock runs over training steps only. Judge each against the configuration it builds on by "
-            "Welch's t-test on the times, one-sided each way (win or loss at p < 0.01, else noise). Writes "
+            "target; the clock runs over training steps only. A ladder races in stages, each rung beside the best "
+            "configuration so far, in an order that alternates from seed to seed; a rung that loses is not built "
+            "upon. Judge each against its base by a t-test paired by seed on log times, one-sided each way, a run "
+            "that did not reach counted as at least its clock (win or loss at p < 0.01, else noise). Writes "
             "DIR/<timestamp>/results.json, config.toml, waterfall.png (tokens/s beside × faster to the target) and "
             "report.html.",
-            ("model", "batch", "warmup", "muon", "race", "output", "quiet"), cmd_race),
+            ("model", "batch", "warmup", "muon", "race", "race-rule", "output", "quiet"), cmd_race),
 )

@@ -1,7 +1,8 @@
-"""`speedladder race`: time to a target val loss over seeds (engine.py), judged by Welch's t-test (verdicts.py)."""
+"""`speedladder race`: time to a target val loss over seeds, in stages (engine.py), judged by a paired test by seed
+on log times that knows censored runs (verdicts.py), on a ruler that can be reused (ruler.py)."""
 
 from speedladder.racing.engine import Clock, Race, WallClock, changes_learning
-from speedladder.racing.verdicts import BASELINE, DID_NOT_REACH, NOT_A_WIN, equal_tokens, judge
+from speedladder.racing.verdicts import BASELINE, DID_NOT_REACH, NOT_A_WIN, PAYS, equal_tokens, judge, versus
 
-__all__ = ["BASELINE", "DID_NOT_REACH", "NOT_A_WIN", "Clock", "Race", "WallClock", "changes_learning",
-           "equal_tokens", "judge"]
+__all__ = ["BASELINE", "DID_NOT_REACH", "NOT_A_WIN", "PAYS", "Clock", "Race", "WallClock", "changes_learning",
+           "equal_tokens", "judge", "versus"]

@@ -1,20 +1,25 @@
 """`speedladder race`: every configuration trained to a target val loss, over seeds, judged by the time it takes.
 
-Tokens/s says how fast a step runs; a race says how fast a model gets good (docs/race.md). As modded-nanogpt
-judges its records:
+Tokens/s says how fast a step runs; a race says how fast a model gets good (docs/race.md):
 
-1. The target is a val loss on held-out data: `--target-loss`, or by default the loss eager fp32 reaches after
-   `calibrate_steps` steps on a seed of its own, so that every sound configuration can reach it.
+1. The target is a val loss on held-out data: `--target-loss`, a saved race's (`--target-from`), or by default
+   the loss eager fp32 reaches after `calibrate_steps` steps on a seed of its own.
 2. Each configuration is prepared first (built, compiled and warmed up, its compile time recorded apart) and
    passes the causality probe: a step that lets a position see the future would reach any loss sooner.
-3. Then every configuration is trained from each seed's initial weights and batch order until its val loss is at
-   or below the target, or a time cap stops it ("did not reach", with its best loss). Runs go seed by seed
-   across the configurations, so the machine's drift lands on all of them alike.
-4. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation, which
-   happens every `eval_every` base steps' worth of tokens, on a fixed val set, in eval mode, under no_grad.
-5. A configuration's verdict against the one it builds on is Welch's t-test on the times, one-sided each way:
-   win or loss at p < alpha (0.01), otherwise noise (stats.py). A configuration that changes how the model learns
-   (batch, optimizer, learning rate) must also be no worse at equal tokens, or it is "not a win".
+3. The race goes in **stages**. A cumulative ladder's stage k trains rung k and the best configuration so far
+   (its base), both afresh, from every seed's initial weights and batch order; given configurations (combos, a
+   run's winner, tune's finalists) race in one stage beside eager. Within a seed the runs take turns, one stretch
+   between two evaluations at a time, the one with the least training time next: they see the machine in the same
+   seconds, so a slowdown of the machine lands on all of them alike. Who goes first rotates from seed to seed (a
+   Latin square: with two configurations, base first, then rung first, ...).
+4. A run trains until its val loss is at or below the target (the crossing interpolated between evaluations) and
+   it has trained the token budget of modded-nanogpt's criterion, or until its cap: a rung stops at `cap_factor`
+   times its base's time in the same seed, once the base is done; a base at the race's time cap (twice
+   `cap_factor` times eager fp32's calibration). A run stopped at its cap did not reach: a censored time, at least
+   its clock.
+5. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation.
+6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The
+   next stage builds on the rung only if it won or was noise (`stack_all` builds on every one that ran).
 
 Everything lands in results.json's `race` section (records.RaceSection), saved after every run.
 """
@@ -22,21 +27,22 @@ Everything lands in results.json's `race` section (records.RaceSection), saved a
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
-from speedladder import measure, models, probes, results
+from speedladder import measure, probes, results
 from speedladder.codec import to_data
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
-from speedladder.racing.verdicts import judge
-from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, Results
+from speedladder.racing.ruler import val_hash
+from speedladder.racing.runs import Clock, Going, Runs, WallClock
+from speedladder.racing.verdicts import PAYS, capped_out, judge
+from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
 from speedladder.settings import CONFIG_FILE, RaceConfig, Settings
 from speedladder.settings import write as write_settings
@@ -44,32 +50,6 @@ from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, free_device_memory, new_results
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
-
-
-class Clock(Protocol):
-    """The race's clock: started before a stretch of training steps, stopped after it (outside every evaluation)."""
-
-    def start(self) -> None: ...
-
-    def stop(self, steps: int, spec: StepSpec) -> float:
-        """Seconds the stretch of `steps` steps of `spec` took."""
-        ...
-
-
-class WallClock:
-    """Wall time, the device synchronized at both ends of each stretch (docs/measurement.md, rule 3)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._t0 = 0.0
-
-    def start(self) -> None:
-        measure.sync(self.device)
-        self._t0 = time.perf_counter()
-
-    def stop(self, steps: int, spec: StepSpec) -> float:
-        measure.sync(self.device)
-        return time.perf_counter() - self._t0
 
 
 @dataclasses.dataclass
@@ -82,36 +62,56 @@ class Prepared:
 
 
 def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
-    """Batch, optimizer or learning rate differ: the rung changes how the model learns, not only how fast."""
+    """Batch, optimizer, learning rate or architecture differ: the rung changes how the model learns, not only how
+    fast."""
     return (spec.batch_size != base.batch_size or spec.lr_scale != base.lr_scale
-            or (spec.optimizer in ADAMW_VARIANTS) != (base.optimizer in ADAMW_VARIANTS))
+            or (spec.optimizer in ADAMW_VARIANTS) != (base.optimizer in ADAMW_VARIANTS)
+            or spec.architecture != base.architecture)
 
 
-class Race:
+def rotated(items: list, i: int) -> list:
+    """Seed i's order: the list rotated by i (a cyclic Latin square over the seeds)."""
+    k = i % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+class Race(Runs):
     def __init__(self, work: Workload, run_dir: Path, race: RaceConfig, progress: Progress | None = None,
-                 clock: Clock | None = None, role: str = "rung", settings: Settings | None = None) -> None:
+                 clock: Clock | None = None, role: str = "rung", settings: Settings | None = None,
+                 results_: Results | None = None, target_note: str | None = None) -> None:
+        """results_: a results file of another command to race inside (tune's); by default a race of its own, with
+        its config.toml. target_note: where a given target came from (--target-from)."""
         self.work = work
         self.run_dir = run_dir
         self.cfg = race
         self.progress = progress or Progress(quiet=True)
         self.clock = clock or WallClock(work.device)
-        self.role = role  # "combo" or "winner" when the configurations are given rather than a ladder
+        self.role = role  # "combo", "winner" or "finalist" when the configurations are given rather than a ladder
+        self.target_note = target_note
         self.val_x, self.val_y = work.val_set(work.cfg.seq_len)
         base = work.base_spec
         seed = work.cfg.run.seed
+        budget_steps = race.calibrate_steps if race.budget_steps is None else race.budget_steps
         self.section = RaceSection(
             seeds=[seed + i for i in range(race.seeds)], eval_every=race.eval_every,
             eval_tokens=race.eval_every * base.tokens_per_step, val_sequences=len(self.val_x),
-            val_seq_len=work.cfg.seq_len, alpha=race.alpha, detect=race.detect,
-            batch_lr_scale=work.cfg.run.batch_lr_scale, calibrate_steps=race.calibrate_steps,
-            order="seed by seed: every configuration's run of one seed, then the next seed")
+            val_seq_len=work.cfg.seq_len, val_hash=val_hash(self.val_x, self.val_y), alpha=race.alpha,
+            detect=race.detect, batch_lr_scale=work.cfg.run.batch_lr_scale, calibrate_steps=race.calibrate_steps,
+            cap_factor=race.cap_factor, budget_steps=budget_steps or None,
+            budget_tokens=budget_steps * base.tokens_per_step or None, stack_all=race.stack_all,
+            order="in stages; within a stage, the configurations' order rotated from seed to seed")
         self.section.config = to_data(race)
-        self.results: Results = new_results(work, kind="race")
-        self.results.race = self.section
-        # config.toml: the resolved run and this race, which `speedladder race --config` repeats.
-        write_settings(run_dir / CONFIG_FILE, dataclasses.replace(settings or Settings(), run=work.cfg.run, race=race),
-                       f"speedladder race: the configuration of {run_dir}", ("run", "race", "quiet"))
+        if results_ is None:
+            self.results: Results = new_results(work, kind="race")
+            self.results.race = self.section
+            # config.toml: the resolved run and this race, which `speedladder race --config` repeats.
+            write_settings(run_dir / CONFIG_FILE,
+                           dataclasses.replace(settings or Settings(), run=work.cfg.run, race=race),
+                           f"speedladder race: the configuration of {run_dir}", ("run", "race", "quiet"))
+        else:
+            self.results = results_
         self.prepared: list[Prepared] = []
+        self._ladder: tuple[str, ...] | None = None
         self._inits: dict[int, dict[str, torch.Tensor]] = {}
         self.save()
 
@@ -123,30 +123,30 @@ class Race:
     def _entry(self, name: str, names: tuple[str, ...], spec: StepSpec, built_on: Prepared | None,
                role: str) -> RaceEntry:
         last = RUNGS[names[-1]] if names else RUNGS["eager"]
-        return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,
+        return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,  # type: ignore[arg-type]
                          built_on=built_on.entry.name if built_on else None, spec=spec.to_dict(),
                          precision=spec.precision,
                          changes_learning=built_on is not None and changes_learning(spec, built_on.spec))
 
     def prepare_ladder(self, names: tuple[str, ...]) -> None:
-        """A cumulative ladder: each rung composed on the last configuration that was prepared and passed."""
-        spec, base, path = self.work.base_spec, None, ()
-        for name in names:
-            rung = RUNGS[name]
-            new = rung.transform(spec, self.work.env)
-            p = self._prepare(self._entry(name, (*path, name), new, base, "rung"), new)
-            if p.entry.ok:
-                spec, base, path = new, p, (*path, name)
+        """A cumulative ladder, raced stage by stage: run() prepares each rung when its stage comes, on the best
+        configuration so far (the verdicts decide which)."""
+        self._ladder = tuple(names)
 
     def prepare_combos(self, combos: tuple[tuple[str, ...], ...], role: str = "combo") -> None:
-        """Eager, then each given set of rungs composed on it, each judged against eager."""
+        """Eager, then each given set of rungs composed on it, each judged against eager, in one stage."""
+        env = self.work.env
+        self.prepare_configs([("+".join(n for n in names if n != "eager") or "eager-again",
+                               tuple(n for n in names if n != "eager"),
+                               compose(tuple(n for n in names if n != "eager"), self.work.base_spec, env))
+                              for names in combos], role)
+
+    def prepare_configs(self, configs: list[tuple[str, tuple[str, ...], StepSpec]], role: str) -> None:
+        """Eager, then each (name, rungs, spec) given, each judged against eager, in one stage."""
         base = self._prepare(self._entry("eager", ("eager",), self.work.base_spec, None, "rung"),
                              self.work.base_spec)
-        for names in combos:
-            names = tuple(n for n in names if n != "eager")
-            spec = compose(names, self.work.base_spec, self.work.env)
-            self._prepare(self._entry("+".join(names) or "eager-again", names, spec, base if base.entry.ok else None,
-                                      role), spec)
+        for name, names, spec in configs:
+            self._prepare(self._entry(name, names, spec, base if base.entry.ok else None, role), spec)
 
     def _prepare(self, entry: RaceEntry, spec: StepSpec) -> Prepared:
         """Build, compile and warm up; probe causality. A configuration that cannot run is recorded, never dropped."""
@@ -196,82 +196,12 @@ class Race:
         rows = max(1, min(spec.batch_size, _PROBE_LOGITS // (spec.seq_len * step.vocab_size)))
         return probes.causality(step, probes.amplified(self.work.init), batch, rows, step.vocab_size)
 
-    # -- one run ------------------------------------------------------------------------------
-
-    def _init(self, seed: int) -> dict[str, torch.Tensor]:
-        if seed not in self._inits:
-            self._inits[seed] = models.initial_state(self.work.model, seed)
-        return self._inits[seed]
-
-    def _evaluate(self, step: TrainStep) -> float:
-        return float(step.evaluate(self.val_x, self.val_y, self.work.cfg.batch_size))
-
-    def train_to(self, step: TrainStep, seed: int, target: float, cap_s: float | None,
-                 max_steps: int | None = None, say: Callable[[str], None] = lambda m: None) -> RaceRun:
-        """Train from a seed's initial weights and batch order until the val loss is at or below `target`, the
-        clock passes `cap_s`, `max_steps` are done, or the loss is not finite."""
-        spec = step.spec
-        step.reset(self._init(seed))
-        measure.return_host_memory()  # before the clock starts: what the last run freed goes back to the system
-        stream = self.work.stream(spec, seed=seed)
-        run = RaceRun(seed=seed, stopped="")
-        interval, tps = self.section.eval_tokens, spec.tokens_per_step
-        steps = tokens = 0
-        clock = 0.0
-        next_eval = interval
-        loss: torch.Tensor | None = None
-        with matmul_precision(spec):
-            v = self._point(run, step, loss, steps, tokens, clock)
-            while True:
-                if not math.isfinite(v):
-                    run.stopped = "diverged"
-                    break
-                if v <= target:
-                    run.stopped, run.seconds, run.tokens, run.steps = "reached", clock, tokens, steps
-                    break
-                if cap_s is not None and clock >= cap_s:
-                    run.stopped = "time cap"
-                    break
-                if max_steps is not None and steps >= max_steps:
-                    run.stopped = "steps"
-                    break
-                n = max(1, math.ceil((next_eval - tokens) / tps))
-                if max_steps is not None:
-                    n = min(n, max_steps - steps)
-                c0 = measure.compile_count()
-                self.clock.start()
-                for _ in range(n):
-                    loss = step(*next(stream))
-                clock += self.clock.stop(n, spec)
-                run.recompiles += measure.compile_count() - c0
-                steps, tokens = steps + n, tokens + n * tps
-                while next_eval <= tokens:
-                    next_eval += interval
-                v = self._point(run, step, loss, steps, tokens, clock)
-        run.train_seconds = clock
-        say(f"seed {seed}: " + (f"reached {target:.3f} at {run.seconds:.2f} s (step {run.steps:,}, "
-                                f"{run.tokens:,} tokens)" if run.reached else
-                                f"{run.stopped} after {clock:.2f} s; best {run.best_loss:.3f} at "
-                                f"{run.best_seconds:.2f} s ({run.best_tokens:,} tokens)" if run.best_loss is not None
-                                else f"{run.stopped}"))
-        return run
-
-    def _point(self, run: RaceRun, step: TrainStep, loss: torch.Tensor | None, steps: int, tokens: int,
-               clock: float) -> float:
-        """Evaluate (the clock is stopped) and add the point to the run's curve; the val loss."""
-        t0 = time.perf_counter()
-        v = self._evaluate(step)
-        train = float(loss) if loss is not None else None  # read here, where the clock is stopped
-        run.eval_seconds += time.perf_counter() - t0
-        finite = math.isfinite(v)
-        run.curve_steps.append(steps)
-        run.curve_tokens.append(tokens)
-        run.curve_seconds.append(clock)
-        run.curve_val.append(v if finite else None)
-        run.curve_train.append(train if train is not None and math.isfinite(train) else None)
-        if finite and (run.best_loss is None or v < run.best_loss):
-            run.best_loss, run.best_seconds, run.best_tokens = v, clock, tokens
-        return v
+    @staticmethod
+    def _release(p: Prepared) -> None:
+        """A configuration no later stage trains: its step (and compiled code) freed. Not torch.compiler.reset():
+        the base's compiled step is still in use."""
+        p.step = None
+        gc.collect()
 
     # -- the target and the cap -----------------------------------------------------------------
 
@@ -283,7 +213,7 @@ class Race:
 
     def calibrate(self) -> None:
         """Set the target (given, or eager fp32's val loss after calibrate_steps steps on a seed of its own) and
-        the time cap (given, or cap_factor times what eager fp32 needs for those steps)."""
+        the race's time cap (given, or cap_factor times what eager fp32 needs for those steps)."""
         c, sec = self.cfg, self.section
         say = self.progress.scoped("race target")
         eager = self._eager_step()
@@ -298,15 +228,15 @@ class Race:
             sec.target_from = f"eager fp32's val loss after {c.calibrate_steps} steps (seed {seed})"
             eager_s = run.train_seconds
         else:
-            sec.target_loss, sec.target_from = c.target_loss, "--target-loss"
+            sec.target_loss, sec.target_from = c.target_loss, self.target_note or "--target-loss"
             eager_s = self._steps_seconds(eager, seed, c.calibrate_steps)
         if c.time_cap_s is not None:
             sec.time_cap_s, sec.cap_from = c.time_cap_s, "--time-cap"
-        else:
-            sec.time_cap_s = c.cap_factor * eager_s
-            sec.cap_from = f"{c.cap_factor:g}x eager fp32's {c.calibrate_steps} steps ({eager_s:.2f} s)"
-        say(f"target val loss {sec.target_loss:.4f} ({sec.target_from}); each run is capped at "
-            f"{sec.time_cap_s:.1f} s of training ({sec.cap_from})")
+        else:  # a base is known to reach: its cap is only a guard, generous so that a slow moment cannot censor it
+            sec.time_cap_s = 2 * c.cap_factor * eager_s
+            sec.cap_from = f"twice --cap-factor times eager fp32's {c.calibrate_steps} steps ({eager_s:.2f} s)"
+        say(f"target val loss {sec.target_loss:.4f} ({sec.target_from}); a rung stops at {c.cap_factor:g}x its "
+            f"base's time in the same seed, a base at {sec.time_cap_s:.1f} s of training ({sec.cap_from})")
         self.save()
 
     def _steps_seconds(self, step: TrainStep, seed: int, steps: int) -> float:
@@ -315,25 +245,146 @@ class Race:
         run = self.train_to(step, seed, -math.inf, None, max_steps=n)
         return run.train_seconds * steps / n
 
-    # -- the whole race -------------------------------------------------------------------------
+    def _rung_cap(self, base: RaceRun) -> tuple[float | None, str]:
+        """A rung's cap once its base's run of the same seed is done: cap_factor times the base's time (at least its
+        clock, when it stopped short of the target), never past --time-cap."""
+        factor, given = self.cfg.cap_factor, self.cfg.time_cap_s
+        if base.reached and base.seconds is not None:
+            cap, why = factor * base.seconds, f"{factor:g}x {{}}'s time in this seed"
+        elif base.train_seconds > 0:
+            cap, why = factor * base.train_seconds, f"{factor:g}x {{}}'s clock in this seed (it stopped short)"
+        else:
+            return self.section.time_cap_s, "the race's time cap ({} raised)"
+        return (given, "--time-cap") if given is not None and given <= cap else (cap, why)
+
+    def _seed(self, stage: RaceStage, order: list[Prepared], base: Prepared, seed: int) -> None:
+        """One seed of a stage: every configuration's run begun (memory handed back once, then each warmed up off
+        the clock), then the runs take turns, a stretch between two evaluations at a time, the one with the least
+        training time next (ties in the seed's order). So they see the machine in the same seconds. Once the base
+        is done, every other run is capped at cap_factor times its time. Each run is saved as it ends."""
+        sec, name = self.section, base.entry.name
+        measure.return_host_memory()  # once, before every run of the seed begins: not between their stretches
+        going: list[tuple[int, Prepared, Going]] = []
+        caps: dict[int, str] = {}
+
+        def end(position: int, p: Prepared, run: RaceRun) -> None:
+            run.stage, run.position = stage.index, position
+            run.cap_from = caps.get(position, "") or ("the race's time cap" if p is base else
+                                                      f"none: it was done before {name}")
+            p.entry.runs.append(run)
+            stage.wall_s = time.perf_counter() - started
+            self.save()
+
+        started = time.perf_counter() - (stage.wall_s or 0.0)
+        for position, p in enumerate(order):
+            cap = sec.time_cap_s if p is base else self.cfg.time_cap_s
+            if p is not base and cap is not None:
+                caps[position] = "--time-cap"
+            try:
+                going.append((position, p, self.begin(p.step, seed, sec.target_loss, cap,  # type: ignore[arg-type]
+                                                      budget_tokens=sec.budget_tokens)))
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the race goes on
+                self.progress.scoped(f"race {p.entry.name}")(f"seed {seed}: error: {one_line(e)}")
+                end(position, p, RaceRun(seed=seed, stopped=f"error: {one_line(e)}"))
+        while live := [x for x in going if not x[2].done]:
+            position, p, g = min(live, key=lambda x: (x[2].clock, x[0]))
+            try:
+                self.advance(g)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the others go on
+                g.run.stopped, g.done = f"error: {one_line(e)}", True
+            if not g.done:
+                continue
+            run = self.finish(g, self.progress.scoped(f"race {p.entry.name}"))
+            run.cap_s = g.cap_s
+            end(position, p, run)
+            if p is base:  # its time in this seed sets every other run's cap
+                for other_position, other, og in going:
+                    if og.done or other is base:
+                        continue
+                    og.cap_s, why = self._rung_cap(run)
+                    caps[other_position] = why.format(name)
+                    if og.cap_s is not None and og.clock >= og.cap_s:
+                        og.run.stopped, og.done = "time cap", True
+                        stopped = self.finish(og, self.progress.scoped(f"race {other.entry.name}"))
+                        stopped.cap_s = og.cap_s
+                        end(other_position, other, stopped)
+
+    def _stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
+        """Every configuration trained from every seed, the order rotated from seed to seed; saved after each run."""
+        sec = self.section
+        stage = RaceStage(index=len(sec.stages) + 1, names=[p.entry.name for p in configs], base=base.entry.name)
+        sec.stages.append(stage)
+        for p in configs:
+            if p.entry.stage is None:
+                p.entry.stage = stage.index
+        for i, seed in enumerate(sec.seeds):
+            going = [p for p in configs if p.entry.name not in stage.decided]
+            if all(p is base for p in going) and len(configs) > 1:
+                break  # every rung decided: nothing left to race its base against
+            order = rotated(going, i)
+            stage.orders.append([p.entry.name for p in order])
+            self._seed(stage, order, base, seed)
+            for p in going:  # a rung stopped at cap_factor x its base in each of its first two seeds is a loss
+                if p is not base and capped_out(p.entry, base.entry, self.cfg.cap_factor):
+                    stage.decided.append(p.entry.name)
+                    self.progress.scoped(f"race {p.entry.name}")(
+                        f"stopped at {self.cfg.cap_factor:g}x {base.entry.name}'s time in each of its first "
+                        f"{i + 1} seeds: a loss; its other seeds are not run")
+        return stage
+
+    def _run_ladder(self, names: tuple[str, ...]) -> None:
+        """Stage by stage: each rung composed on the best configuration so far, raced beside it, then judged; the
+        next builds on it only if it paid (won, or was noise), or on every one that ran with stack_all."""
+        spec, base, path = self.work.base_spec, None, ()
+        for name in names:
+            try:
+                new = RUNGS[name].transform(spec, self.work.env)
+            except Exception as e:  # noqa: BLE001 -- a rung's own transform that raised: recorded, the race goes on
+                entry = self._entry(name, (*path, name), spec, base, "rung")
+                entry.status, entry.detail, entry.built_upon = "error", one_line(e), False
+                self.section.entries.append(entry)
+                self.progress.scoped(f"race {name}")(f"error: {entry.detail}")
+                self.save()
+                continue
+            p = self._prepare(self._entry(name, (*path, name), new, base, "rung"), new)
+            if not p.entry.ok:
+                p.entry.built_upon = False
+                continue
+            if base is None:  # the baseline: every later stage is measured from it
+                p.entry.built_upon = True
+                spec, base, path = new, p, (*path, name)
+                self.calibrate()
+                continue
+            self._stage([base, p], base)
+            judge(self.section)
+            pays = self.cfg.stack_all or p.entry.verdict in PAYS
+            p.entry.built_upon = pays
+            self.progress.scoped(f"race {p.entry.name}")(
+                f"{p.entry.verdict}" + (f" ({p.entry.verdict_detail})" if p.entry.verdict_detail else "")
+                + ("; the next stage builds on it" if pays else f"; the next stage builds on {base.entry.name}"))
+            if pays:
+                self._release(base)
+                spec, base, path = new, p, (*path, name)
+            else:
+                self._release(p)
+            self.save()
+        if base is not None and not base.entry.runs:  # a ladder of one: the baseline raced alone
+            self._stage([base], base)
 
     def run(self) -> Results:
-        """Calibrate, race every prepared configuration seed by seed, then judge; saved after every run."""
+        """Calibrate, race the stages, then judge; saved after every run."""
         try:
-            self.calibrate()
-            ready = [p for p in self.prepared if p.entry.ok and p.step is not None]
-            for seed in self.section.seeds:
-                for p in ready:
-                    say = self.progress.scoped(f"race {p.entry.name}")
-                    try:
-                        p.entry.runs.append(self.train_to(p.step, seed, self.section.target_loss,  # type: ignore[arg-type]
-                                                          self.section.time_cap_s, say=say))
-                    except KeyboardInterrupt:
-                        raise
-                    except Exception as e:  # noqa: BLE001 -- this run fails, recorded; the race goes on
-                        p.entry.runs.append(RaceRun(seed=seed, stopped=f"error: {one_line(e)}"))
-                        say(f"seed {seed}: error: {one_line(e)}")
-                    self.save()
+            if self._ladder is not None:
+                self._run_ladder(self._ladder)
+            else:
+                ready = [p for p in self.prepared if p.entry.ok and p.step is not None]
+                if ready:
+                    self.calibrate()
+                    self._stage(ready, ready[0])
             judge(self.section)
             self.results.status = "complete"
         except KeyboardInterrupt:

@@ -28,13 +28,14 @@ from speedladder.records.checks import (
     LossBand,
     Role,
     TokensToTarget,
-    TuneSection,
     not_applicable,
 )
-from speedladder.records.race import EqualTokens, RaceEntry, RaceRun, RaceSection
+from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
+from speedladder.records.tune import TuneJudge, TuneSection
 
 __all__ = [
     "EXTRA",
+    "BudgetCheck",
     "Causality",
     "Check",
     "Differential",
@@ -45,16 +46,19 @@ __all__ = [
     "Gate",
     "LearnsCheck",
     "LossBand",
+    "PairedTest",
     "ParallelSection",
     "Prediction",
     "ProfileSummary",
     "RaceEntry",
     "RaceRun",
     "RaceSection",
+    "RaceStage",
     "Results",
     "Role",
     "RungResult",
     "TokensToTarget",
+    "TuneJudge",
     "TuneSection",
     "from_dict",
     "not_applicable",
@@ -350,10 +354,13 @@ class Results:
         return tuple(reversed(names))
 
     def winner(self) -> tuple[str, tuple[str, ...]] | None:
-        """The configuration this file names best, and its rungs above eager: tune's winner, else the fastest rung
-        that passed every gate; None when there is none."""
+        """The configuration this file names best, and its rungs above eager: tune's winner, a race's fastest to
+        the target, else the fastest rung that passed every gate; None when there is none."""
         if self.tune and self.tune.winner:
             return self.tune.winner, tuple(self.tune.winner_rungs)
+        if self.race is not None:
+            best = self.race.entry(self.race.fastest) if self.race.fastest else None
+            return (best.name, tuple(n for n in best.rungs if n != "eager")) if best is not None else None
         best = self.rung(self.fastest) if self.fastest else None
         if best is None:
             return None

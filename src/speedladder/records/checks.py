@@ -165,23 +165,6 @@ class LearnsCheck(Check):
     eager_losses: list[float | None] = field(default_factory=list)
 
 
-@dataclass
-class TuneSection:
-    """`speedladder tune`: the budget, what was kept and dropped, the combinations, the winner."""
-
-    budget_minutes: float | None = None
-    seconds: float | None = None
-    survivors: list[str] | None = None  # None: the search stopped before the survivors were combined
-    dropped: dict[str, str] = field(default_factory=dict)
-    candidates: list[dict[str, Any]] = field(default_factory=list)
-    finalists: list[str] = field(default_factory=list)
-    winner: str | None = None
-    winner_rungs: list[str] = field(default_factory=list)
-    winner_spec: dict[str, Any] | None = None
-    commands: dict[str, str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def not_applicable(cls: type[Check], why: str) -> Any:
     """A check that does not apply to this rung: it passes, measures nothing, and says why."""
     return cls(applies=False, passed=True, detail=f"not applicable: {why}")

@@ -22,7 +22,7 @@ from speedladder.errors import UsageError
 from speedladder.measure import Spread, verdict
 from speedladder.records import to_dict
 from speedladder.report import htmlkit
-from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows
+from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows, ruler_warnings
 
 WITHIN = "within spread"
 PASSED, FAILED = "passed", "failed"
@@ -196,7 +196,8 @@ def compare(runs: Sequence[dict], labels: Sequence[str]) -> Comparison:
         ref_ok = ref if ref is not None and ref["status"] == "ok" else None
         first = _cell(ref, None)
         rows.append(Row(name, (first, *(_cell(rec.get(name), ref_ok) for rec in recs[1:]))))
-    return Comparison(tuple(labels), tuple(rows), tuple(differences(runs)), race_rows(runs))
+    comp = Comparison(tuple(labels), tuple(rows), tuple(differences(runs)), race_rows(runs))
+    return dataclasses.replace(comp, warnings=tuple(ruler_warnings(runs, letters(comp))))
 
 
 def labels_for(paths: Sequence[str]) -> list[str]:
@@ -214,7 +215,7 @@ def load(paths: Sequence[str], drift_limit: float | None = None) -> Comparison:
     comp = compare(runs, labels)
     if drift_limit is None:
         return comp
-    return dataclasses.replace(comp, warnings=tuple(drift_warnings(runs, letters(comp), drift_limit)))
+    return dataclasses.replace(comp, warnings=(*comp.warnings, *drift_warnings(runs, letters(comp), drift_limit)))
 
 
 # -- output ----------------------------------------------------------------------------------------
@@ -284,7 +285,7 @@ def print_comparison(comp: Comparison) -> None:
         console.print(escape(f"speedladder compare · {legend(comp)}"))
     if comp.race_rows:
         headers, rows = race_columns(comp)
-        rt = Table(title="race: seconds to the target val loss; faster / slower at p < 0.01 (Welch, one-sided)",
+        rt = Table(title="race: seconds to the target val loss; faster / slower at p < 0.01 (one-sided, paired by seed)",
                    title_justify="left")
         for h in headers:
             rt.add_column(escape(h), justify="left" if h == "config" or h.endswith("change") else "right",
@@ -322,8 +323,8 @@ def html(comp: Comparison, paths: Sequence[str] = ()) -> str:
             *([htmlkit.section("race", "Race: seconds to the target val loss, against A",
                                htmlkit.table(*race_columns(comp), left=[h for h in race_columns(comp)[0]
                                                                         if h == "config" or h.endswith("change")])
-                               + "<p>faster / slower: Welch's t-test on the seeds' times, one-sided, p &lt; 0.01; "
-                                 "noise otherwise.</p>")] if comp.race_rows else []),
+                               + "<p>faster / slower: a t-test on the log times paired by seed (Welch's test where "
+                                 "the seeds differ), one-sided, p &lt; 0.01; noise otherwise.</p>")] if comp.race_rows else []),
             htmlkit.section("differences", "Configuration and environment",
                             diffs + htmlkit.notes(comp.warnings))]
     return htmlkit.page("speedladder compare · " + " vs ".join(comp.labels), body)

@@ -1,4 +1,10 @@
-"""`compare` of races: each configuration's seconds to the target in every run, tested against the first run's."""
+"""`compare` of races: each configuration's seconds to the target in every run, tested against the first run's.
+
+A race's times are read from its own stage (RaceEntry.own_runs). Two races of the same seeds share each seed's
+initial weights and batch order, so their times are paired by seed (stats.paired, on log times, censoring-aware);
+races of different seeds are compared by Welch's test. Races measured on different rulers (target, val set or eval
+cadence) are compared all the same, under a warning that their times do not compare (`ruler_warnings`).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from speedladder import stats
+from speedladder.records.race import ruler_differences
 
 FASTER, SLOWER, NOISE = "faster", "slower", "noise"
 
@@ -20,7 +27,7 @@ class RaceCell:
     sd: float | None = None
     reached: str = ""  # "3/3"
     ratio: float | None = None  # mean / the first run's mean
-    change: str | None = None  # FASTER, SLOWER or NOISE against the first run (Welch, one-sided each way)
+    change: str | None = None  # FASTER, SLOWER or NOISE against the first run (one-sided each way)
     p: float | None = None  # the p-value of that change's side (the smaller of the two)
 
 
@@ -34,37 +41,73 @@ class RaceRow:
         return any(c.change in (FASTER, SLOWER) for c in self.cells)
 
 
-def _times(entry: dict) -> list[float] | None:
-    """An entry's seconds to the target, one per seed, if it reached in every seed."""
+def own_runs(entry: dict) -> list[dict]:
+    """An entry's runs in the stage where it was judged (all of them in a file from before stages)."""
     runs = entry.get("runs") or []
+    stage = entry.get("stage")
+    return [r for r in runs if r.get("stage") == stage] if stage is not None else runs
+
+
+def _times(entry: dict) -> dict[int, float] | None:
+    """An entry's seconds to the target by seed, if it reached in every seed."""
+    runs = own_runs(entry)
     if entry.get("status") != "ok" or not runs or any(r.get("stopped") != "reached" for r in runs):
         return None
-    return [r["seconds"] for r in runs]
+    return {r["seed"]: r["seconds"] for r in runs}
+
+
+def change_test(mine: dict[int, float], theirs: dict[int, float], alpha: float) -> tuple[float, float]:
+    """p that `mine` is faster and p that it is slower than `theirs`: paired by seed on log times when both hold
+    the same seeds, else Welch's test on the times."""
+    if sorted(mine) == sorted(theirs):
+        seeds = sorted(mine)
+        t = stats.paired([stats.Time(mine[k]) for k in seeds], [stats.Time(theirs[k]) for k in seeds], alpha)
+        return t.p_less, t.p_greater
+    w = stats.welch(list(mine.values()), list(theirs.values()))
+    return w.p_less, w.p_greater
 
 
 def _race_cell(entry: dict | None, ref: dict | None, alpha: float) -> RaceCell:
     if entry is None:
         return RaceCell("missing")
-    runs = entry.get("runs") or []
+    runs = own_runs(entry)
     reached = f"{sum(r.get('stopped') == 'reached' for r in runs)}/{len(runs)}"
     mine = _times(entry)
     if entry.get("status") != "ok":
         return RaceCell(entry.get("status") or "unknown", reached=reached)
     if mine is None:
         return RaceCell("did not reach", reached=reached)
-    s = stats.summary(mine)
+    s = stats.summary(list(mine.values()))
     assert s is not None
     theirs = _times(ref) if ref is not None else None
     if theirs is None or len(mine) < 2 or len(theirs) < 2:
         return RaceCell("ok", s.mean, s.sd, reached)
-    v, w = stats.verdict(mine, theirs, alpha)
-    change = {stats.WIN: FASTER, stats.LOSS: SLOWER}.get(v, NOISE)
-    return RaceCell("ok", s.mean, s.sd, reached, s.mean / statistics.fmean(theirs), change, min(w.p_less, w.p_greater))
+    p_less, p_greater = change_test(mine, theirs, alpha)
+    change = FASTER if p_less < alpha else SLOWER if p_greater < alpha else NOISE
+    return RaceCell("ok", s.mean, s.sd, reached, s.mean / statistics.fmean(theirs.values()), change,
+                    min(p_less, p_greater))
+
+
+def ruler_warnings(runs: Sequence[dict], names: Sequence[str]) -> list[str]:
+    """One loud line per race whose ruler differs from the first race's: its times do not compare."""
+    races = [r.get("race") or {} for r in runs]
+    if not races or not races[0]:
+        return []
+    out = []
+    for name, race in zip(names[1:], races[1:]):
+        if not race:
+            continue
+        differ = ruler_differences(races[0], race)
+        if differ:
+            out.append(f"WARNING: races {names[0]} and {name} were measured on different rulers ({'; '.join(differ)})"
+                       f": their times to the target do not compare (--target-from {names[0]}'s folder races on "
+                       "its ruler).")
+    return out
 
 
 def race_rows(runs: Sequence[dict]) -> tuple[RaceRow, ...]:
-    """Race configurations aligned by name; each later run's times tested against the first run's (Welch, at the
-    first run's alpha)."""
+    """Race configurations aligned by name; each later run's times tested against the first run's (paired by seed
+    where the seeds agree, else Welch; at the first run's alpha)."""
     races = [r.get("race") or {} for r in runs]
     if not any(races):
         return ()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from speedladder.records import Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
+from speedladder.report import summary
 from speedladder.report.common import label, model_label
 from speedladder.report.gates import gates_html
 from speedladder.report.htmlkit import (
@@ -37,7 +38,8 @@ from speedladder.report.htmlkit import (
 )
 from speedladder.report.memory import explanation_html, field_of, memory_chart, memory_fields
 from speedladder.report.profile import roofline_line
-from speedladder.report.race import race_figure, race_html
+from speedladder.report.race import race_html
+from speedladder.report.race_charts import race_figure
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
 from speedladder.report.tune import tune_lines
@@ -45,8 +47,8 @@ from speedladder.report.waterfall import COLOURS, PREDICTED, waterfall_figure
 
 FILENAME = "report.html"
 SECTIONS: tuple[tuple[str, str], ...] = (
-    ("header", "Run"), ("rungs", "Rungs"), ("waterfall", "Waterfall"), ("race", "Race to a target loss"),
-    ("loss-curves", "Loss curves"), ("gates", "Gates in detail"),
+    ("header", "Run"), ("summary", "Summary"), ("rungs", "Rungs"), ("waterfall", "Waterfall"),
+    ("race", "Race to a target loss"), ("loss-curves", "Loss curves"), ("gates", "Gates in detail"),
     ("memory", "Memory"), ("profile", "Profile and predictions"), ("parallel", "Data parallelism"),
     ("environment", "Environment"))
 
@@ -355,10 +357,15 @@ def environment_section(results: dict) -> str:
 
 
 BUILDERS = {"rungs": rungs_section, "waterfall": waterfall_section,
-            "race": lambda results: race_html(_typed(results)), "loss-curves": loss_section,
+            "race": lambda results: _race(_typed(results)), "loss-curves": loss_section,
             "gates": lambda results: gates_html(_typed(results)),
             "memory": memory_section, "profile": profile_section, "parallel": parallel_section,
             "environment": environment_section}
+
+
+def _race(typed: Results) -> str:
+    """A race's section: a race's own, or the race tune ran among its finalists."""
+    return race_html(typed, typed.race or (typed.tune.race if typed.tune else None))
 
 
 def _typed(results: dict) -> Results:
@@ -370,8 +377,8 @@ def build(saved: Results | dict) -> str:
     """The whole page for saved results: a pure function of them. The sections read the file's own fields
     (docs/results.md), as the page is a view of the file."""
     results = saved if isinstance(saved, dict) else to_dict(saved)
-    body = [header(results)]
-    for sid, title in SECTIONS[1:]:
+    body = [header(results), section("summary", "Summary", summary.html(_typed(results)))]
+    for sid, title in SECTIONS[2:]:
         body.append(section(sid, title, BUILDERS[sid](results)))
     c, e = results.get("config") or {}, results.get("environment") or {}
     label_ = model_label(c, results.get("model"))

@@ -28,6 +28,9 @@ dl.kv dt { font-weight: 600; } dl.kv dd { margin: 0; font-family: ui-monospace, 
 .missing { color: #8a6d3b; background: #fcf8e3; padding: 0.5em 0.8em; border-left: 3px solid #e0c060; }
 .chart svg { max-width: 100%; height: auto; }
 ul.notes { font-size: 0.9em; } td.why { white-space: normal; min-width: 30em; }
+div.summary { border: 2px solid #1f6fb4; border-radius: 6px; padding: 0.6em 1em; background: #f5f9fd; }
+div.summary pre { background: #fff; border: 1px solid #ddd; padding: 0.3em 0.6em; margin: 0.3em 0; overflow-x: auto; }
+div.summary h3 { font-size: 1em; margin: 0.6em 0 0.2em; }
 """
 
 def esc(value: object) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 from speedladder import results
 from speedladder.records import Results
 from speedladder.report import html
-from speedladder.report.race import race_plot
+from speedladder.report.race_charts import race_plot
 from speedladder.report.waterfall import WATERFALL, waterfall
 
 

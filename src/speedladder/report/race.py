@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import statistics
 
 from rich.console import Console
 from rich.markup import escape
@@ -37,29 +37,43 @@ def verdict_cell(e: RaceEntry) -> str:
     return e.verdict or "—"
 
 
+def prev_cell(e: RaceEntry) -> str:
+    """× prev, with ≤ or ≥ where runs that stopped before the target bound it."""
+    mark = {"at most": "≤", "at least": "≥"}.get(e.speedup_bound or "", "")
+    return "—" if e.speedup_prev is None else f"{mark}{e.speedup_prev:.2f}×"
+
+
+def budget_cell(e: RaceEntry) -> str:
+    b = e.budget
+    if b is None or b.mean is None:
+        return "—"
+    return f"{b.mean:.4f} {'✓' if b.passed else '✗'}"
+
+
 def race_rows(section: RaceSection) -> list[dict[str, str]]:
     """One row of display strings per configuration: the same for the terminal and report.html."""
     out = []
     for e in section.entries:
         mean, rng = _secs(e)
-        reached = sum(r.reached for r in e.runs)
+        own = e.own_runs
+        reached = sum(r.reached for r in own)
         out.append({
-            "config": e.name, "s to target": mean, "min–max": rng, "× prev": times(e.speedup_prev),
+            "config": e.name, "s to target": mean, "min–max": rng, "× prev": prev_cell(e),
             "p win": _p(e.p_win), "p loss": _p(e.p_loss), "× cum": times(e.speedup_cum),
             "tokens": "—" if e.tokens is None else f"{e.tokens.mean:,.0f}",
             "× tokens": "—" if e.token_ratio is None else f"{e.token_ratio:.2f}×",
-            "steps": "—" if e.steps is None else f"{e.steps.mean:,.0f}",
             "tok/s": "—" if e.tokens_per_s is None else f"{e.tokens_per_s:,.0f}",
             "× tok/s": times(e.tokens_per_s_prev),
-            "seeds": f"{reached}/{len(e.runs)}" if e.runs else "—",
+            "seeds": f"{reached}/{len(own)}" if own else "—",
+            "val @budget": budget_cell(e),
             "compile s": "—" if e.compile_s is None else f"{e.compile_s:.1f}",
             "verdict": verdict_cell(e),
         })
     return out
 
 
-def title(results: Results) -> str:
-    c, e, s = results.config, results.environment, results.race
+def title(results: Results, section: RaceSection | None = None) -> str:
+    c, e, s = results.config, results.environment, section or results.race
     assert s is not None
     target = "none" if s.target_loss is None else f"{s.target_loss:.4f}"
     return (f"speedladder race · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
@@ -68,16 +82,18 @@ def title(results: Results) -> str:
 
 
 # What the short column names mean, said once under the table.
-COLUMNS_NOTE = ("columns: s to target (mean ± sd over the seeds that reached it), × prev against the configuration "
-                "built on (its mean time over this one's) with Welch's one-sided p win and p loss, × cum against the "
-                "first; tokens and steps to the target, × tokens against the base's; tok/s trained during the race; "
-                "seeds that reached the target.")
+COLUMNS_NOTE = ("columns: s to target (mean ± sd over the seeds that reached it, in its own stage), × prev against "
+                "its base in the same stage (the geometric mean of the per-seed ratios; ≤ or ≥ where a run that "
+                "stopped bounds it) with the paired test's one-sided p win and p loss, × cum the chain of × prev "
+                "down to the first; tokens to the target, × tokens against the base's; tok/s trained during the "
+                "race; seeds that reached the target; val @budget the mean val loss at the token budget, ✓ when "
+                "below the target at p < alpha (modded-nanogpt's criterion).")
 
 
-def race_table(results: Results) -> Table:
-    s = results.race
+def race_table(results: Results, section: RaceSection | None = None) -> Table:
+    s = section or results.race
     assert s is not None
-    t = Table(title=escape(title(results)), title_justify="left")
+    t = Table(title=escape(title(results, s)), title_justify="left")
     rows = race_rows(s)
     for col in rows[0] if rows else ["config"]:
         t.add_column(col, justify="left" if col in ("config", "verdict") else "right", no_wrap=True)
@@ -91,11 +107,12 @@ def _entry_lines(e: RaceEntry, s: RaceSection) -> list[str]:
     if e.status != "ok":
         out.append(f"{e.name}: {e.status} — {e.detail}")
         return out
-    for r in e.runs:
+    for r in e.own_runs:
         if not r.reached:
             best = ("" if r.best_loss is None else f"; its best val loss {r.best_loss:.4f} at {r.best_seconds:.2f} s "
                     f"({r.best_tokens:,} tokens)")
-            out.append(f"{e.name}: seed {r.seed} did not reach {s.target_loss:.4f} ({r.stopped}){best}.")
+            cap = f" at {r.cap_s:.2f} s, {r.cap_from}" if r.stopped == "time cap" and r.cap_s is not None else ""
+            out.append(f"{e.name}: seed {r.seed} did not reach {s.target_loss:.4f} ({r.stopped}{cap}){best}.")
         if r.recompiles:
             out.append(f"{e.name}: seed {r.seed}: {r.recompiles} graph(s) compiled while the clock ran: its time "
                        "includes compiling.")
@@ -107,7 +124,7 @@ def _entry_lines(e: RaceEntry, s: RaceSection) -> list[str]:
     if eq is not None and eq.loss:
         mean = sum(eq.loss) / len(eq.loss)
         base = sum(eq.base_loss) / len(eq.base_loss)
-        p = "" if eq.p_worse is None else f", one-sided p={_p(eq.p_worse)} that it is worse"
+        p = "" if eq.p_worse is None else f", one-sided paired p={_p(eq.p_worse)} that it is worse"
         out.append(f"{e.name}: changes how the model learns, so it is also compared with {e.built_on} at equal tokens "
                    f"(where the shorter run of each seed stopped, mean {sum(eq.tokens) / len(eq.tokens):,.0f}): "
                    f"val {mean:.4f} vs {base:.4f}{p}: " + ("WORSE" if eq.worse else "no worse")
@@ -115,57 +132,122 @@ def _entry_lines(e: RaceEntry, s: RaceSection) -> list[str]:
     tps, prev = e.tokens_per_s_prev, e.speedup_prev
     if tps is not None and prev is not None and tps > 1 and (e.verdict in ("loss", "not a win") or prev < 1):
         more = f"; it needs {e.token_ratio:.2f}× the tokens" if e.token_ratio and e.token_ratio > 1 else ""
-        out.append(f"{e.name}: {tps:.2f}× {e.built_on}'s tokens/s, but {prev:.2f}× to the target{more}: "
+        out.append(f"{e.name}: {tps:.2f}× {e.built_on}'s tokens/s, but {prev_cell(e)} to the target{more}: "
                    "tokens/s alone would have praised it.")
+    if e.built_upon is False and e.role == "rung" and e.verdict is not None:
+        nxt = next((x for x in s.entries[s.entries.index(e) + 1:] if x.built_on), None)
+        out.append(f"{e.name}: {e.verdict}, so not built upon"
+                   + (f": {nxt.name} is built on {nxt.built_on}." if nxt is not None else "."))
     return out
 
 
-def underpowered(section: RaceSection) -> list[str]:
-    """Where a verdict of noise may hide a real change: the configurations whose seeds and spreads could not detect
-    a change of section.detect at alpha, with the seeds that would at the spreads seen (Welch.detectable's terms)."""
+def _stage_lines(s: RaceSection) -> list[str]:
+    if not s.stages:
+        return []
+    seeds = f"seeds {s.seeds[0]}–{s.seeds[-1]}" if len(s.seeds) > 1 else f"seed {s.seeds[0]}"
+    if len(s.stages) == 1 and len(s.stages[0].names) > 2:
+        st = s.stages[0]
+        orders = ", ".join("-".join(o) for o in st.orders[:len(st.names)])
+        return [(f"one stage: {', '.join(st.names)}, each over {seeds}, the runs of a seed taking turns a stretch at "
+                 f"a time, the order rotated from seed to seed (a Latin square: {orders}, ...); each judged against "
+                 f"{st.base}.")]
+    parts = []
+    for st in s.stages:
+        rungs = [n for n in st.names if n != st.base]
+        parts.append(f"{st.index} {', '.join(rungs) or st.base}" + (f" against {st.base}" if rungs else " alone"))
+    first = s.stages[0]
+    starts = ", ".join(o[0] for o in first.orders[:2])
+    balance = ("a first-mover effect cancels in the mean" if len(s.seeds) % 2 == 0 else
+               "an odd number of seeds lets one side start once more than the other")
+    return [f"stages: {'; '.join(parts)}. Each stage trains both afresh over {seeds}, the two runs of a seed taking "
+            f"turns a stretch at a time (the one with less training time next); who starts alternates ({starts}, "
+            f"...): {balance}."
+            + (" Every rung that ran was built upon (--stack-all)." if s.stack_all else
+               " The next stage builds on the rung only if it won or was noise.")]
+
+
+def power_lines(section: RaceSection) -> list[str]:
+    """What these seeds can find, at 80% power: per verdict of noise, and at the race's median spread, with the
+    seeds a change of section.detect would need (stats.detectable, stats.seeds_for)."""
     out = []
+    alpha, n = section.alpha, len(section.seeds)
+    spreads = []
     for e in section.entries:
-        base = section.entry(e.built_on or "")
-        if e.verdict != stats.NOISE or e.detectable is None or e.detectable <= section.detect or e.time is None \
-                or base is None or base.time is None:
+        t = e.paired
+        if t is None or t.sd is None:
             continue
-        need = stats.seeds_for(e.time.sd / base.time.mean, base.time.sd / base.time.mean, section.detect,
-                               section.alpha)
-        out.append(f"{e.name}: noise, but {e.time.n} seeds with spreads of {100 * e.time.rel_sd:.1f}% and "
-                   f"{100 * base.time.rel_sd:.1f}% ({base.name}) could only detect a change above "
-                   f"{100 * e.detectable:.0f}% at p < {section.alpha:g}; "
-                   + (f"--seeds {need} would detect {100 * section.detect:.0f}%." if need else
+        spreads.append(t.sd)
+        if e.verdict != stats.NOISE or e.detectable is None or e.detectable <= section.detect:
+            continue
+        need = stats.seeds_for(t.sd, section.detect, alpha)
+        out.append(f"{e.name}: noise; its per-seed log time ratios against {e.built_on} spread by "
+                   f"{100 * t.sd:.1f}%, at which {len(t.seeds)} seeds find a change of {100 * e.detectable:.0f}% with "
+                   f"{100 * stats.POWER:.0f}% power at p < {alpha:g}; "
+                   + (f"--seeds {need} would find {100 * section.detect:.0f}%." if need else
                       f"more than 64 seeds would be needed for {100 * section.detect:.0f}%."))
+    if spreads:
+        sd = statistics.median(spreads)
+        d = stats.detectable(sd, n, alpha)
+        need = stats.seeds_for(sd, section.detect, alpha)
+        out.append(f"power: at the median spread of the per-seed log time ratios here ({100 * sd:.1f}%), {n} seeds "
+                   f"find a change of {100 * (d or 0):.0f}% with {100 * stats.POWER:.0f}% power at p < {alpha:g}"
+                   + (f"; {100 * section.detect:.0f}% needs --seeds {need}." if need and need > n else "."))
     return out
 
 
-def race_lines(results: Results) -> list[str]:
+def budget_line(section: RaceSection) -> str | None:
+    """modded-nanogpt's criterion for every configuration, in one sentence."""
+    judged = [e for e in section.entries if e.budget is not None and e.budget.mean is not None]
+    if not judged or not section.budget_tokens:
+        return None
+    steps = f", {section.budget_steps} base steps' worth" if section.budget_steps else ""
+    parts = [f"{e.name} {e.budget.mean:.4f} (p={_p(e.budget.p_below)}{', ' + e.budget.detail if e.budget.detail else ''})"  # type: ignore[union-attr]
+             f" {'meets it' if e.budget.passed else 'does not'}" for e in judged]  # type: ignore[union-attr]
+    return (f"modded-nanogpt's criterion: the mean val loss at a fixed budget of {section.budget_tokens:,} tokens"
+            f"{steps}, below the target at p < {section.alpha:g} (a one-sample t-test over the seeds): "
+            + "; ".join(parts) + ".")
+
+
+def race_lines(results: Results, section: RaceSection | None = None) -> list[str]:
     """The sentences under the race's table: the target, the rule, every exception, the fastest."""
-    s = results.race
+    s = section or results.race
     if s is None:
         return []
     corpus = results.corpus or {}
+    cap = (f"{s.time_cap_s:.1f} s ({s.cap_from})" if s.time_cap_s is not None else "— (not set)")
+    factor = (f"a rung stops at {s.cap_factor:g}x its base's time in the same seed, once the base is done; a base "
+              f"at {cap}" if s.cap_factor else f"each run is capped at {cap}")
     out = [f"target: val loss {s.target_loss:.4f}, {s.target_from}; on a fixed val set of {s.val_sequences} "
            f"sequences of {s.val_seq_len} tokens from {corpus.get('val_from', 'the held-out split')}, in eval mode, "
            f"under no_grad, at each configuration's precision." if s.target_loss is not None else
            "target: not set (the race stopped before it was calibrated).",
-           f"clock: training steps only, stopped at every evaluation (every {s.eval_every} base steps' worth, "
-           f"{s.eval_tokens:,} tokens); compile and warm-up are timed apart. Each run is capped at "
-           + (f"{s.time_cap_s:.1f} s ({s.cap_from})." if s.time_cap_s is not None else "— (not set)."),
-           (f"seeds {', '.join(map(str, s.seeds))}: each changes the initial weights and the batch order; runs went "
-           f"{s.order}."),
-           (f"verdict: Welch's t-test on the times against the configuration built on, one-sided each way: win or "
-           f"loss at p < {s.alpha:g}, otherwise noise.")]
+           (f"clock: training steps only, stopped at every evaluation (every {s.eval_every} base steps' worth, "
+            f"{s.eval_tokens:,} tokens); the time to the target is interpolated between the evaluation above it and "
+            f"the first at or below it; compile and warm-up are timed apart. {factor}: a run that stops first "
+            "counts as at least its clock.")]
+    out.extend(_stage_lines(s))
+    if s.stages or not any(e.runs for e in s.entries):
+        out.append(f"verdict: per seed, the log of the time over its base's in the same stage; a one-sided t-test "
+                   f"each way on their mean, paired by seed: win or loss at p < {s.alpha:g}, otherwise noise. Each "
+                   "side is tested on the bound that works against it: a configuration with a run that stopped is "
+                   "never a win, and a base's run that stopped gives no loss.")
+    else:  # a file from before stages: its verdicts are as saved
+        out.append(f"verdict (as saved, by a version before stages): Welch's t-test on the times against the "
+                   f"configuration built on, one-sided each way, win or loss at p < {s.alpha:g}.")
     out.append(COLUMNS_NOTE)
     for e in s.entries:
         out.extend(_entry_lines(e, s))
-    out.extend(underpowered(s))
+    out.extend(power_lines(s))
+    line = budget_line(s)
+    if line:
+        out.append(line)
     if s.batch_lr_scale != "none":
         out.append(f"the batch rung scales the learning rate by the {s.batch_lr_scale} rule (--batch-lr-scale).")
     best = s.entry(s.fastest) if s.fastest else None
     if best is not None and best.time is not None:
         cum = f", {best.speedup_cum:.2f}× the baseline" if best.speedup_cum else ""
-        out.append(f"fastest to the target: {best.name}, {best.time.mean:.2f} s on average{cum}.")
+        out.append(f"fastest to the target: {best.name}, {best.time.mean:.2f} s on average{cum}"
+                   + (f" ({chain_text(s, best)})" if best.built_on and len(chain(s, best)) > 1 else "") + ".")
     elif results.status == "complete":
         out.append("no configuration reached the target in every seed.")
     if results.status == "interrupted":
@@ -173,127 +255,32 @@ def race_lines(results: Results) -> list[str]:
     return out
 
 
-def print_race(results: Results, out: Console | None = None) -> None:
+def chain(s: RaceSection, e: RaceEntry) -> list[RaceEntry]:
+    """The entries from the first one up to e, each built on the one before."""
+    out = [e]
+    while out[-1].built_on and (b := s.entry(out[-1].built_on)) is not None:
+        out.append(b)
+    return list(reversed(out))
+
+
+def chain_text(s: RaceSection, e: RaceEntry) -> str:
+    """× cum as the product it is: each link's × prev with its p win."""
+    return " × ".join(f"{x.name} {prev_cell(x)} (p win {_p(x.p_win)})" for x in chain(s, e)[1:])
+
+
+def print_race(results: Results, out: Console | None = None, section: RaceSection | None = None) -> None:
     out = out or console()
-    out.print(race_table(results))
-    for line in race_lines(results):
+    out.print(race_table(results, section))
+    for line in race_lines(results, section):
         out.print(escape(line), soft_wrap=True)
 
 
-# -- charts ---------------------------------------------------------------------------------------
-
-def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of) -> float:
-    top = 1.0
-    for i, e in enumerate(entries):
-        level = level_of(e)
-        if level is None:
-            ax.text(i, 0.05, verdict_cell(e), rotation=90, ha="center", va="bottom", color="#555555", fontsize=9)
-            continue
-        start = base_of(e) or 0.0
-        lo, hi = sorted((start, level))
-        ax.bar(i, hi - lo, bottom=lo, width=0.6, color=colour_of(e), gid=e.name)
-        spread = spread_of(e)
-        if spread is not None:
-            ax.errorbar(i, level, yerr=[[level - spread[0]], [spread[1] - level]], color="black", capsize=3,
-                        linewidth=1)
-        ax.text(i, max(hi, spread[1] if spread else hi) * 1.02, f"{level:.2f}×", ha="center", va="bottom",
-                fontsize=9)
-        top = max(top, hi, spread[1] if spread else hi)
-    ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
-    ax.set_xticks(range(len(entries)), [e.name for e in entries])
-    ax.set_xlim(-0.6, len(entries) - 0.4)
-    ax.set_ylim(0, top * 1.3)
-    ax.spines[["top", "right"]].set_visible(False)
-    return top
-
-
-def race_figure(results: Results):
-    """The race's waterfall: tokens/s (× the baseline's, from the race's own training) beside × faster to the
-    target, the second coloured by verdict with each configuration's spread over its seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    s = results.race
-    assert s is not None
-    entries = s.entries
-    by_name = {e.name: e for e in entries}
-    first = next((e for e in entries if e.ok and e.built_on is None), None)
-
-    def base(e: RaceEntry, attr: str) -> float | None:
-        b = by_name.get(e.built_on or "")
-        return getattr(b, attr) if b is not None and getattr(b, attr) is not None else (0.0 if b is None else None)
-
-    def time_spread(e: RaceEntry) -> tuple[float, float] | None:
-        if e.time is None or first is None or first.time is None:
-            return None
-        return first.time.mean / e.time.max, first.time.mean / e.time.min
-
-    fig, (tx, rx) = plt.subplots(1, 2, figsize=(max(10.0, 2.4 * len(entries) + 3), 4.8))
-    _bars(tx, entries, lambda e: e.tokens_per_s_cum if e.ok else None, lambda e: base(e, "tokens_per_s_cum"),
-          lambda e: TOKENS_COLOUR, lambda e: None)
-    tx.set_ylabel("× baseline tokens/s (during the race)")
-    tx.set_title("tokens/s: how fast a step runs", fontsize=10)
-    _bars(rx, entries, lambda e: e.speedup_cum if e.ok else None, lambda e: base(e, "speedup_cum"),
-          lambda e: RACE_COLOURS.get(e.verdict or "", "#cccccc"), time_spread)
-    rx.set_ylabel("× faster to the target val loss")
-    target = "—" if s.target_loss is None else f"{s.target_loss:.3f}"
-    rx.set_title(f"time to val loss {target}: how fast it gets good ({len(s.seeds)} seeds)", fontsize=10)
-    rx.legend(handles=[Patch(color=c, label=k) for k, c in RACE_COLOURS.items()], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    c, env = results.config, results.environment
-    fig.suptitle(f"{model_label(c, results.model)} · B={c['batch_size']} T={c['seq_len']} · {env['device_name']}",
-                 fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-def race_plot(results: Results, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig = race_figure(results)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def curves_figure(results: Results):
-    """Val loss against the training clock and against tokens, every run of every configuration, the target dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = results.race
-    assert s is not None
-    fig, (ax, kx) = plt.subplots(1, 2, figsize=(12, 4.2))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, e in enumerate(x for x in s.entries if x.runs):
-        colour = colours[i % len(colours)]
-        for j, r in enumerate(e.runs):
-            vals = [float("nan") if v is None else v for v in r.curve_val]
-            label = e.name if j == 0 else None
-            ax.plot(r.curve_seconds, vals, color=colour, linewidth=1, alpha=0.85, label=label)
-            kx.plot(r.curve_tokens, vals, color=colour, linewidth=1, alpha=0.85, label=label)
-    for a in (ax, kx):
-        if s.target_loss is not None:
-            a.axhline(s.target_loss, color="black", linestyle="--", linewidth=1, label="target")
-        a.spines[["top", "right"]].set_visible(False)
-    ax.set(xlabel="training clock, s (evaluations, compile and warm-up excluded)", ylabel="val loss",
-           title="val loss against time")
-    kx.set(xlabel="tokens trained", ylabel="val loss", title="val loss against tokens")
-    ax.legend(fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig
-
-
-def race_html(results: Results) -> str:
+def race_html(results: Results, section: RaceSection | None = None) -> str:
     """report.html's race section: the table with its p-values, the val-loss curves, the notes."""
     from speedladder.report.htmlkit import missing, notes, svg, table
+    from speedladder.report.race_charts import curves_figure
 
-    s = results.race
+    s = section or results.race
     if s is None:
         return missing("no race in this run: `speedladder race` trains each configuration to a target val loss over "
                        "seeds and judges it by the time to get there, with a p-value.")
@@ -308,6 +295,6 @@ def race_html(results: Results) -> str:
     parts = [table(headers, [list(r.values()) for r in rows], left=("config", "verdict"), row_classes=classes,
                    cell_attrs=attrs)]
     if any(e.runs for e in s.entries):
-        parts.append(svg(curves_figure(results), "race-curves"))
-    parts.append(notes(race_lines(results)))
+        parts.append(svg(curves_figure(results, s), "race-curves"))
+    parts.append(notes(race_lines(results, s)))
     return "\n".join(parts)

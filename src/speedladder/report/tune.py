@@ -27,7 +27,10 @@ def tune_lines(results: Results) -> list[str]:
     else:
         out.append("tune: stopped before the survivors were combined.")
     if t.winner and t.commands:
-        out.append(f"tune: winner {t.winner}: eager + {' + '.join(t.winner_rungs) or 'nothing'}.")
+        out.append(f"tune: winner {t.winner}: eager + {' + '.join(t.winner_rungs) or 'nothing'}"
+                   + (f" (its batch rung's learning rate by the {t.winner_batch_lr_scale} rule)"
+                      if t.winner_batch_lr_scale else "") + (f", named by {t.judged_by}." if t.judged_by else "."))
+        out.extend(judge_lines(t))
         cmds = t.commands
         out.append(f"measure it: {cmds['run']}")
         out.append(f"train it:   {cmds['train']}")
@@ -40,6 +43,23 @@ def tune_lines(results: Results) -> list[str]:
     if t.seconds is not None:
         out.append(f"tune: {t.seconds:.0f} s of a {t.budget_minutes if t.budget_minutes is not None else '?'}-minute "
                    "budget.")
+    return out
+
+
+def judge_lines(t) -> list[str]:
+    """Both judges' answers, side by side: tokens/s in timed windows, and the time to the target."""
+    out = []
+    for j in (t.tokens_judge, t.time_judge):
+        if j is None:
+            continue
+        figures = [f"{j.tokens_per_s_x:.2f}× eager's tokens/s" if j.tokens_per_s_x else "",
+                   f"{j.time_x:.2f}× faster than eager to the target" if j.time_x is not None else "",
+                   f"p={j.p_vs_eager:.2g} that it is faster than eager" if j.p_vs_eager is not None else "",
+                   f"p={j.p_vs_other:.2g} that it is faster than the tokens/s judge's" if j.p_vs_other is not None
+                   else ""]
+        shown = "; ".join(f for f in figures if f)
+        out.append(f"tune: the {j.judge} judge names {j.winner} (eager + {' + '.join(j.rungs) or 'nothing'})"
+                   + (f": {shown}" if shown else "") + (f"; {j.detail}" if j.detail else "") + ".")
     return out
 
 
@@ -60,31 +80,42 @@ def paste_lines(results: Results, apply: str) -> list[str]:
 
 def winner_table(results: Results) -> Table | None:
     """The winning configuration, field by field."""
+    from speedladder.rungs import StepSpec
+
     t = results.tune
     spec = t.winner_spec if t else None
     if not t or not spec or not t.winner:
         return None
     w = results.rung(t.winner)
-    if w is None or w.tokens_per_s is None:
-        return None
     table = Table(title="tune: the winning configuration", title_justify="left")
     table.add_column("field", no_wrap=True)
     table.add_column("value")
-    tps = w.tokens_per_s
     compiled = "no" if not spec["compile"] else (spec.get("compile_mode") or "default")
     rows_ = [("rungs", ",".join(["eager", *t.winner_rungs])),
              ("batch × length", f"{spec['batch_size']} × {spec['seq_len']}"),
-             ("compile", compiled), ("precision", w.precision), ("optimizer", spec.get("optimizer", "adamw")),
-             ("model transforms", ", ".join(spec["transforms"]) or "none"),
-             ("tokens/s", f"{tps.median:,.0f} ({tps.min:,.0f}–{tps.max:,.0f})"),
-             ("× eager", times(w.speedup_cum))]
+             ("compile", compiled), ("precision", StepSpec.from_dict(spec).precision),
+             ("optimizer", spec.get("optimizer", "adamw")),
+             ("learning rate", f"× {spec.get('lr_scale', 1.0):g}" + (f" (the {t.winner_batch_lr_scale} rule)"
+                                                                    if t.winner_batch_lr_scale else "")),
+             ("model transforms", ", ".join(spec["transforms"]) or "none")]
+    if w is not None and w.tokens_per_s is not None:
+        tps = w.tokens_per_s
+        rows_ += [("tokens/s", f"{tps.median:,.0f} ({tps.min:,.0f}–{tps.max:,.0f})"), ("× eager", times(w.speedup_cum))]
+    j = t.time_judge if t.judge == "time" else None
+    if j is not None and j.time_x is not None:
+        rows_.append(("× eager to the target", f"{j.time_x:.2f}×" + (f" (p={j.p_vs_eager:.2g})"
+                                                                      if j.p_vs_eager is not None else "")))
     for k, v in rows_:
         table.add_row(escape(k), escape(v))
     return table
 
 
 def print_tune(results: Results, out: Console | None = None) -> None:
+    from speedladder.report.race import print_race
+
     out = out or console()
+    if results.tune is not None and results.tune.race is not None:
+        print_race(results, out, results.tune.race)
     table = winner_table(results)
     if table is not None:
         out.print(table)
