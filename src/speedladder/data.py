@@ -7,6 +7,7 @@ ship inside the package (data/), and tiktoken is built from the local ranks.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import mmap
 import re
 from dataclasses import dataclass
@@ -278,8 +279,6 @@ def holdout(corpus: Corpus, val_data: str | None = None, vocab_size: int | None 
 
 
 def _digest(path: Path) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
