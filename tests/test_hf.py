@@ -46,16 +46,26 @@ def climb(out, *args: str) -> dict:
 DEFAULT = ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
 
 
+# Llama climbs the default ladder less its batch rung: the bigger batch is the same model at another shape, and
+# leaving it (and its fp32 control) out saves two cold compiles of CI's time; GPT-2 climbs all of it.
+LADDER = {"gpt2": [], "llama": ["--rungs", "eager,compile,bf16,ckpt"]}
+
+
 @pytest.fixture(scope="module", params=list(MODELS))
 def climbed(request, tmp_path_factory) -> tuple[str, dict]:
     """`speedladder run --hf gpt2|llama --hf-set n_layer=2 --hf-set n_embd=128 --hf-set n_head=4`: the default
-    ladder, compile included (five compiled configurations per model, a minute or two on a 2-core CPU)."""
-    return request.param, climb(tmp_path_factory.mktemp("hf"), *MODELS[request.param])
+    ladder, compile included (five compiled configurations for GPT-2, three for Llama: a minute or two each on a
+    2-core CPU)."""
+    return request.param, climb(tmp_path_factory.mktemp("hf"), *MODELS[request.param], *LADDER[request.param])
 
 
 def test_gpt2_and_llama_climb_the_default_ladder_and_every_gate_passes(climbed):
     name, res = climbed
-    assert res["config"]["ladder"] == "source" and [r["name"] for r in res["rungs"]] == DEFAULT
+    names = [r["name"] for r in res["rungs"]]
+    if name == "gpt2":
+        assert res["config"]["ladder"] == "source" and names == DEFAULT
+    else:
+        assert names == [n for n in DEFAULT if not n.startswith("batch")]
     for r in res["rungs"]:
         assert r["status"] == "ok" and r["gate"]["passed"], (r["name"], r["detail"], r["gate"]["detail"])
         assert r["mfu"] == pytest.approx(r["tflops"] / 1.0)

@@ -46,16 +46,24 @@ def climb(model: str, out: Path, *extra: str) -> dict:
 
 # -- the default ladder on each of three user models ----------------------------------------------------
 
+# nanoGPT's model climbs the whole default ladder; the other two leave out the batch rung and its fp32 control (the
+# same model at another shape), which saves CI two cold compiles each.
+SHORT = ["--rungs", "eager,compile,bf16,ckpt"]
+
+
 @pytest.fixture(scope="module", params=["nano.py:GPT", "logits_only.py:make_lm", "noisy.py:Noisy"])
 def climbed(request, model_dir, tmp_path_factory) -> dict:
     """The default ladder (compile included) on one user model file: one run that the tests below read."""
-    return {**climb(str(model_dir / request.param), tmp_path_factory.mktemp("climb")), "spec": request.param}
+    extra = [] if request.param == "nano.py:GPT" else SHORT
+    return {**climb(str(model_dir / request.param), tmp_path_factory.mktemp("climb"), *extra), "spec": request.param}
 
 
 def test_each_user_model_climbs_the_default_ladder_with_gates_and_counted_mfu(climbed):
     res = climbed["res"]
     assert res["status"] == "complete"
-    assert [r["name"] for r in res["rungs"]] == ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
+    default = ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
+    assert [r["name"] for r in res["rungs"]] == (default if climbed["spec"] == "nano.py:GPT"
+                                                 else [n for n in default if not n.startswith("batch")])
     for r in res["rungs"]:
         assert r["status"] == "ok", r["detail"]
         assert r["gate"]["passed"], (r["name"], r["gate"]["detail"])

@@ -86,17 +86,17 @@ class TrainStep:
         self.lr = lr
         self.muon = muon or MuonConfig()
         self.init = init
-        model = self.source.build(device)  # dropout off: two runs of one step compute the same
-        model.load_state_dict(init)
+        built: nn.Module = self.source.build(device)  # dropout off: two runs of one step compute the same
+        built.load_state_dict(init)
         if dtype is not None:  # float64: the gates' reference every rung's error is measured from (truth.py)
-            model = model.to(dtype)
+            built = built.to(dtype)
         # Parameters by their reference names, taken before any transform renames modules.
-        self.params = dict(model.named_parameters())
+        self.params = dict(built.named_parameters())
         # Their reference shapes: a transform may grow a parameter in place (pad-vocab adds rows at the end).
         self.shapes = {n: p.shape for n, p in self.params.items()}
         # Every entry of the plain model's state dict (a tied matrix under each of its names), for checkpoints.
-        self.state = model.state_dict(keep_vars=True)
-        self.model = model
+        self.state = built.state_dict(keep_vars=True)
+        self.model: nn.Module = built
         for name in spec.transforms:
             self.model = self.source.transform(name)(self.model)
         self.added = self._added_params(spec)
@@ -142,7 +142,8 @@ class TrainStep:
                 if p is not None:
                     slots.setdefault(id(p), (module, attr))
         self.model = wrap(self.model)
-        now = {id(p): slots[id(p)][0]._parameters[slots[id(p)][1]] for p in self.params.values() if id(p) in slots}
+        now = {id(p): q for p in self.params.values()
+               if id(p) in slots and (q := slots[id(p)][0]._parameters[slots[id(p)][1]]) is not None}
         self.params = {n: now.get(id(p), p) for n, p in self.params.items()}
         self.state = {k: now.get(id(t), t) for k, t in self.state.items()}
 
@@ -197,7 +198,7 @@ class TrainStep:
                 if p.shape != self.shapes[name]:
                     p.zero_()  # padding rows back to zero
                 if hasattr(p, "device_mesh"):  # an FSDP2 shard (a DTensor): this rank's part of the weight
-                    p.to_local().copy_(_local_part(p, w))
+                    p.to_local().copy_(_local_part(p, w))  # type: ignore[attr-defined]  # DTensor's, not Parameter's
                 else:
                     self.reference_part(name, p).copy_(w)
                 p.grad = None

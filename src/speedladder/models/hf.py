@@ -27,6 +27,10 @@ from speedladder.models.base import ModelDef, find_blocks, hooks_of
 from speedladder.models.detect import convention
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab
 
+# A transformers PreTrainedModel: its methods (set_attn_implementation, resize_token_embeddings, ...) are the
+# library's, and transformers is an optional extra without type information here.
+HFModel = Any
+
 NAMED = {"gpt2": "GPT2Config", "llama": "LlamaConfig"}
 # GPT-2's names for Llama-style configs, so that the same --hf-set works for both.
 ALIASES = {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
@@ -106,12 +110,12 @@ def build(cfg: Any) -> nn.Module:
     return model.to(torch.float32)
 
 
-def use_sdpa(model: nn.Module) -> nn.Module:
+def use_sdpa(model: HFModel) -> HFModel:
     model.set_attn_implementation("sdpa")
     return model
 
 
-def checkpointing(model: nn.Module) -> nn.Module:
+def checkpointing(model: HFModel) -> HFModel:
     """The library's own activation checkpointing of every decoder layer (gradient_checkpointing_enable in releases
     without activation_checkpointing_enable)."""
     kwargs = {"use_reentrant": False}
@@ -122,7 +126,7 @@ def checkpointing(model: nn.Module) -> nn.Module:
     return model
 
 
-def pad_vocab(model: nn.Module) -> nn.Module:
+def pad_vocab(model: HFModel) -> HFModel:
     """resize_token_embeddings(pad_to_multiple_of=64), keeping the parameter objects the step holds.
 
     The padding's logits are not masked in the model: the loss (models.base.next_token_loss) and the gates
@@ -140,7 +144,7 @@ def pad_vocab(model: nn.Module) -> nn.Module:
     return model
 
 
-def _formula(model: nn.Module, kind: str, cfg: Any) -> tuple[int | None, tuple[int, int, int] | None]:
+def _formula(model: HFModel, kind: str, cfg: Any) -> tuple[int | None, tuple[int, int, int] | None]:
     """N and the attention term for GPT-2 and Llama; (None, None) for any other architecture (counted)."""
     params = sum(p.numel() for p in model.parameters())
     emb = model.get_input_embeddings().weight

@@ -9,9 +9,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speedladder.records import Results
+from speedladder.records import ParallelSection, Results
 
 SCALING_PLOT = "scaling.png"
+
+
+def section(saved: Results) -> ParallelSection:
+    """The parallel section of a predict or ddp folder (the only folders these views are called for)."""
+    if saved.parallel is None:
+        raise ValueError("not a predict or ddp folder: no parallel section")
+    return saved.parallel
 
 
 def _pct(x: float | None) -> str:
@@ -19,7 +26,7 @@ def _pct(x: float | None) -> str:
 
 
 def title(saved: Results) -> str:
-    c, e, p = saved.config, saved.environment, saved.parallel
+    c, e, p = saved.config, saved.environment, section(saved)
     s = p.spec
     return (f"speedladder {p.command} · {p.strategy} · {c['preset']} on {e['device_name']} "
             f"({e['device_type']}) · {'+'.join(p.rungs)} · B={s['batch_size']} T={s['seq_len']} per process"
@@ -37,7 +44,7 @@ def probe_table(probe: dict) -> Table:
 
 
 def prediction_table(saved: Results) -> Table:
-    p = saved.parallel
+    p = section(saved)
     m = p.measured
     t = Table(title=escape(title(saved)), title_justify="left")
     cols = ["k", "comm MB", "msgs", "t_compute ms", "t_comm ms", "exposed ms", "floor tok/s", "overlap tok/s",
@@ -56,7 +63,7 @@ def prediction_table(saved: Results) -> Table:
                 tps = m["tokens_per_s"]
                 row += [f"{tps['median']:,.0f}", f"{tps['min']:,.0f}–{tps['max']:,.0f}", f"{100 * m['efficiency']:.0f}%",
                         _pct(m["floor_error"]), _pct(m["overlap_error"])]
-            elif r["k"] == 1:
+            elif r["k"] == 1 and p.single is not None:
                 s = p.single["tokens_per_s"]
                 row += [f"{s['median']:,.0f}", f"{s['min']:,.0f}–{s['max']:,.0f}", "100%", "", ""]
             else:
@@ -66,7 +73,7 @@ def prediction_table(saved: Results) -> Table:
 
 
 def notes(saved: Results) -> list[str]:
-    p = saved.parallel
+    p = section(saved)
     out = []
     single = p.single
     if single:
@@ -123,7 +130,7 @@ def notes(saved: Results) -> list[str]:
 
 def print_parallel(saved: Results, console: Console | None = None) -> None:
     console = console or Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-    for probe in saved.parallel.probes:
+    for probe in section(saved).probes:
         console.print(probe_table(probe))
     console.print(prediction_table(saved))
     for line in notes(saved):
@@ -137,10 +144,10 @@ def plot(saved: Results, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    p = saved.parallel
+    p = section(saved)
     preds = p.predictions
     ks = [r["k"] for r in preds]
-    single = p.single["tokens_per_s"]
+    single = (p.single or {}).get("tokens_per_s") or {"median": 0.0}
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     ax.plot(ks, [k * single["median"] for k in ks], linestyle=":", color="#888888", label="linear (k × one process)")
     ax.plot(ks, [r["floor_tokens_per_s"] for r in preds], marker="v", color="#d62728", label="predicted floor (no overlap)")
