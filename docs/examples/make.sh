@@ -68,7 +68,7 @@ import json, pathlib, sys
 
 saved = json.loads(pathlib.Path(sys.argv[1]).read_text())
 b = saved.get("profile")
-if not b or "error" in b:
+if not b or b.get("error"):
     sys.exit(3)  # not profiled: nothing to print
 folder = pathlib.Path(sys.argv[2])
 folder.mkdir()
