@@ -137,3 +137,23 @@ def test_a_context_free_model_fails_the_learns_check_and_the_real_one_passes(d2l
     real = verify.learns_check(curves["bf16"], curves["eager"], 0.03, entropy)
     assert real.passed, real.detail
     assert real.eager_losses == curves["eager"] and real.losses == curves["bf16"]  # both curves saved
+
+
+def test_a_rung_whose_step_is_the_reference_takes_its_learns_curve_and_another_trains_its_own():
+    """A batch rung built on eager (when compile and bf16 lost) is eager fp32 at the bigger batch: the learns-check's
+    own reference at that shape, so its curve is the reference's, not the same 300 steps trained twice."""
+    from speedladder.gates import Gates
+    from speedladder.progress import Progress
+
+    work = prepare(RunConfig(preset="tiny", device="cpu", gates=dataclasses.replace(RunConfig().gates,
+                                                                                   learns_steps=12)))
+    gates = Gates(work, Progress(quiet=True))
+    said: list[str] = []
+    big = StepSpec(work.base_spec.batch_size * 2, work.base_spec.seq_len)
+    same = gates.learns(big, said.append)
+    assert any("its curve is the reference's" in s for s in said)
+    assert same.losses == same.eager_losses and len(same.losses) == 12
+    said.clear()
+    other = gates.learns(dataclasses.replace(big, autocast="bf16"), said.append)
+    assert not any("reference's" in s for s in said)
+    assert other.eager_losses == same.eager_losses and other.losses != same.losses  # trained, on the same batches
