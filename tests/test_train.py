@@ -234,7 +234,7 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, uninterru
     assert previous["step"] == 10 and len(previous["losses"]) == 10
     model, _ = load_checkpoint(run_dir / CHECKPOINT)  # whole, and loadable as every checkpoint is
     assert isinstance(model, GPT)
-    rc, out, err = cli("train", "--resume", str(run_dir), "--quiet")
+    rc, _, err = cli("train", "--resume", str(run_dir), "--quiet")
     assert rc == 0, err
     _same_run(torch.load(run_dir / CHECKPOINT, weights_only=True), uninterrupted)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
 
-from speedladder.measure import Spread
+from speedladder.measure.timer import Spread
 from speedladder.records.checks import (
     Causality,
     Check,

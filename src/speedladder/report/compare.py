@@ -19,7 +19,7 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.errors import UsageError
-from speedladder.measure import Spread, verdict
+from speedladder.measure.timer import Spread, verdict
 from speedladder.records import to_dict
 from speedladder.report import htmlkit
 from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows, ruler_warnings

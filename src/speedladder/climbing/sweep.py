@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedladder import results
-from speedladder.config import Resolved, RunConfig, pick_device, resolve
+from speedladder.climbing.ladder import Ladder
+from speedladder.config.commands import SweepConfig
+from speedladder.config.run import Resolved, RunConfig, pick_device, resolve
 from speedladder.errors import UsageError
-from speedladder.ladder import Ladder
 from speedladder.progress import Progress
 from speedladder.records import Results, RungResult
 from speedladder.rungs import RUNGS
-from speedladder.settings import SweepConfig
 from speedladder.workload import Workload, new_results, prepare
 
 AXES: tuple[str, ...] = ("width", "layers", "seq_len", "batch_size")
