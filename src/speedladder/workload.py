@@ -32,7 +32,7 @@ from speedladder.data import (
     val_windows,
 )
 from speedladder.errors import UsageError
-from speedladder.measure import timer
+from speedladder.measure import counters, devicemem, judging, timer
 from speedladder.models import ModelDef
 from speedladder.records import Results
 from speedladder.rungs import RUNGS, Env, StepSpec, env_for
@@ -171,7 +171,7 @@ def free_device_memory(device: torch.device) -> None:
     and the memory pools of the CUDA graphs it held are released before the cache is emptied, not a rung later."""
     gc.collect()
     torch.compiler.reset()
-    timer.return_host_memory()  # between rungs, untimed: what the last one freed goes back to the system
+    devicemem.return_host_memory()  # between rungs, untimed: what the last one freed goes back to the system
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -181,13 +181,13 @@ class Measurement:
     """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4 and 8)."""
 
     timing: timer.Timing
-    tokens_per_s: timer.Spread
+    tokens_per_s: judging.Spread
     step_ms: float
     compile_s: float | None  # None for an uncompiled step
     peak_memory_bytes: int | None  # None where the device does not report it
     warnings: list[str] = field(default_factory=list)
     base_timing: timer.Timing | None = None  # the base re-timed beside it, windows interleaved
-    base_tokens_per_s: timer.Spread | None = None
+    base_tokens_per_s: judging.Spread | None = None
     peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
 
 
@@ -234,13 +234,13 @@ def _window_warnings(timing: timer.Timing, max_warmup: int) -> list[str]:
 
 def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, base: StepSpec | None = None,
                  step: TrainStep | None = None, stream: BatchStream | None = None,
-                 counter: Callable[[], int] = timer.compile_count, edge: Callable[[], None] | None = None,
+                 counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None,
                  world: int = 1, size_windows: bool | None = None,
                  agree: Callable[[int], int] = lambda n: n) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
     With `base`, the base spec is built too and its windows interleaved with
-    the spec's (timer.run_pair), so the comparison carries no drift. `world`
+    the spec's (timer.interleave), so the comparison carries no drift. `world`
     processes each do spec.tokens_per_step a step (a data-parallel job counts
     every rank's tokens); `counter`, `edge` and `agree` let such a job agree on
     its warm-up, line its windows up across ranks and take one window length.
@@ -250,15 +250,15 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
     size = sized_windows(device, size_windows)
-    timer.reset_peak_memory(device)
+    devicemem.reset_peak_memory(device)
     say("building" + (" and compiling (first step)" if spec.compile else "")
         + (", with its base re-timed beside it" if base is not None else ""))
     step = step or work.step(spec)
     run = _in_precision(spec, timer.stepper(step, stream or work.stream(spec)))
-    with timer.graph_recordings() as recorded:
+    with counters.graph_recordings() as recorded:
         rec = recorded if spec.cudagraphs else None
         timing = timer.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge, rec)  # type: ignore[arg-type]
-        peak, reserved = timer.peak_memory(device), timer.peak_reserved(device)  # before its base is built
+        peak, reserved = devicemem.peak_memory(device), devicemem.peak_reserved(device)  # before its base is built
         base_timing = None
         if base is None:
             steps = _window_steps(work, [timing], size, agree)
@@ -275,12 +275,12 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
             timer.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step,
                                base.tokens_per_step, steps, t.windows, counter, say)
             del base_step, base_run
-    spread = timer.tokens_per_s(timing)
+    spread = judging.tokens_per_s(timing)
     if spread is None:
         raise RuntimeError("every timed window recompiled: no valid window")
-    step_ms = timer.step_ms(timing)
+    step_ms = judging.step_ms(timing)
     m = Measurement(timing, spread, step_ms, timer.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
                     peak, _window_warnings(timing, t.max_warmup), base_timing,  # type: ignore[arg-type]
-                    timer.tokens_per_s(base_timing) if base_timing is not None else None,
+                    judging.tokens_per_s(base_timing) if base_timing is not None else None,
                     peak_reserved_bytes=reserved)
     return m, step

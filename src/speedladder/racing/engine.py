@@ -40,7 +40,7 @@ from speedladder.config.codec import to_data
 from speedladder.config.commands import CONFIG_FILE, RaceConfig, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import timer
+from speedladder.measure import devicemem, timer
 from speedladder.progress import Progress
 from speedladder.racing.ruler import val_hash
 from speedladder.racing.runs import Clock, Going, Runs, WallClock
@@ -265,7 +265,7 @@ class Race(Runs):
         training time next (ties in the seed's order). So they see the machine in the same seconds. Once the base
         is done, every other run is capped at cap_factor times its time. Each run is saved as it ends."""
         sec, name = self.section, base.entry.name
-        timer.return_host_memory()  # once, before every run of the seed begins: not between their stretches
+        devicemem.return_host_memory()  # once, before every run of the seed begins: not between their stretches
         going: list[tuple[int, Prepared, Going]] = []
         caps: dict[int, str] = {}
 

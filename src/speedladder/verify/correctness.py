@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from speedladder.data import BatchStream
-from speedladder.measure import timer
+from speedladder.measure import devicemem
 from speedladder.records.checks import (
     Causality,
     Equivalence,
@@ -64,7 +64,7 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 # Untimed training (the gates' curves) hands freed host memory back every this many steps: a 50k-vocabulary step
-# frees tens of MB of logits, which the allocator would otherwise keep (timer.return_host_memory).
+# frees tens of MB of logits, which the allocator would otherwise keep (devicemem.return_host_memory).
 HAND_BACK_EVERY = 5
 
 # At most this many logits are kept per reference (16M floats = 64 MB): whole sequences, from the first.
@@ -112,7 +112,7 @@ def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]
     for i, (x, y) in enumerate(batches):
         losses.append(train_step(step, x.to(step.device), y.to(step.device), micro))
         if i % HAND_BACK_EVERY == HAND_BACK_EVERY - 1:
-            timer.return_host_memory()  # untimed: what the steps freed goes back (timer.return_host_memory)
+            devicemem.return_host_memory()  # untimed: what the steps freed goes back (devicemem.return_host_memory)
     return torch.stack(losses).float().cpu().tolist()
 
 
@@ -263,7 +263,7 @@ def train_curve(step: TrainStep, stream: BatchStream, steps: int,
         if (i + 1) % every == 0 or i + 1 == steps:
             on_progress(f"step {i + 1}/{steps}, loss {float(losses[-1]):.3f}")
         if i % HAND_BACK_EVERY == HAND_BACK_EVERY - 1:
-            timer.return_host_memory()  # untimed: the allocator keeps what steps free unless told (timer.py)
+            devicemem.return_host_memory()  # untimed: the allocator keeps what steps free unless told (devicemem.py)
     return torch.stack(losses).float().cpu().tolist()
 
 
