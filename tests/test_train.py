@@ -59,6 +59,7 @@ def test_train_logs_samples_and_saves_a_checkpoint(tmp_path, capsys):
     assert model.generate(idx, 5, 1.0, 0, torch.Generator().manual_seed(0)).shape == (1, 8)
 
 
+@pytest.mark.slow
 def test_train_takes_the_winner_of_a_run(tmp_path, capsys):
     rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "3",
                "--loss-steps", "5", "--learns-steps", "60", "--no-profile", "--no-process-peak", "--quiet",
