@@ -29,6 +29,7 @@ class TinyLM(nn.Module):
         return self.head(self.blocks(self.wte(idx)))
 
 
+@pytest.mark.slow
 def test_climb_in_a_few_lines_writes_what_run_writes(tmp_path, capsys):
     data = tmp_path / "train.bin"
     (np.arange(20_000) % 28).astype(np.uint16).tofile(data)  # a pattern the model can learn in 20 steps

@@ -354,6 +354,7 @@ def slow_rung(monkeypatch):
         lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "sleepy"))))
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 @pytest.mark.parametrize("stack_all", [False, True])
 def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_so_far(tmp_path, slow_rung,

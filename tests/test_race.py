@@ -216,6 +216,7 @@ def test_a_rung_that_keeps_tokens_per_s_but_halves_the_learning_rate_loses(monke
         assert r.first_eval_seconds is not None and r.cap_from
 
 
+@pytest.mark.slow
 def test_a_rung_with_the_same_math_30_percent_slower_is_a_loss_at_the_default_seeds(monkeypatch, tmp_path):
     clock = StepClock(0.0, 1e-5, slow={"adamw-foreach": 1.3})
     turns: list[str] = []

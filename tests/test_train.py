@@ -182,6 +182,7 @@ def _same_run(resumed: dict, uninterrupted: dict) -> None:
     assert all(torch.equal(resumed["model"][k], uninterrupted["model"][k]) for k in resumed["model"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="needs a pipe of a set size (Linux)")
 def test_a_run_killed_mid_run_resumes_to_the_same_loss_curve(tmp_path, uninterrupted):
     read, write = os.pipe()
@@ -225,6 +226,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, uninterrupted):
     child = _train_in_child([*RESUMABLE, "--quiet", "--out", str(tmp_path)], KILL_IN_SAVE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

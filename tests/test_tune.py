@@ -224,6 +224,7 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
                                                                      for k in ("batch_size", "lr_scale")}
 
 
+@pytest.mark.slow
 def test_tune_judged_by_tokens_races_nothing(tmp_path, capsys, no_compile):
     assert main([*TUNE, "--judge", "tokens", "--quiet", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*/results.json")
