@@ -49,7 +49,9 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return spec.loader_state[0]
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__spec__ = module.__spec__.loader_state[1]  # the import system set the old name's spec: put it back
+        old_spec = module.__spec__  # the import system set the old name's spec on the module: put its own back
+        if old_spec is not None:
+            module.__spec__ = old_spec.loader_state[1]
 
 
 if not any(isinstance(finder, _Moved) for finder in sys.meta_path):
