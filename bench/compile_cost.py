@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
-    from speedladder.presets import PRESETS
+    from speedladder.config.presets import PRESETS
     from speedladder.rungs import RUNGS
 
     if args.preset not in PRESETS:

@@ -25,6 +25,11 @@ torch.set_num_threads(1)
 
 CPU = torch.device("cpu")
 
+# The arguments of a quick CPU run shared by the files that compare, check and draw saved runs (a file whose run
+# differs keeps its own list).
+TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
+        "--learns-steps", "60", "--quiet"]
+
 
 # -- helpers the test files share ------------------------------------------------------------------
 

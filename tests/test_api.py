@@ -29,6 +29,7 @@ class TinyLM(nn.Module):
         return self.head(self.blocks(self.wte(idx)))
 
 
+@pytest.mark.slow
 def test_climb_in_a_few_lines_writes_what_run_writes(tmp_path, capsys):
     data = tmp_path / "train.bin"
     (np.arange(20_000) % 28).astype(np.uint16).tofile(data)  # a pattern the model can learn in 20 steps
@@ -48,6 +49,7 @@ def test_climb_in_a_few_lines_writes_what_run_writes(tmp_path, capsys):
     assert "fastest rung that passed every gate" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_climb_takes_a_model_file_and_a_factory(tmp_path):
     write_models(tmp_path)
     # lr 3e-3: at 1e-3 this small model ends 60 learns-check steps at the unigram entropy (2.848 against 2.847)

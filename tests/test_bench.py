@@ -175,6 +175,7 @@ def unpack(tgz_path: Path, dest: Path) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 @needs_tools
 def test_gpu_script_smoke_mode_packs_within_the_devices_limits(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
@@ -293,6 +294,7 @@ def cut_short(tmp_path_factory):
     return tmp, log.read_text()
 
 
+@pytest.mark.slow
 def test_a_slow_preflight_does_not_stop_the_plan(cut_short):
     tmp, log = cut_short
     preflight = (tmp / "work" / "preflight" / "log.txt").read_text()
@@ -303,6 +305,7 @@ def test_a_slow_preflight_does_not_stop_the_plan(cut_short):
     assert "skipped: the preflight failed" not in log
 
 
+@pytest.mark.slow
 def test_a_plan_killed_mid_step_leaves_valid_files_for_the_steps_it_finished(cut_short):
     tmp, _ = cut_short
     out = tmp / "out"
@@ -322,6 +325,7 @@ def test_a_plan_killed_mid_step_leaves_valid_files_for_the_steps_it_finished(cut
     assert re.search(r"^gpt2\s+\d+\s+\d+\s+-\s+-\s+pending$", environment, re.MULTILINE), environment
 
 
+@pytest.mark.slow
 @needs_tools
 def test_a_failing_preflight_stops_the_plan(tmp_path):
     """A preflight that finds no CUDA device (here, where there is none) is a real failure: the steps after it
@@ -356,6 +360,7 @@ def test_a_bad_plan_line_is_one_line_and_exit_2(tmp_path, line, says):
     assert not (tmp_path / "out").exists()  # nothing started
 
 
+@pytest.mark.slow
 def test_the_summary_reads_a_race(tmp_path):
     """The plan's last step is a race: its table and notes are the race's, not a ladder's."""
     proc = subprocess.run([sys.executable, str(BENCH / "summary.py"), "--full", str(tmp_path / "full.txt"),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_dict
+from conftest import TINY, load_dict
 
 from speedladder import results
 from speedladder.cli import check, main
@@ -18,8 +18,6 @@ from speedladder.report import compare
 from speedladder.rungs import RUNGS
 from speedladder.settings import DRIFT_LIMIT
 
-TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
-        "--learns-steps", "60", "--quiet"]
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
 
 
@@ -56,6 +54,7 @@ def doctored(saved: dict, folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_compare_marks_an_injected_slowdown_and_nothing_else(runs, tmp_path):
     a, b = runs
     saved = load_dict(a)
@@ -97,6 +96,7 @@ def test_a_20_percent_slowdown_outside_tight_windows_is_marked_slower(tmp_path):
     assert comp.differences == ()
 
 
+@pytest.mark.slow
 def test_compare_marks_gate_changes_both_ways(runs, tmp_path):
     a, _ = runs
     saved = load_dict(a)
@@ -108,6 +108,7 @@ def test_compare_marks_gate_changes_both_ways(runs, tmp_path):
     assert back.gate_change == "failed -> passed" and back.gate == compare.PASSED
 
 
+@pytest.mark.slow
 def test_compare_command_prints_and_writes_html(runs, tmp_path, capsys):
     a, b = runs
     page = tmp_path / "cmp.html"
@@ -118,6 +119,7 @@ def test_compare_command_prints_and_writes_html(runs, tmp_path, capsys):
     assert 'id="comparison"' in text and 'id="differences"' in text and "<script" not in text
 
 
+@pytest.mark.slow
 def test_check_passes_against_itself(runs, capsys):
     a, _ = runs
     assert main(["check", "--baseline", str(a), "--against", str(a), "--tolerance", "0.2"]) == 0
@@ -129,6 +131,7 @@ def test_check_passes_against_itself(runs, capsys):
     assert lines[-1].startswith("check: no regression")
 
 
+@pytest.mark.slow
 def test_check_fails_against_a_baseline_30_percent_faster(runs, tmp_path, capsys):
     a, _ = runs
     saved = load_dict(a)
@@ -151,6 +154,7 @@ def test_check_fails_against_a_baseline_30_percent_faster(runs, tmp_path, capsys
     assert len([ln for ln in out if ln.startswith("check: regression: ")]) == len(expected)
 
 
+@pytest.mark.slow
 def test_check_fails_when_a_gate_that_passed_fails(runs, tmp_path, capsys):
     a, _ = runs
     failed = copy.deepcopy(load_dict(a))
@@ -179,6 +183,7 @@ def test_bad_baseline_is_one_line_and_exit_2(make, args, tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and err.startswith("speedladder: error: ")
 
 
+@pytest.mark.slow
 def test_the_rerun_resolves_to_the_saved_config(runs, tmp_path):
     """What check runs again is the saved config through the codec, and its config file reads back the same."""
     from speedladder import codec, settings
@@ -195,6 +200,7 @@ def test_the_rerun_resolves_to_the_saved_config(runs, tmp_path):
         assert json.loads(json.dumps(resolved.to_dict())) == config
 
 
+@pytest.mark.slow
 def test_check_reruns_the_baseline_here(runs, tmp_path, capsys):
     a, _ = runs
     rc = main(["check", "--baseline", str(a), "--tolerance", "0.2", "--out", str(tmp_path / "new"), "--quiet"])

@@ -121,6 +121,7 @@ def _one(out):
 
 @pytest.mark.parametrize("model", [[], ["--model", "nano.py:GPT"], ["--hf", "gpt2", "--hf-set", "n_layer=1",
                                                                      "--hf-set", "n_embd=32", "--hf-set", "n_head=2"]])
+@pytest.mark.slow
 def test_run_config_toml_reproduces_the_run_field_for_field_and_check_re_runs_that_model(model, made, tmp_path,
                                                                                           capsys):
     if model and model[0] == "--model":

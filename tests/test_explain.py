@@ -78,6 +78,7 @@ def test_only_misses_beyond_the_limit_are_explained_and_chains_follow_the_ladder
     assert names_of(res, res.rung("eager")) == ["eager"]
 
 
+@pytest.mark.slow
 def test_a_run_with_a_miss_shows_the_side_by_side_table_and_names_the_part(tmp_path, capsys):
     # --explain-miss 0.0001: any prediction error explains the rung, so the tiny ladder's ckpt is profiled.
     rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,ckpt", "--steps", "2", "--loss-steps",

@@ -360,6 +360,7 @@ def test_an_fp8_rung_with_rowwise_scales_passes_its_gates_and_tensorwise_fails_c
     assert gate.causality.past_max_abs > 10 * gate.causality.allowed
 
 
+@pytest.mark.slow
 def test_compile_passes_every_gate_after_eager_and_after_bf16(tiny, bench):
     """The compiled step rounds as inductor's code for this processor rounds (run again under a forced AVX2 in
     CI): judged by its distance from fp64 against eager's own, it passes at both positions."""

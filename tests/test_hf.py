@@ -27,6 +27,9 @@ SMALL = ["--hf-set", "n_layer=2", "--hf-set", "n_embd=128", "--hf-set", "n_head=
 # Llama's default MLP (11,008 wide) is sized for a width of 4,096; at width 128 it would hold 97% of the
 # parameters and make each CPU step 10x slower, so the tests give it GPT-2's 4x width.
 LLAMA_MLP = ["--hf-set", "intermediate_size=512"]
+# Every test here builds a Hugging Face model, most of them climbing the default ladder with compile: slow.
+pytestmark = pytest.mark.slow
+
 MODELS = {"gpt2": ["--hf", "gpt2", *SMALL], "llama": ["--hf", "llama", *SMALL, *LLAMA_MLP]}
 FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "60",
         "--no-profile", "--no-process-peak", "--peak-tflops", "fp32=1,bf16=1"]

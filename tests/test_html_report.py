@@ -10,13 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import TINY
 
 from speedladder import results
 from speedladder.cli import main
 from speedladder.report import html as html_report
 
-TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
-        "--learns-steps", "60", "--quiet"]
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
 SECTION_IDS = [sid for sid, _ in html_report.SECTIONS]
 MAX_BYTES = 3 * 2**20  # "a few MB at most"
@@ -77,6 +76,7 @@ CHARTS = {"run": ["waterfall", "loss-curves"], "example": ["waterfall", "loss-cu
           "predict": ["parallel"], "race": ["waterfall", "race"], "tune": ["waterfall", "race", "profile"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CHARTS))
 def test_every_section_is_there_and_nothing_is_fetched(folders, name):
     path = folders[name] / html_report.FILENAME
@@ -93,6 +93,7 @@ def test_every_section_is_there_and_nothing_is_fetched(folders, name):
     assert len(re.findall(r'\bid="([^"]+)"', page)) == len(set(re.findall(r'\bid="([^"]+)"', page)))
 
 
+@pytest.mark.slow
 def test_empty_sections_say_why(folders):
     run = (folders["run"] / html_report.FILENAME).read_text()
     assert "--no-profile" in section(run, "profile") and 'class="missing"' in section(run, "profile")
@@ -103,6 +104,7 @@ def test_empty_sections_say_why(folders):
         assert 'class="missing"' in section(predict, sid)
 
 
+@pytest.mark.slow
 def test_report_rewrites_it_from_the_saved_file_alone(folders, tmp_path, capsys):
     moved = tmp_path / "moved"
     moved.mkdir()
@@ -201,6 +203,7 @@ SUMMARY = {"run": ("speedladder train --run RUN_DIR", "not raced"),
                     "winner.toml")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SUMMARY))
 def test_the_summary_names_the_winner_and_the_lines_that_use_it(folders, name):
     box = section((folders[name] / html_report.FILENAME).read_text(), "summary")
@@ -212,6 +215,7 @@ def test_the_summary_names_the_winner_and_the_lines_that_use_it(folders, name):
     assert 'class="missing"' in predict and "no winner to summarize" in predict
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["example", "race", "tune"])
 def test_the_summary_box_is_seen_first_in_a_real_browser(folders, name, tmp_path):
     """In Chromium: the box is drawn, right under the header, above every other section; a screenshot of it."""
@@ -241,6 +245,7 @@ def test_the_browser_check_sees_fetches_and_errors(tmp_path):
     assert "boom" in errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CHARTS))
 def test_the_report_opens_offline_in_a_real_browser(folders, name, tmp_path):
     def look(page) -> None:

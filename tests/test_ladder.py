@@ -48,6 +48,7 @@ def source_run(tmp_path_factory) -> dict:
             "out": stdout.getvalue(), "err": stderr.getvalue()}
 
 
+@pytest.mark.slow
 def test_source_ladder_runs_every_rung(source_run):
     res = source_run["res"]
     assert source_run["rc"] == 0 and res["status"] == "complete"
@@ -62,6 +63,7 @@ def test_source_ladder_runs_every_rung(source_run):
         assert r["flops_per_token"] == measure.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
 
 
+@pytest.mark.slow
 def test_each_rung_builds_on_the_last_and_compile_is_timed_apart(source_run):
     rungs = by_name(source_run["res"])
     # R0 is the reference; compiled rungs report compile time apart, eager has none.
@@ -87,6 +89,7 @@ def test_each_rung_builds_on_the_last_and_compile_is_timed_apart(source_run):
     assert rungs["ckpt"]["spec"]["transforms"] == ["activation-checkpointing"]
 
 
+@pytest.mark.slow
 def test_speedups_and_verdicts_are_derived_from_the_windows(source_run):
     res = source_run["res"]
     rungs = by_name(res)
@@ -101,6 +104,7 @@ def test_speedups_and_verdicts_are_derived_from_the_windows(source_run):
             assert r["verdict"] == measure.verdict(measure.Spread(**r["tokens_per_s"]), measure.Spread(**beside))
 
 
+@pytest.mark.slow
 def test_the_fastest_passing_rung_learns(source_run):
     res = source_run["res"]
     fastest = max((r for r in res["rungs"] if r["role"] == "rung"), key=lambda r: r["tokens_per_s"]["median"])
@@ -108,6 +112,7 @@ def test_the_fastest_passing_rung_learns(source_run):
     assert res["learns_check"]["passed"] and res["learns_check"]["steps"] == 60
 
 
+@pytest.mark.slow
 def test_the_config_environment_table_and_waterfall_are_saved(source_run):
     res, out = source_run["res"], source_run["out"]
     assert res["config"]["preset"] == "tiny" and res["config"]["batch_size"] == 4 and res["config"]["lr"] == 1e-3
@@ -117,6 +122,7 @@ def test_the_config_environment_table_and_waterfall_are_saved(source_run):
     assert (source_run["folder"] / "waterfall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_the_profile_predicts_every_rung_and_the_error_is_measured(source_run):
     res, out = source_run["res"], source_run["out"]
     rungs = by_name(res)
@@ -136,6 +142,7 @@ def test_the_profile_predicts_every_rung_and_the_error_is_measured(source_run):
     assert {"predicted-compile", "predicted-bf16", "predicted-batch", "predicted-ckpt"} <= marks
 
 
+@pytest.mark.slow
 def test_progress_of_the_long_phases_goes_to_stderr(source_run):
     for phase in ("profile", "compiling", "window 5/5", "base window 5/5", "gates", "learns-check"):
         assert phase in source_run["err"]
@@ -164,6 +171,7 @@ def extra_rungs(monkeypatch):
         lambda s, e: dataclasses.replace(s, compile=True), Requirement(devices=("cuda",))))
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs, capsys):
     rc = main(["run", *FAST, "--rungs", "eager,wrong,gpu-only,ckpt", "--out", str(tmp_path)])
@@ -189,6 +197,7 @@ def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs,
     assert "gpu-only" not in bars  # skipped: no bar
 
 
+@pytest.mark.slow
 def test_results_are_saved_after_every_rung(tmp_path, monkeypatch):
     snapshots = []
     real_save = results.save
@@ -250,6 +259,7 @@ def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
     assert batch["status"] == "skipped" and "exceeds the corpus" in batch["detail"]
 
 
+@pytest.mark.slow
 def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monkeypatch):
     real = verify.equivalence
 
@@ -268,6 +278,7 @@ def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monke
     assert res["fastest"] == "eager"
 
 
+@pytest.mark.slow
 def test_full_ladder_skips_cuda_rungs_with_reasons_and_measures_ckpt_beside_the_top(tmp_path, capsys, monkeypatch):
     # The compile rung is skipped here (as without a compiler) to keep the test free of compilation.
     monkeypatch.setitem(RUNGS, "compile", dataclasses.replace(RUNGS["compile"], requires=Requirement(devices=("cuda",))))
@@ -343,6 +354,7 @@ def slow_rung(monkeypatch):
         lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "sleepy"))))
 
 
+@pytest.mark.slow
 @pytest.mark.isa
 @pytest.mark.parametrize("stack_all", [False, True])
 def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_so_far(tmp_path, slow_rung,

@@ -72,6 +72,7 @@ def test_prediction_says_checkpointing_keeps_several_times_less(tiny):
     assert memory.predicted_activation_bytes(None, tiny.base_spec)[0] is None  # not our GPT: no account
 
 
+@pytest.mark.slow
 def test_the_counter_sees_a_compiled_step_without_recompiling(tiny):
     from speedladder import measure
 
@@ -117,6 +118,7 @@ def test_memory_cells_and_notes_from_saved_records():
     assert "8.0× less" in line and "2.0× less" in line  # saved activations, and the resident rise
 
 
+@pytest.mark.slow
 def test_default_run_shows_saved_activations_and_a_measured_peak_for_eager_and_ckpt(tmp_path, capsys):
     """The acceptance on the tiny preset: both rungs carry both figures; ckpt's saving shows in file, table, plot."""
     # B=64 so that activations, not the allocator's small change, dominate the step's resident rise.

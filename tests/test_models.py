@@ -58,6 +58,7 @@ def climbed(request, model_dir, tmp_path_factory) -> dict:
     return {**climb(str(model_dir / request.param), tmp_path_factory.mktemp("climb"), *extra), "spec": request.param}
 
 
+@pytest.mark.slow
 def test_each_user_model_climbs_the_default_ladder_with_gates_and_counted_mfu(climbed):
     res = climbed["res"]
     assert res["status"] == "complete"
@@ -77,6 +78,7 @@ def test_each_user_model_climbs_the_default_ladder_with_gates_and_counted_mfu(cl
            f"dropout {res['model']['dropout']}." in " ".join(climbed["out"].split())  # said in the notes
 
 
+@pytest.mark.slow
 def test_the_convention_and_dropout_are_detected_and_recorded(climbed):
     model = climbed["res"]["model"]
     expected = {"nano.py:GPT": ("logits_loss", "off: dropout=0.0 given"),
@@ -90,6 +92,7 @@ def test_the_convention_and_dropout_are_detected_and_recorded(climbed):
     assert eq["logits_max_abs_err"] is not None and eq["grad_rel_err"] < 1e-3
 
 
+@pytest.mark.slow
 def test_a_loss_only_model_is_gated_on_its_loss_and_gradients(model_dir, tmp_path):
     res = climb(str(model_dir / "loss_only.py:LossOnly"), tmp_path, "--rungs", "eager,bf16,batch,ckpt")["res"]
     assert res["model"]["convention"] == "loss"
@@ -100,6 +103,7 @@ def test_a_loss_only_model_is_gated_on_its_loss_and_gradients(model_dir, tmp_pat
             assert eq["logits_max_abs_err"] is None and "loss only" in eq["logits"] and eq["grad_rel_err"] >= 0
 
 
+@pytest.mark.slow
 def test_the_rungs_skipped_on_a_user_model_say_why(model_dir, tmp_path):
     """sdpa and pad-vocab apply to our GPT, Hugging Face's, or a model with hooks; elsewhere they are skipped."""
     res = climb(str(model_dir / "nano.py:GPT"), tmp_path, "--rungs", "eager,sdpa,pad-vocab,muon")["res"]
@@ -110,6 +114,7 @@ def test_the_rungs_skipped_on_a_user_model_say_why(model_dir, tmp_path):
     assert rungs["muon"]["status"] == "ok" and rungs["muon"]["gate"]["passed"]  # hidden matrices: blocks.*
 
 
+@pytest.mark.slow
 def test_hooks_let_a_user_model_take_sdpa_and_pad_vocab(model_dir, tmp_path):
     res = climb(str(model_dir / "hooked.py:make_hooked"), tmp_path, "--rungs", "eager,sdpa,pad-vocab")["res"]
     rungs = {r["name"]: r for r in res["rungs"]}
@@ -121,6 +126,7 @@ def test_hooks_let_a_user_model_take_sdpa_and_pad_vocab(model_dir, tmp_path):
     assert eq["loss"] == pytest.approx(eq["loss_ref"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_model_without_repeated_blocks_skips_ckpt_with_the_reason(model_dir, tmp_path):
     res = climb(str(model_dir / "flat.py:Bigram"), tmp_path, "--rungs", "eager,ckpt")["res"]
     ckpt = res["rungs"][1]
@@ -285,6 +291,7 @@ def test_train_saves_a_checkpoint_that_loads_into_the_users_model(model_dir, tmp
     assert type(again).__name__ == "GPT" and torch.equal(again.wte.weight, model.wte.weight)
 
 
+@pytest.mark.slow
 def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
     spec = str(model_dir / "logits_only.py:make_lm")
     rc, _, err = cli("tune", "--preset", "tiny", "--device", "cpu", "--model", spec, "--steps", "2",
@@ -300,6 +307,7 @@ def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
     assert won.run.model_source == spec and won.train.rungs == ("compile",)  # winner.toml names the model
 
 
+@pytest.mark.slow
 def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):
     spec = str(model_dir / "nano.py:GPT")
     rc, _, err = cli("profile", "--preset", "tiny", "--device", "cpu", "--model", spec, "--profile-steps", "2",
@@ -318,6 +326,7 @@ def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):
     assert section["grad_bytes"] == 4 * saved["model"]["params"] and len(section["unit_bytes"]) == 3  # root, 2 blocks
 
 
+@pytest.mark.slow
 def test_ddp_shards_a_user_model_by_its_blocks(model_dir, tmp_path):
     rc, _, err = cli("ddp", "--preset", "tiny", "--device", "cpu", "--model", str(model_dir / "nano.py:GPT"),
                      "--rungs", "eager", "--nproc", "2", "--steps", "2", "--strategy", "fsdp", "--master-port", "29631",

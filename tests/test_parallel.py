@@ -45,6 +45,7 @@ def ddp_run(tmp_path_factory) -> dict:
     return job(tmp_path_factory.mktemp("ddp"))
 
 
+@pytest.mark.slow
 def test_k1_is_measured_through_torchrun_and_efficiency_is_at_most_100_percent_or_flagged(ddp_run):
     p = ddp_run["parallel"]
     assert p["single"]["via"].startswith("torchrun, 1 process")  # like with like: the ranks' own path
@@ -53,12 +54,14 @@ def test_k1_is_measured_through_torchrun_and_efficiency_is_at_most_100_percent_o
     assert (m["efficiency"] > 1.0) == bool(m["flags"])
 
 
+@pytest.mark.slow
 def test_parameters_stay_identical_across_ranks(ddp_run):
     check = ddp_run["parallel"]["measured"]["param_check"]
     assert check["identical"] and check["max_abs_diff"] == 0.0
     assert check["params"] == ddp_run["model"]["params"]
 
 
+@pytest.mark.slow
 def test_tokens_per_s_is_the_whole_jobs(ddp_run):
     p = ddp_run["parallel"]
     m = p["measured"]
@@ -72,6 +75,7 @@ def test_tokens_per_s_is_the_whole_jobs(ddp_run):
     assert m["floor_error"] == pytest.approx(m["tokens_per_s"]["median"] / pred["floor_tokens_per_s"] - 1)
 
 
+@pytest.mark.slow
 def test_the_probe_measures_a_positive_finite_bandwidth(ddp_run):
     (probe,) = ddp_run["parallel"]["probes"]
     assert probe["k"] == 2 and probe["backend"] == "gloo"
@@ -84,6 +88,7 @@ def test_the_probe_measures_a_positive_finite_bandwidth(ddp_run):
                                                                   probe["fit"]["latency_us"]))
 
 
+@pytest.mark.slow
 def test_the_predictions_are_the_cost_models(ddp_run):
     p = ddp_run["parallel"]
     assert [r["k"] for r in p["predictions"]] == [1, 2, 4, 8]
@@ -96,6 +101,7 @@ def test_the_predictions_are_the_cost_models(ddp_run):
     assert p["grad_bytes"] == 4 * ddp_run["model"]["params"]
 
 
+@pytest.mark.slow
 def test_report_reads_the_parallel_section_back(ddp_run, tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps(ddp_run))
     assert main(["report", str(tmp_path)]) == 0
@@ -108,6 +114,7 @@ def test_report_reads_the_parallel_section_back(ddp_run, tmp_path, capsys):
     assert (tmp_path / "scaling.png").is_file()
 
 
+@pytest.mark.slow
 def test_fsdp_keeps_the_ranks_in_step(tmp_path):
     saved = job(tmp_path, "--strategy", "fsdp")
     p = saved["parallel"]
@@ -148,6 +155,7 @@ def _fsdp_rank(rank: int, world: int, store: str, out: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_fsdp2_leaves_the_steps_params_and_state_on_the_tensors_it_trains(tmp_path):
     """fully_shard puts a DTensor Parameter in place of each: TrainStep.params and .state follow, so a training step
     moves what they hold and reset() loads the initial weights into the shards (2 gloo processes)."""
@@ -159,6 +167,7 @@ def test_fsdp2_leaves_the_steps_params_and_state_on_the_tensors_it_trains(tmp_pa
         assert seen == {"params": True, "sharded": True, "state": True, "moved": True, "reset": True}, (rank, seen)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_with_its_error_once(tmp_path):
     env = dict(os.environ, **{FAIL_RANK_ENV: "1"})
     env["PYTHONPATH"] = str(Path(speedladder.__file__).resolve().parent.parent)
@@ -185,6 +194,7 @@ def faulty_job(tmp_path: Path, fault: str) -> subprocess.CompletedProcess:
                           timeout=180, check=False)
 
 
+@pytest.mark.slow
 def test_a_rank_that_dies_before_it_can_speak_is_told_by_its_own_exception(tmp_path):
     proc = faulty_job(tmp_path, DIE_RANK_ENV)
     assert proc.returncode == 1
@@ -192,6 +202,7 @@ def test_a_rank_that_dies_before_it_can_speak_is_told_by_its_own_exception(tmp_p
     assert "RuntimeError: injected death on rank 1" in line and "=====" not in line.split("(full log")[0], line
 
 
+@pytest.mark.slow
 def test_parameters_that_differ_across_ranks_fail_the_job(tmp_path):
     proc = faulty_job(tmp_path, DRIFT_RANK_ENV)
     assert proc.returncode == 1
@@ -216,6 +227,7 @@ def test_the_allreduce_fit_recovers_latency_and_bandwidth_and_prices_every_size(
     assert abs(fitted / bent[2][1] - 1) < abs(two_point / bent[2][1] - 1)
 
 
+@pytest.mark.slow
 def test_the_job_probes_its_own_bucket_sizes(ddp_run):
     p = ddp_run["parallel"]
     (probe,) = p["probes"]
@@ -224,6 +236,7 @@ def test_the_job_probes_its_own_bucket_sizes(ddp_run):
     assert probe["fit"]["busbw_GBps"] > 0 and all("fitted_seconds" in row for row in probe["sizes"])
 
 
+@pytest.mark.slow
 def test_predict_with_a_measured_bandwidth(tmp_path, capsys):
     assert main(["predict", "--nproc", "2", "--measure-bandwidth", *FAST, "--master-port", str(free_port()),
                  "--out", str(tmp_path)]) == 0
@@ -234,6 +247,7 @@ def test_predict_with_a_measured_bandwidth(tmp_path, capsys):
     assert "floor tok/s" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_predict_with_a_given_bandwidth_states_its_latency(tmp_path, capsys):
     assert main(["predict", "--nproc", "4,2", "--bandwidth", "2.5", *FAST, "--out", str(tmp_path)]) == 0
     (run,) = tmp_path.iterdir()

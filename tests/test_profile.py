@@ -177,6 +177,7 @@ def _window_rates(step, n_windows: int = 5, steps: int = 15, warmup: int = 30) -
     return rates
 
 
+@pytest.mark.slow
 def test_the_profile_runs_in_a_child_and_leaves_this_process_unprofiled(tiny, tmp_path, one_thread):
     """The profile runs in a child process, so no profiler is left running here to tax the windows timed after it.
     What that is worth in speed is measured on the real clock by bench/meters.py, not asserted here."""
@@ -188,6 +189,7 @@ def test_the_profile_runs_in_a_child_and_leaves_this_process_unprofiled(tiny, tm
     assert all(r > 0 for r in _window_rates(step, n_windows=3, warmup=2))  # timing goes on as before
 
 
+@pytest.mark.slow
 def test_profile_command_writes_profile_and_trace(tmp_path, capsys):
     rc = main(["profile", "--preset", "tiny", "--device", "cpu", "--profile-steps", "2", "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -251,6 +253,7 @@ def test_cuda_breakdown_counts_kernel_time_and_the_gpu_waiting():
     assert cpu[categories.IDLE] == pytest.approx(3 + (400 - 338))  # the view op plus the gaps
 
 
+@pytest.mark.slow
 def test_several_specs_profile_in_one_child_and_a_failing_one_says_why():
     """Explaining misses profiles several specs in one process: each answers for itself, a bad one with its
     error; and without facts, none of the microbenchmarks the predictions need."""

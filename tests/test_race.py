@@ -195,6 +195,7 @@ def _race(monkeypatch, tmp_path, rungs: tuple[str, ...], clock: StepClock, race:
     return contest.run().race  # type: ignore[return-value]
 
 
+@pytest.mark.slow
 def test_a_rung_that_keeps_tokens_per_s_but_halves_the_learning_rate_loses(monkeypatch, tmp_path):
     s = _race(monkeypatch, tmp_path, ("eager", "half-lr", "same"), StepClock(0.0, 1e-5))
     eager, half, same = s.entries
@@ -215,6 +216,7 @@ def test_a_rung_that_keeps_tokens_per_s_but_halves_the_learning_rate_loses(monke
         assert r.first_eval_seconds is not None and r.cap_from
 
 
+@pytest.mark.slow
 def test_a_rung_with_the_same_math_30_percent_slower_is_a_loss_at_the_default_seeds(monkeypatch, tmp_path):
     clock = StepClock(0.0, 1e-5, slow={"adamw-foreach": 1.3})
     turns: list[str] = []
@@ -230,6 +232,7 @@ def test_a_rung_with_the_same_math_30_percent_slower_is_a_loss_at_the_default_se
     assert switches > 8 * len(s.seeds)  # one after the other would switch at most twice a seed
 
 
+@pytest.mark.slow
 def test_a_10x_slower_rung_is_stopped_at_twice_its_base_and_not_built_upon(monkeypatch, tmp_path):
     clock = StepClock(0.0, 1e-5, slow={"adamw-foreach": 10.0})
     s = _race(monkeypatch, tmp_path, ("eager", "slow", "same"), clock)
@@ -270,6 +273,7 @@ def test_a_race_interrupted_mid_stage_keeps_its_runs_and_judges_without_raising(
     assert eager.verdict == "baseline" and slow.verdict in (None, "did not reach")
 
 
+@pytest.mark.slow
 def test_a_batch_up_that_needs_more_tokens_than_it_saves_time_is_not_a_win(monkeypatch, tmp_path):
     # A fixed cost per step makes the 4x batch 1.2x the tokens/s (overhead 36.6 per-token costs, 128 tokens a step).
     s = _race(monkeypatch, tmp_path, ("eager", "batch"), StepClock(36.6e-5, 1e-5), batch_multiplier=4)
@@ -373,6 +377,7 @@ def raced(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_the_race_is_saved_typed_and_complete(raced):
     from speedladder import results
 
@@ -410,6 +415,7 @@ def test_the_race_is_saved_typed_and_complete(raced):
     assert judged and all(e.p_win is not None and e.p_loss is not None and e.paired is not None for e in judged)
 
 
+@pytest.mark.slow
 def test_the_race_prints_and_draws_from_its_saved_file(raced, capsys):
     assert main(["report", str(raced)]) == 0
     out = capsys.readouterr().out
@@ -433,6 +439,7 @@ def _by_hand(raced, scale: dict[str, float], **ruler) -> dict:
     return saved
 
 
+@pytest.mark.slow
 def test_compare_and_check_read_races(raced, tmp_path, capsys):
     assert main(["compare", str(raced), str(raced)]) == 0
     out = capsys.readouterr().out
@@ -447,6 +454,7 @@ def test_compare_and_check_read_races(raced, tmp_path, capsys):
     assert "check: regression: bf16: 1.50× the baseline's time to the target" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_races_on_different_rulers_are_refused_by_check_and_flagged_by_compare(raced, tmp_path, capsys):
     target = json.loads((raced / "results.json").read_text())["race"]["target_loss"]
     for name, ruler in (("target", {"target_loss": target + 0.01}), ("val", {"val_hash": "0" * 16}),
@@ -464,6 +472,7 @@ def test_races_on_different_rulers_are_refused_by_check_and_flagged_by_compare(r
         assert said in out and said in err
 
 
+@pytest.mark.slow
 def test_target_from_races_on_a_saved_races_ruler(raced, tmp_path, capsys):
     saved = json.loads((raced / "results.json").read_text())["race"]
     # Its eval cadence is that race's (evaluations every 10): another is refused, as below.
@@ -522,6 +531,7 @@ def test_combos_and_the_python_api_race_each_set_against_eager(tmp_path):
     assert {"results.json", "waterfall.png", "report.html"} <= {p.name for p in run_dir.iterdir()}
 
 
+@pytest.mark.slow
 def test_check_re_runs_a_race_with_its_own_configuration(raced):
     """The race's config.toml, and what check rebuilds from its results.json, are the race that was run."""
     from speedladder import codec, settings
@@ -573,6 +583,7 @@ def test_memory_handed_back_before_a_run_is_faulted_in_again_off_the_clock(monke
     assert run.curve_val == cold.curve_val and run.curve_train == cold.curve_train and run.curve_train[-1] is not None
 
 
+@pytest.mark.slow
 def test_a_race_folder_names_its_fastest_for_train_and_apply(raced):
     from speedladder import results
     from speedladder.winner import winner

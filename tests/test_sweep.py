@@ -82,6 +82,7 @@ def _folder(out: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_sweep_end_to_end_prints_plots_and_saves_the_curve(tmp_path, capsys):
     rc = main(["sweep", "--widths", "32,16", "--rungs", "eager,bf16", "--preset", "tiny", "--device", "cpu",
                "--steps", "2", "--no-process-peak", "--out", str(tmp_path)])

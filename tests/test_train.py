@@ -59,6 +59,7 @@ def test_train_logs_samples_and_saves_a_checkpoint(tmp_path, capsys):
     assert model.generate(idx, 5, 1.0, 0, torch.Generator().manual_seed(0)).shape == (1, 8)
 
 
+@pytest.mark.slow
 def test_train_takes_the_winner_of_a_run(tmp_path, capsys):
     rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "3",
                "--loss-steps", "5", "--learns-steps", "60", "--no-profile", "--no-process-peak", "--quiet",
@@ -181,6 +182,7 @@ def _same_run(resumed: dict, uninterrupted: dict) -> None:
     assert all(torch.equal(resumed["model"][k], uninterrupted["model"][k]) for k in resumed["model"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="needs a pipe of a set size (Linux)")
 def test_a_run_killed_mid_run_resumes_to_the_same_loss_curve(tmp_path, uninterrupted):
     read, write = os.pipe()
@@ -224,6 +226,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, uninterrupted):
     child = _train_in_child([*RESUMABLE, "--quiet", "--out", str(tmp_path)], KILL_IN_SAVE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

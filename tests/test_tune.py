@@ -168,6 +168,7 @@ TUNE = ["tune", "--preset", "tiny", "--device", "cpu", "--steps", "3", "--budget
         "--windows", "3", "--loss-steps", "4", "--learns-steps", "60", "--no-profile", "--no-process-peak"]
 
 
+@pytest.mark.slow
 def test_tune_end_to_end(tmp_path, capsys, no_compile):
     rc = main([*TUNE, "--race-finalists", "2", "--calibrate-steps", "30", "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -223,6 +224,7 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
                                                                      for k in ("batch_size", "lr_scale")}
 
 
+@pytest.mark.slow
 def test_tune_judged_by_tokens_races_nothing(tmp_path, capsys, no_compile):
     assert main([*TUNE, "--judge", "tokens", "--quiet", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*/results.json")

@@ -39,6 +39,7 @@ def test_a_token_file_is_mapped_and_gives_the_batches_a_tensor_gives(tmp_path):
         assert torch.equal(x[:, 1:], y[:, :-1])  # y is x shifted by one
 
 
+@pytest.mark.slow
 def test_a_token_file_climbs_and_is_recorded(tmp_path):
     path = write_ids(tmp_path / "train.bin", np.random.default_rng(1).integers(0, 28, 50_000))
     assert main(["run", *FAST, "--data", str(path), "--quiet", "--out", str(tmp_path / "runs")]) == 0
@@ -97,6 +98,7 @@ RSS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM from /proc (Linux)")
 def test_a_200_million_token_file_runs_with_bounded_resident_memory(tmp_path):
     """The same climb on a 2,000-token file, then on a 200-million-token one (400 MB) in the same process: the

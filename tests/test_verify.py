@@ -128,6 +128,7 @@ def d2l_curves():
     return curves, unigram_entropy(work.corpus)
 
 
+@pytest.mark.slow
 def test_a_context_free_model_fails_the_learns_check_and_the_real_one_passes(d2l_curves):
     curves, entropy = d2l_curves
     free = verify.learns_check(curves["context-free"], curves["eager"], 0.03, entropy)

@@ -20,18 +20,18 @@ from typing import Any
 from torch import nn
 
 from speedladder import report, results
-from speedladder.codec import from_data
-from speedladder.codec import to_data as codec_data
-from speedladder.config import RACE_LADDER, RunConfig, default
-from speedladder.ladder import Ladder
+from speedladder.climbing.ladder import Ladder
+from speedladder.config.codec import from_data
+from speedladder.config.codec import to_data as codec_data
+from speedladder.config.commands import RaceConfig
+from speedladder.config.run import RACE_LADDER, RunConfig, default
 from speedladder.models.user import LIVE, portable
 from speedladder.progress import show_on_stderr
 from speedladder.racing import Race, ruler
 from speedladder.records import Results
 from speedladder.report.outputs import write_outputs
 from speedladder.report.race import print_race
-from speedladder.settings import RaceConfig
-from speedladder.winner import apply
+from speedladder.training.winner import apply
 from speedladder.workload import prepare
 
 __all__ = ["apply", "climb", "race"]

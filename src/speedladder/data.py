@@ -18,7 +18,7 @@ from typing import Protocol, TypedDict
 import numpy as np
 import torch
 
-from speedladder.config import TOKEN_FILE_TOKENIZER, VAL_FRACTION, is_token_file
+from speedladder.config.run import TOKEN_FILE_TOKENIZER, VAL_FRACTION, is_token_file
 from speedladder.errors import UsageError
 
 EMBEDDED_CORPORA = ("timemachine", "tinyshakespeare")

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 import speedladder
-from speedladder import processor
 from speedladder.errors import UsageError
-from speedladder.optim import ns_dtype_for
+from speedladder.measure import processor
 from speedladder.records import Results, from_dict, to_dict
+from speedladder.rungs.optim import ns_dtype_for
 
 # Version 2: typed records (this module) with the same field names as version 1, plus the version itself.
 SCHEMA = "speedladder.results/2"

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from speedladder import models
-from speedladder.config import MuonConfig
+from speedladder.config.run import MuonConfig
 from speedladder.gpt import GPTConfig
 from speedladder.models import ModelDef
-from speedladder.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
 from speedladder.rungs import NEW_PARAMS, OPTIMIZERS, RungError, StepSpec
+from speedladder.rungs.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
 
 
 @contextlib.contextmanager

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from speedladder import measure, models, results
-from speedladder.config import Resolved, RunConfig, pick_device, resolve
+from speedladder import models, results
+from speedladder.config.run import Resolved, RunConfig, pick_device, resolve
 from speedladder.data import (
     BatchStream,
     Corpus,
@@ -32,6 +32,7 @@ from speedladder.data import (
     val_windows,
 )
 from speedladder.errors import UsageError
+from speedladder.measure import counters, devicemem, judging, timer
 from speedladder.models import ModelDef
 from speedladder.records import Results
 from speedladder.rungs import RUNGS, Env, StepSpec, env_for
@@ -170,7 +171,7 @@ def free_device_memory(device: torch.device) -> None:
     and the memory pools of the CUDA graphs it held are released before the cache is emptied, not a rung later."""
     gc.collect()
     torch.compiler.reset()
-    measure.return_host_memory()  # between rungs, untimed: what the last one freed goes back to the system
+    devicemem.return_host_memory()  # between rungs, untimed: what the last one freed goes back to the system
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -179,14 +180,14 @@ def free_device_memory(device: torch.device) -> None:
 class Measurement:
     """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4 and 8)."""
 
-    timing: measure.Timing
-    tokens_per_s: measure.Spread
+    timing: timer.Timing
+    tokens_per_s: judging.Spread
     step_ms: float
     compile_s: float | None  # None for an uncompiled step
     peak_memory_bytes: int | None  # None where the device does not report it
     warnings: list[str] = field(default_factory=list)
-    base_timing: measure.Timing | None = None  # the base re-timed beside it, windows interleaved
-    base_tokens_per_s: measure.Spread | None = None
+    base_timing: timer.Timing | None = None  # the base re-timed beside it, windows interleaved
+    base_tokens_per_s: judging.Spread | None = None
     peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
 
 
@@ -204,21 +205,21 @@ def sized_windows(device: torch.device, size: bool | None) -> bool:
     return device.type == "cuda" if size is None else size
 
 
-def _window_steps(work: Workload, timings: list[measure.Timing], size: bool,
+def _window_steps(work: Workload, timings: list[timer.Timing], size: bool,
                   agree: Callable[[int], int]) -> int:
     """Steps per window for a rung (and its base beside it), recorded on each timing; `agree` makes every rank
     of a data-parallel job take the same count (the largest)."""
     t = work.cfg.run.timing
     min_s = t.min_window_s if size else 0.0
-    step_s = measure.sizing_step_s(*timings) if size else None
-    steps = agree(measure.window_steps(t.steps, step_s, min_s))  # type: ignore[arg-type]
+    step_s = timer.sizing_step_s(*timings) if size else None
+    steps = agree(timer.window_steps(t.steps, step_s, min_s))  # type: ignore[arg-type]
     for timing in timings:
         timing.window_steps = steps
         timing.sized_from_step_s, timing.min_window_s = (step_s, min_s) if size else (None, None)
     return steps
 
 
-def _window_warnings(timing: measure.Timing, max_warmup: int) -> list[str]:
+def _window_warnings(timing: timer.Timing, max_warmup: int) -> list[str]:
     out = []
     if not timing.settled:
         out.append(f"still compiling after {max_warmup} warm-up steps")
@@ -233,13 +234,13 @@ def _window_warnings(timing: measure.Timing, max_warmup: int) -> list[str]:
 
 def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, base: StepSpec | None = None,
                  step: TrainStep | None = None, stream: BatchStream | None = None,
-                 counter: Callable[[], int] = measure.compile_count, edge: Callable[[], None] | None = None,
+                 counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None,
                  world: int = 1, size_windows: bool | None = None,
                  agree: Callable[[int], int] = lambda n: n) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
     With `base`, the base spec is built too and its windows interleaved with
-    the spec's (measure.run_pair), so the comparison carries no drift. `world`
+    the spec's (timer.interleave), so the comparison carries no drift. `world`
     processes each do spec.tokens_per_step a step (a data-parallel job counts
     every rank's tokens); `counter`, `edge` and `agree` let such a job agree on
     its warm-up, line its windows up across ranks and take one window length.
@@ -249,37 +250,37 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
     size = sized_windows(device, size_windows)
-    measure.reset_peak_memory(device)
+    devicemem.reset_peak_memory(device)
     say("building" + (" and compiling (first step)" if spec.compile else "")
         + (", with its base re-timed beside it" if base is not None else ""))
     step = step or work.step(spec)
-    run = _in_precision(spec, measure.stepper(step, stream or work.stream(spec)))
-    with measure.graph_recordings() as recorded:
+    run = _in_precision(spec, timer.stepper(step, stream or work.stream(spec)))
+    with counters.graph_recordings() as recorded:
         rec = recorded if spec.cudagraphs else None
-        timing = measure.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge, rec)  # type: ignore[arg-type]
-        peak, reserved = measure.peak_memory(device), measure.peak_reserved(device)  # before its base is built
+        timing = timer.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge, rec)  # type: ignore[arg-type]
+        peak, reserved = devicemem.peak_memory(device), devicemem.peak_reserved(device)  # before its base is built
         base_timing = None
         if base is None:
             steps = _window_steps(work, [timing], size, agree)
             for i in range(t.windows):
-                timing.windows.append(measure.time_window(run, device, world * spec.tokens_per_step, steps,
+                timing.windows.append(timer.time_window(run, device, world * spec.tokens_per_step, steps,
                                                           counter, edge))
-                say(measure.window_line(timing.windows[-1], i, t.windows))
+                say(timer.window_line(timing.windows[-1], i, t.windows))
         else:
             base_step = work.step(base)
-            base_run = _in_precision(base, measure.stepper(base_step, work.stream(base)))
-            base_timing = measure.warm_up(base_run, device, t.warmup, t.max_warmup, counter,  # type: ignore[arg-type]
+            base_run = _in_precision(base, timer.stepper(base_step, work.stream(base)))
+            base_timing = timer.warm_up(base_run, device, t.warmup, t.max_warmup, counter,  # type: ignore[arg-type]
                                           lambda m: say("base: " + m), None, recorded if base.cudagraphs else None)
             steps = _window_steps(work, [timing, base_timing], size, agree)
-            measure.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step,
+            timer.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step,
                                base.tokens_per_step, steps, t.windows, counter, say)
             del base_step, base_run
-    spread = measure.tokens_per_s(timing)
+    spread = judging.tokens_per_s(timing)
     if spread is None:
         raise RuntimeError("every timed window recompiled: no valid window")
-    step_ms = measure.step_ms(timing)
-    m = Measurement(timing, spread, step_ms, measure.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
+    step_ms = judging.step_ms(timing)
+    m = Measurement(timing, spread, step_ms, timer.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
                     peak, _window_warnings(timing, t.max_warmup), base_timing,  # type: ignore[arg-type]
-                    measure.tokens_per_s(base_timing) if base_timing is not None else None,
+                    judging.tokens_per_s(base_timing) if base_timing is not None else None,
                     peak_reserved_bytes=reserved)
     return m, step

@@ -25,14 +25,16 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder import codec, results, settings, subproc
+from speedladder import results, subproc
 from speedladder.cli.gen import Command
+from speedladder.config import codec
+from speedladder.config import commands as settings
+from speedladder.config.commands import RaceConfig, Settings, run_from_results
 from speedladder.errors import UsageError
 from speedladder.records import Role, to_dict
 from speedladder.records.race import ruler_differences
 from speedladder.report.compare import differences, drift_warnings
 from speedladder.report.compare_race import change_test, own_runs
-from speedladder.settings import RaceConfig, Settings, run_from_results
 
 # Roles a plain `run` reproduces; tune's combined candidates are compared only when both runs have them.
 LADDER_ROLES = (Role.RUNG, Role.BESIDE, Role.CONTROL)

@@ -10,11 +10,15 @@ from pathlib import Path
 
 import torch
 
-from speedladder import processor, report, results, settings, train, tune
+from speedladder import report, results
 from speedladder.cli.gen import Command
-from speedladder.config import RunConfig
+from speedladder.climbing import tune
+from speedladder.climbing.ladder import Ladder
+from speedladder.config import commands as settings
+from speedladder.config.commands import Settings
+from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
-from speedladder.ladder import Ladder
+from speedladder.measure import processor
 from speedladder.profile import child
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress, show_on_stderr
@@ -26,7 +30,7 @@ from speedladder.report import race as race_report
 from speedladder.report import sweep as sweep_report
 from speedladder.report.outputs import draw, write_outputs
 from speedladder.rungs import BUILT_IN, RUNGS
-from speedladder.settings import Settings
+from speedladder.training import train
 from speedladder.workload import Workload, new_results, prepare
 
 # The flag groups of the commands that train: the model and data, and the batch rung.

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from speedladder.cli.gen import Command
+from speedladder.config.commands import Settings
 from speedladder.errors import UsageError
 from speedladder.report.compare import html, load, print_comparison
-from speedladder.settings import Settings
 
 
 def cmd_compare(s: Settings, ns: argparse.Namespace) -> int:

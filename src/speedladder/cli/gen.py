@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedladder import codec, results, settings
-from speedladder.codec import int_list, rung_list
-from speedladder.settings import Settings
+from speedladder import results
+from speedladder.config import codec
+from speedladder.config import commands as settings
+from speedladder.config.codec import int_list, rung_list
+from speedladder.config.commands import Settings
 
 DEST = "@"  # the namespace keys of config fields start with this: "@run.timing.steps"
 RUN_SOURCES = ("train", "race")  # commands whose --run RUN_DIR brings that run's workload

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.cli.gen import Command
+from speedladder.config.commands import Settings
 from speedladder.parallel import launch
 from speedladder.progress import show_on_stderr
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
-from speedladder.settings import Settings
 
 WORKLOAD = ("model", "batch", "rungs", "timing", "warmup", "parallel", "torchrun", "output", "quiet")
 

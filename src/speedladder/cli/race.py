@@ -10,13 +10,13 @@ from pathlib import Path
 from speedladder import results
 from speedladder.cli.commands import header, start
 from speedladder.cli.gen import Command
-from speedladder.config import LADDERS, RACE_LADDER, RunConfig
+from speedladder.config.commands import RaceConfig, Settings
+from speedladder.config.run import LADDERS, RACE_LADDER, RunConfig
 from speedladder.errors import UsageError
 from speedladder.racing import Race, ruler
 from speedladder.report import race as race_report
 from speedladder.report.outputs import write_outputs
 from speedladder.rungs import BUILT_IN, RUNGS
-from speedladder.settings import RaceConfig, Settings
 from speedladder.workload import Workload
 
 

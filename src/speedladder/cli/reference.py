@@ -35,8 +35,8 @@ def _row(action: argparse.Action) -> str:
 def markdown() -> str:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     out = ["# Every flag", "",
-           ("Generated from the configuration dataclasses (`src/speedladder/config.py` for the run, "
-           "`src/speedladder/settings.py` for each command's own, `src/speedladder/parallel/config.py` for data "
+           ("Generated from the configuration dataclasses (`src/speedladder/config/run.py` for the run, "
+           "`src/speedladder/config/commands.py` for each command's own, `src/speedladder/parallel/config.py` for data "
            "parallelism) by `bash docs/examples/make.sh`; `speedladder COMMAND --help` prints the same. The last "
            "column is the key a config file (`--config FILE.toml`) sets it with ([usage.md](../usage.md#config-files))."),
            ""]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.cli.gen import Command
+from speedladder.climbing.sweep import run_sweep
+from speedladder.config.commands import Settings
 from speedladder.progress import show_on_stderr
 from speedladder.report import sweep as sweep_report
-from speedladder.settings import Settings
-from speedladder.sweep import run_sweep
 
 
 def finish(run_dir: Path) -> None:

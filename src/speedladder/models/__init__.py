@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from speedladder.config import Resolved, RunConfig
+from speedladder.config.run import Resolved, RunConfig
 from speedladder.errors import UsageError
 from speedladder.gpt import sample_next
 from speedladder.models import hf, user

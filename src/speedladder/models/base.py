@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from speedladder import measure
 from speedladder.gpt import GPTConfig
+from speedladder.measure import peakflops
 from speedladder.rungs import MODEL_TRANSFORMS, Checkpointed
 
 # How the ladder calls a model and reads its loss. x is (B, T) token ids, y the same shifted by one.
@@ -194,7 +194,7 @@ class ModelDef:
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: PaLM's formula where the architecture is known, else counted once by torch."""
         if self.flops_method == "formula":
-            return measure.flops_per_token(self.matmul_params, *self.attention, seq_len)  # type: ignore[arg-type, misc]
+            return peakflops.flops_per_token(self.matmul_params, *self.attention, seq_len)  # type: ignore[arg-type, misc]
         if seq_len not in self.counted:
             self.counted[seq_len] = count_flops(self, seq_len)
         return self.counted[seq_len]

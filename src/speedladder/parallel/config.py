@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedladder.codec import option, positive
+from speedladder.config.codec import option, positive
 from speedladder.errors import UsageError
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from speedladder import results, subproc
-from speedladder.codec import to_data
-from speedladder.config import RunConfig
+from speedladder.config.codec import to_data
+from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
 from speedladder.parallel.config import ParallelConfig

@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from speedladder import measure
+from speedladder.measure import judging
 from speedladder.parallel import costmodel
 from speedladder.parallel.config import ParallelConfig
 from speedladder.records import ParallelSection, Results
@@ -111,7 +111,7 @@ def record_measured(saved: Results, measured: dict, world: int) -> None:
     clean = [r for r, w in zip(rates, timing["windows"]) if w["recompiles"] == 0]
     if not clean:
         raise RuntimeError("every timed window of the job recompiled: no valid window")
-    spread = measure.Spread(statistics.median(clean), min(clean), max(clean))
+    spread = judging.Spread(statistics.median(clean), min(clean), max(clean))
     pred = next((p for p in section.predictions if p["k"] == world), None)
     section.measured = {
         "k": world, "tokens_per_s": dataclasses.asdict(spread), "window_tokens_per_s": rates,

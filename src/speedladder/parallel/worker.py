@@ -24,12 +24,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from speedladder import measure, results
+from speedladder import results
+from speedladder.config.commands import run_from_results
 from speedladder.errors import one_line
+from speedladder.measure import counters, devicemem
 from speedladder.parallel import costmodel, section
 from speedladder.parallel.config import ParallelConfig
 from speedladder.rungs import StepSpec
-from speedladder.settings import run_from_results
 from speedladder.step import matmul_precision
 from speedladder.workload import measure_spec, prepare
 
@@ -69,7 +70,7 @@ class Group:
 
     def edge(self) -> None:
         """A window edge: this rank's queued work done, then every rank's."""
-        measure.sync(self.device)
+        devicemem.sync(self.device)
         self.barrier()
 
     def max(self, value: float) -> float:
@@ -114,7 +115,7 @@ def allreduce_probe(group: Group, pcfg: ParallelConfig, extra_sizes: list[int] |
         t0 = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(buf)
-        measure.sync(group.device)
+        devicemem.sync(group.device)
         seconds = group.max((time.perf_counter() - t0) / iters)
         busbw = costmodel.busbw_allreduce(nbytes, seconds, k) if k > 1 else None
         rows.append({"bytes": nbytes, "iters": iters, "seconds": seconds, "algbw_GBps": nbytes / seconds / 1e9,
@@ -194,7 +195,7 @@ def train(job: dict, group: Group) -> dict:
         # Window tokens are the whole job's: every rank does tokens_per_step a step.
         # On CUDA each rank sizes its windows from its own warm-up: the longest wins, so every rank runs as many steps.
         m, step = measure_spec(work, spec, say_0, step=step, stream=stream, world=group.world,
-                               counter=lambda: group.total(measure.compile_count()), edge=group.edge,
+                               counter=lambda: group.total(counters.compile_count()), edge=group.edge,
                                agree=lambda n: int(group.max(n)))
     per_rank = group.gather([w.seconds for w in m.timing.windows])
     if os.environ.get(DRIFT_RANK_ENV) == str(group.rank):  # fault injection: this rank's model drifts apart

@@ -22,7 +22,8 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from speedladder import subproc
 from speedladder.errors import one_line
-from speedladder.measure import stepper, sync
+from speedladder.measure.devicemem import sync
+from speedladder.measure.timer import stepper
 from speedladder.models.user import LIVE
 from speedladder.profile.categories import STEP_MARK, breakdown, classify
 from speedladder.profile.facts import copy_gbps, matmul_facts, op_floor_us

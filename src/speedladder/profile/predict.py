@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from speedladder import processor
+from speedladder.measure import processor
 from speedladder.profile import spread
 from speedladder.profile.categories import IDLE
 from speedladder.records import ProfileSummary

@@ -35,18 +35,20 @@ from pathlib import Path
 
 import torch
 
-from speedladder import measure, probes, results
-from speedladder.codec import to_data
+from speedladder import results
+from speedladder.config.codec import to_data
+from speedladder.config.commands import CONFIG_FILE, RaceConfig, Settings
+from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
+from speedladder.measure import devicemem, timer
 from speedladder.progress import Progress
 from speedladder.racing.ruler import val_hash
 from speedladder.racing.runs import Clock, Going, Runs, WallClock
 from speedladder.racing.verdicts import PAYS, capped_out, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
-from speedladder.settings import CONFIG_FILE, RaceConfig, Settings
-from speedladder.settings import write as write_settings
 from speedladder.step import TrainStep, matmul_precision
+from speedladder.verify import probes
 from speedladder.workload import Workload, free_device_memory, new_results
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
@@ -168,11 +170,11 @@ class Race(Runs):
                 t = self.work.cfg.run.timing
                 stream = self.work.stream(spec)
                 started = time.perf_counter()
-                timing = measure.warm_up(measure.stepper(step, stream), self.work.device, t.warmup,  # type: ignore[arg-type]
+                timing = timer.warm_up(timer.stepper(step, stream), self.work.device, t.warmup,  # type: ignore[arg-type]
                                          t.max_warmup, on_progress=say)
                 entry.warmup_s = time.perf_counter() - started
                 steady = [s for s, c in zip(timing.warmup_step_s, timing.warmup_compiled) if not c]
-                entry.compile_s = (measure.compile_seconds(timing, statistics.median(steady))
+                entry.compile_s = (timer.compile_seconds(timing, statistics.median(steady))
                                    if spec.compile and steady else None)
                 entry.causality = self._causality(step, spec)
             p.step = step
@@ -263,7 +265,7 @@ class Race(Runs):
         training time next (ties in the seed's order). So they see the machine in the same seconds. Once the base
         is done, every other run is capped at cap_factor times its time. Each run is saved as it ends."""
         sec, name = self.section, base.entry.name
-        measure.return_host_memory()  # once, before every run of the seed begins: not between their stretches
+        devicemem.return_host_memory()  # once, before every run of the seed begins: not between their stretches
         going: list[tuple[int, Prepared, Going]] = []
         caps: dict[int, str] = {}
 

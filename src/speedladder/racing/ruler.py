@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from speedladder import results
+from speedladder.config.commands import RaceConfig
 from speedladder.errors import UsageError
 from speedladder.records.race import ruler_differences as differences
-from speedladder.settings import RaceConfig
 from speedladder.workload import Workload
 
 

@@ -11,7 +11,8 @@ from typing import Protocol
 
 import torch
 
-from speedladder import measure, models
+from speedladder import models
+from speedladder.measure import counters, devicemem
 from speedladder.racing.verdicts import at_tokens
 from speedladder.records import RaceRun, RaceSection
 from speedladder.rungs import StepSpec
@@ -42,11 +43,11 @@ class WallClock:
         self._t0 = 0.0
 
     def start(self) -> None:
-        measure.sync(self.device)
+        devicemem.sync(self.device)
         self._t0 = time.perf_counter()
 
     def stop(self, steps: int, spec: StepSpec) -> float:
-        measure.sync(self.device)
+        devicemem.sync(self.device)
         return time.perf_counter() - self._t0
 
 
@@ -114,12 +115,12 @@ class Runs:
 
     def _warm(self, step: TrainStep, init: dict[str, torch.Tensor]) -> float:
         """One untimed step on a stream no run draws from, then the weights and optimizer back: after memory was
-        handed back to the system (measure.return_host_memory, before it), the pages the steps use are faulted in
+        handed back to the system (devicemem.return_host_memory, before it), the pages the steps use are faulted in
         here, not on the clock. Its wall time (an overestimate of a step's) sizes the run's first stretch."""
         t0 = time.perf_counter()
         with matmul_precision(step.spec):
             step(*next(self.work.stream(step.spec, seed=_WARM_SEED)))
-        measure.sync(self.work.device)
+        devicemem.sync(self.work.device)
         wall = time.perf_counter() - t0
         step.reset(init)
         return wall
@@ -148,12 +149,12 @@ class Runs:
         if step_s > 0:
             n = min(n, max(1, int(STRETCH_S / step_s)))
         with matmul_precision(spec):
-            c0 = measure.compile_count()
+            c0 = counters.compile_count()
             self.clock.start()
             for _ in range(n):
                 g.loss = g.step(*next(g.stream))
             g.clock += self.clock.stop(n, spec)
-            g.run.recompiles += measure.compile_count() - c0
+            g.run.recompiles += counters.compile_count() - c0
             g.steps, g.tokens = g.steps + n, g.tokens + n * tps
             if g.tokens < g.next_eval and not (g.max_steps is not None and g.steps >= g.max_steps):
                 if g.cap_s is not None and g.clock >= g.cap_s:  # between evaluations: only the cap can stop it
@@ -201,7 +202,7 @@ class Runs:
                  budget_tokens: int | None = None) -> RaceRun:
         """One run alone: until the val loss is at or below `target` and `budget_tokens` are trained; or until the
         clock passes `cap_s`, `max_steps` are done, or the loss is not finite."""
-        measure.return_host_memory()  # before the warm step: what the last run freed goes back to the system
+        devicemem.return_host_memory()  # before the warm step: what the last run freed goes back to the system
         g = self.begin(step, seed, target, cap_s, max_steps, budget_tokens)
         while not g.done:
             self.advance(g)

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import statistics
 
-from speedladder import stats
+from speedladder.measure import stats
 from speedladder.records import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection
 
 DID_NOT_REACH, NOT_A_WIN, BASELINE = "did not reach", "not a win", "baseline"

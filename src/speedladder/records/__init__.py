@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
 
-from speedladder.measure import Spread
+from speedladder.measure.judging import Spread
 from speedladder.records.checks import (
     Causality,
     Check,
@@ -167,7 +167,7 @@ class RungResult:
     wall_s: float | None = None  # the whole rung: build, compile, windows and gates
     peak_memory_bytes: int | None = None
     peak_reserved_bytes: int | None = None  # CUDA's reserved peak: CUDA graphs' pools are reserved, not allocated
-    timing: dict[str, Any] | None = None  # measure.Timing as saved: every window's raw time
+    timing: dict[str, Any] | None = None  # measure/timer.Timing as saved: every window's raw time
     tokens_per_s: Spread | None = None
     step_ms: float | None = None
     compile_s: float | None = None
@@ -185,7 +185,7 @@ class RungResult:
     base_timing: dict[str, Any] | None = None  # the base re-timed beside this rung: its interleaved windows
     base_tokens_per_s: Spread | None = None  # ... and their tokens/s; x prev and the verdict use these
     # The base re-timed beside this rung against its own measurement as a rung, less 1, when they disagree beyond
-    # both spreads (measure.drift): the machine drifted between the two; None when they agree.
+    # both spreads (measure/judging.drift): the machine drifted between the two; None when they agree.
     base_drift: float | None = None
     prediction_error: float | None = None  # measured x prev over predicted, less 1
     # Why the rungs above do not build on this one though it passed its gates (a speed rung's measured loss:

@@ -7,8 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from speedladder.measure.stats import Summary
 from speedladder.records.checks import Causality
-from speedladder.stats import Summary
 
 # A race's configuration: a step of a cumulative ladder, given rungs together, a run's winner, or a tune finalist.
 RaceRole = Literal["rung", "combo", "winner", "finalist"]

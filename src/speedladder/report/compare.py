@@ -2,7 +2,7 @@
 
 The first run is the reference. Rungs are aligned by name (a rung one run lacks is shown as
 missing); for each run after the first: tokens/s, the ratio of its median to the first run's, and
-whether the change is outside the spread, by the ladder's own rule (measure.verdict): faster or
+whether the change is outside the spread, by the ladder's own rule (measure/judging.verdict): faster or
 slower only when the two runs' window ranges (min–max) do not overlap, else within spread. Gate
 changes (passed -> failed or back) and configuration or environment differences are marked too.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.errors import UsageError
-from speedladder.measure import Spread, verdict
+from speedladder.measure.judging import Spread, verdict
 from speedladder.records import to_dict
 from speedladder.report import htmlkit
 from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows, ruler_warnings

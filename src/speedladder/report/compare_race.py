@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from speedladder import stats
+from speedladder.measure import stats
 from speedladder.records.race import ruler_differences
 
 FASTER, SLOWER, NOISE = "faster", "slower", "noise"

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speedladder import stats
+from speedladder.measure import stats
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import console, model_label, times
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from speedladder.config.commands import WINNER_FILE
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import times
-from speedladder.settings import WINNER_FILE
 
 
 @dataclass

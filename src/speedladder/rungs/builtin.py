@@ -122,7 +122,7 @@ def float8_eligible(module: nn.Module, name: str, prefix: str) -> bool:
 
 def float8_matmul_params(model: nn.Module, prefix: str = "blocks.") -> int:
     """The weights in the matmuls the fp8 rung runs in fp8: 6 x this is their training FLOPs per token, the fp8
-    share of the step that the rung's MFU peak is blended by (measure.blended_peak)."""
+    share of the step that the rung's MFU peak is blended by (measure/peakflops.blended_peak)."""
     return sum(m.in_features * m.out_features for name, m in model.named_modules() if float8_eligible(m, name, prefix))
 
 

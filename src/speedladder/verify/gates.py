@@ -1,6 +1,6 @@
 """The gates a measured rung must pass, run against eager fp32 references kept per batch shape.
 
-verify.py holds the checks themselves; this module decides which apply to a
+correctness.py holds the checks themselves; this module decides which apply to a
 step, builds the references they compare with (once per shape), and turns a
 check that cannot run into a failed gate, never a passed one
 (docs/measurement.md, rules 7 and 9).
@@ -13,14 +13,14 @@ from collections.abc import Callable
 
 import torch
 
-from speedladder import probes, truth, verify
 from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.records import Differential, Fp64, Gate, LearnsCheck, not_applicable
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
-from speedladder.truth import Errors
+from speedladder.verify import correctness, probes, truth
+from speedladder.verify.truth import Errors
 from speedladder.workload import Workload, free_device_memory
 
 
@@ -41,7 +41,7 @@ class Gates:
     def __init__(self, work: Workload, progress: Progress) -> None:
         self.work = work
         self.progress = progress
-        self.references: dict[StepSpec, verify.Reference | str] = {}  # by reference_spec
+        self.references: dict[StepSpec, correctness.Reference | str] = {}  # by reference_spec
         # Eager at each precision other than fp32, per shape: its distances from fp64 (eager_at).
         self.precision_refs: dict[StepSpec, tuple[str, Errors, Errors]] = {}
         self.eager_curves: dict[tuple[int, int], list[float]] = {}  # the learns-check's baseline, per shape
@@ -60,7 +60,7 @@ class Gates:
         base = self.work.cfg.batch_size
         return base if batch_size > base and batch_size % base == 0 else None
 
-    def reference(self, spec: StepSpec) -> verify.Reference | str:
+    def reference(self, spec: StepSpec) -> correctness.Reference | str:
         """Eager fp32 at the spec's shape (with its architecture rungs), once per shape; a string says why it
         could not be made."""
         eager = reference_spec(spec)
@@ -71,7 +71,7 @@ class Gates:
             self.progress(f"eager fp32{arch} reference at B={eager.batch_size}, T={eager.seq_len} ({k} steps"
                           + (f", gradients accumulated over micro-batches of {micro})" if micro else ")"), "gates")
             try:
-                ref = verify.reference(self.work.step(eager), self.work.gate_batches(eager, k), micro)
+                ref = correctness.reference(self.work.step(eager), self.work.gate_batches(eager, k), micro)
                 self.references[eager] = self._with_truth(ref, eager)
             except Exception as e:  # noqa: BLE001 -- recorded in each gate that needed it; the ladder goes on
                 why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
@@ -80,14 +80,14 @@ class Gates:
                 free_device_memory(self.work.device)
         return self.references[eager]
 
-    def _with_truth(self, ref: verify.Reference, eager: StepSpec) -> verify.Reference:
+    def _with_truth(self, ref: correctness.Reference, eager: StepSpec) -> correctness.Reference:
         """The reference with its float64 truth (truth.py), or the reason there is none: then the gates judge by
         the per-precision table, as the record says."""
         if self.work.device.type == "mps":
             ref.fp64_why = "float64 does not run on MPS: judged by the per-precision tolerances against eager fp32"
             return ref
         try:
-            return verify.with_truth(ref, self.work.step(eager, dtype=torch.float64))
+            return correctness.with_truth(ref, self.work.step(eager, dtype=torch.float64))
         except Exception as e:  # noqa: BLE001 -- a model that will not run in float64: the table's rule, said
             why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
             ref.fp64, ref.fp64_why = None, (f"the float64 reference {why}: judged by the per-precision tolerances "
@@ -96,7 +96,7 @@ class Gates:
         finally:
             free_device_memory(self.work.device)
 
-    def eager_at(self, spec: StepSpec, ref: verify.Reference) -> tuple[str, Errors, Errors]:
+    def eager_at(self, spec: StepSpec, ref: correctness.Reference) -> tuple[str, Errors, Errors]:
         """Eager at the spec's precision (its autocast, TF32 and fp8 casts; nothing compiled or transformed
         otherwise) and its distances from fp64 at the trained and the probe weights: the scale a rung at that
         precision is judged on. Eager fp32's are the reference's own; the others are measured once per shape."""
@@ -111,14 +111,14 @@ class Gates:
                 with matmul_precision(p):
                     trained = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
                     at_probe = probes.outputs(step, ref.probe_weights, ref.batches[0], ref.probe_rows)
-                    curve = verify.loss_curve(step, ref.batches)
+                    curve = correctness.loss_curve(step, ref.batches)
             finally:
                 free_device_memory(self.work.device)
             self.precision_refs[p] = (f"eager {p.precision}", truth.errors(trained, ref.fp64.trained),
                                       truth.errors(at_probe, ref.fp64.probe, curve, ref.fp64.curve))
         return self.precision_refs[p]
 
-    def check(self, step: TrainStep, ref: verify.Reference | str | None, base: probes.Probe | None,
+    def check(self, step: TrainStep, ref: correctness.Reference | str | None, base: probes.Probe | None,
               base_name: str | None, say: Callable[[str], None]) -> tuple[Gate, probes.Probe | None]:
         """Every gate that applies to the step, and its outputs at the probe weights (for the rungs built on it).
 
@@ -128,7 +128,7 @@ class Gates:
             ref = self.reference(step.spec)  # the eager fp32 step is itself checked for causality
             if isinstance(ref, str):
                 return Gate(passed=False, reference=True, detail=ref), None
-            causal = verify.causality(step, ref)
+            causal = correctness.causality(step, ref)
             return Gate(passed=causal.passed, reference=True, causality=causal,
                         detail=causal.detail or "eager fp32 is the reference the other rungs are checked "
                                                    "against"), ref.probe
@@ -145,32 +145,32 @@ class Gates:
             return Gate(passed=False, detail=f"the gates could not run: {why}"), None
         return gate, mine
 
-    def _checks(self, step: TrainStep, ref: verify.Reference, base: probes.Probe | None,
+    def _checks(self, step: TrainStep, ref: correctness.Reference, base: probes.Probe | None,
                 base_name: str | None) -> tuple[Gate, probes.Probe]:
         spec, gates = step.spec, self.work.cfg.run.gates
         trained = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
         target, curve = None, None
         if spec.same_update:
-            curve = verify.loss_curve(step, ref.batches)
-            band = verify.loss_band(curve, ref.curve, gates.loss_band)
+            curve = correctness.loss_curve(step, ref.batches)
+            band = correctness.loss_band(curve, ref.curve, gates.loss_band)
         else:
-            band = verify.no_loss_band(spec)
+            band = correctness.no_loss_band(spec)
             adamw = self.work.step(dataclasses.replace(spec, optimizer="adamw"))
-            target = verify.tokens_to_target(step, adamw, self.work.gate_batches(spec, gates.target_steps))
-        causal = verify.causality(step, ref)
-        mine = verify.probe(step, ref, curve)
+            target = correctness.tokens_to_target(step, adamw, self.work.gate_batches(spec, gates.target_steps))
+        causal = correctness.causality(step, ref)
+        mine = correctness.probe(step, ref, curve)
         if ref.fp64 is not None:
             fp64, diff = self._fp64(spec, ref, trained, mine, base, base_name)
-            eq = verify.equivalence(step, ref, trained, fp64)
+            eq = correctness.equivalence(step, ref, trained, fp64)
         else:
-            eq, diff = verify.equivalence(step, ref, trained), self._differential(mine, base, base_name, ref)
+            eq, diff = correctness.equivalence(step, ref, trained), self._differential(mine, base, base_name, ref)
         checks = [eq, band, causal, diff] + ([target] if target else [])
         failed = next((c for c in checks if not c.passed), None)
         gate = Gate(passed=failed is None, detail=failed.detail if failed else "", equivalence=eq, loss_band=band,
                     tokens_to_target=target, causality=causal, differential=diff)
         return gate, mine
 
-    def _fp64(self, spec: StepSpec, ref: verify.Reference, trained: truth.Outputs, mine: probes.Probe,
+    def _fp64(self, spec: StepSpec, ref: correctness.Reference, trained: truth.Outputs, mine: probes.Probe,
               base: probes.Probe | None, base_name: str | None) -> tuple[Fp64, Differential]:
         """The rung's distances from fp64, at the trained weights (equivalence's verdict) and at the probe weights
         with its loss curve (the differential's), each judged against eager's at its precision and, where it has
@@ -196,7 +196,7 @@ class Gates:
 
     @staticmethod
     def _differential(mine: probes.Probe, base: probes.Probe | None, base_name: str | None,
-                      ref: verify.Reference) -> Differential:
+                      ref: correctness.Reference) -> Differential:
         """Without fp64: the rung against the rung it built on, where the two are comparable; else why not."""
         if base is None or base_name is None:
             return not_applicable(Differential, "no measured rung below it to compare with")
@@ -224,7 +224,7 @@ class Gates:
                 curve = self.eager_curves[key]
             else:
                 curve = self._curve(spec, say)
-            check = verify.learns_check(curve, self.eager_curves[key], g.learns_band, self.entropy)
+            check = correctness.learns_check(curve, self.eager_curves[key], g.learns_band, self.entropy)
         except Exception as e:  # noqa: BLE001 -- a failing learns-check fails its rung, recorded
             check = LearnsCheck(passed=False, detail=one_line(e))
         return check
@@ -234,7 +234,7 @@ class Gates:
         micro = self.micro_batch(spec.batch_size) if self.is_reference(spec) else None
         try:
             with matmul_precision(spec):
-                return verify.train_curve(self.work.step(spec), self.work.stream(spec),
+                return correctness.train_curve(self.work.step(spec), self.work.stream(spec),
                                           self.work.cfg.run.gates.learns_steps, on_progress=say, micro=micro)
         finally:
             free_device_memory(self.work.device)

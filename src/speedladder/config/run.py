@@ -4,7 +4,7 @@ The command line is generated from them (cli/gen.py), config files and results.j
 and written through one codec (codec.py), and each dataclass checks its own values when it is made, so a bad
 value is one line (a UsageError, exit 2) wherever it came from. `resolve` turns a RunConfig (with "the
 preset's" left as None) into a Resolved one in which every value is concrete; that is what results.json keeps.
-The commands' own configurations (tune, train, race, sweep, check) are in settings.py.
+The commands' own configurations (tune, train, race, sweep, check) are in commands.py.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from speedladder.codec import at_least, option, peak_list, positive, rung_list, to_data
+from speedladder.config.codec import at_least, option, peak_list, positive, rung_list, to_data
+from speedladder.config.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
+from speedladder.config.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
 from speedladder.errors import UsageError
 from speedladder.gpt import GPTConfig
-from speedladder.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
-from speedladder.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
-from speedladder.processor import pick_device
+from speedladder.measure.processor import pick_device
 
 # presets.py's and ladders.py's, read through here too
 __all__ = ["CUDA_DEFAULT_PRESET", "FALLBACK_PRESET", "FULL_LADDER", "LADDERS", "PRESETS", "RACE_LADDER",

@@ -17,18 +17,19 @@ from pathlib import Path
 
 from torch import nn
 
-from speedladder import measure, memory, results
+from speedladder import results
+from speedladder.config.commands import CONFIG_FILE, Settings
+from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.gates import Gates
-from speedladder.probes import Probe
+from speedladder.measure import judging, memory, peakflops
 from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
 from speedladder.rungs import RUNGS, Rung, RungError, StepSpec, float8_matmul_params
-from speedladder.settings import CONFIG_FILE, Settings
-from speedladder.settings import write as write_settings
 from speedladder.step import matmul_precision
+from speedladder.verify.gates import Gates
+from speedladder.verify.probes import Probe
 from speedladder.workload import Workload, free_device_memory, measure_spec, new_results
 
 AUTO = "auto"  # predict a ladder rung on the spec it builds on
@@ -113,12 +114,12 @@ class Ladder:
             r.warnings = m.warnings
             if m.base_timing is not None:
                 r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
-                r.verdict, r.verdict_detail = measure.judge(m.timing, m.base_timing)
+                r.verdict, r.verdict_detail = judging.judge(m.timing, m.base_timing)
             memory.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
             fpt = w.flops_per_token(spec)
             peak, r.peak_basis = self._peak(spec, step.model, fpt)
             r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
-            r.mfu = measure.mfu(m.tokens_per_s.median, fpt, peak)
+            r.mfu = peakflops.mfu(m.tokens_per_s.median, fpt, peak)
             r.status = "ok"
             r.gate, probe = self.gates.check(step, ref, self.probes.get(base.name) if base else None,
                                              base.name if base else None, say)
@@ -133,18 +134,18 @@ class Ladder:
         """The peak TFLOP/s a rung's MFU is taken against, and how it was had when it blends precisions.
 
         An fp8 rung runs only the block linears in fp8; the head and attention stay at the precision below
-        (bf16): its peak is the FLOP-weighted harmonic blend of the two (measure.blended_peak).
+        (bf16): its peak is the FLOP-weighted harmonic blend of the two (peakflops.blended_peak).
         """
         w = self.work
 
         def peak(precision: str) -> float | None:
-            return measure.peak_for(w.cfg.run.peak_tflops, results.device_name(w.device), w.device.type, precision)
+            return peakflops.peak_for(w.cfg.run.peak_tflops, results.device_name(w.device), w.device.type, precision)
 
         if spec.precision != "fp8":
             return peak(spec.precision), ""
         rest = "bf16" if spec.autocast == "bf16" else "tf32" if spec.tf32 else "fp32"
         fp8 = min(6 * float8_matmul_params(model, w.model.blocks_prefix or "blocks."), fpt)
-        blended = measure.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": peak("fp8"), rest: peak(rest)})
+        blended = peakflops.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": peak("fp8"), rest: peak(rest)})
         return blended, (f"fp8's peak for the block linears' {fp8 / fpt:.0%} of the FLOPs, {rest}'s for the rest "
                          "(head, attention), blended by FLOP share")
 
@@ -158,7 +159,7 @@ class Ladder:
             return
         beside = r.base_tokens_per_s or base.tokens_per_s
         if r.base_tokens_per_s is not None:  # the base's own measurement and the one beside this rung: drift?
-            r.base_drift = measure.drift(base.tokens_per_s, r.base_tokens_per_s)
+            r.base_drift = judging.drift(base.tokens_per_s, r.base_tokens_per_s)
         r.speedup_prev = r.tokens_per_s.median / beside.median
         # Chained along the ladder: each factor measured with its base beside it, so drift does not compound.
         r.speedup_cum = (base.speedup_cum or 1.0) * r.speedup_prev
@@ -167,7 +168,7 @@ class Ladder:
         if r.role == Role.CONTROL:  # not a step up the ladder: its x prev is against its own rung, in the notes
             r.verdict = "control"
         elif r.verdict is None:
-            r.verdict = measure.verdict(r.tokens_per_s, beside)
+            r.verdict = judging.verdict(r.tokens_per_s, beside)
 
     # -- measure -> classify -> predict ---------------------------------------------------------
 

@@ -30,7 +30,7 @@ import torch
 
 from speedladder.records.checks import Causality, Differential, not_applicable
 from speedladder.step import TrainStep
-from speedladder.truth import Errors
+from speedladder.verify.truth import Errors
 
 PROBE_AMPLIFY = 3.0  # matrices x3: attention scores ~x9, softmax selective (a wrong scale moved gradients ~10x)
 DIFF_K = 4.0  # a correct rung differs from its base by ~1x the base's own distance from fp32 (measured: 0.7-1.1x)

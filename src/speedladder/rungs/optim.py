@@ -19,7 +19,7 @@ from collections.abc import Iterable
 
 import torch
 
-from speedladder import processor
+from speedladder.measure import processor
 
 # The quintic's coefficients from the published algorithm: chosen for a steep slope at 0, not for convergence
 # to exactly 1; after five steps the singular values lie roughly within [0.7, 1.2], which is what Muon needs.

@@ -25,13 +25,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from speedladder import codec, measure, models, results, settings
-from speedladder.config import FULL_LADDER
+from speedladder import models, results
+from speedladder.config import codec
+from speedladder.config import commands as settings
+from speedladder.config.commands import Settings, TrainConfig
+from speedladder.config.run import FULL_LADDER
 from speedladder.data import BatchStream, get_tokenizer
 from speedladder.errors import UsageError
 from speedladder.gpt import GPT, GPTConfig
+from speedladder.measure import devicemem
 from speedladder.rungs import RUNGS, Env, StepSpec, compose
-from speedladder.settings import Settings, TrainConfig
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, prepare
 
@@ -180,7 +183,7 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int, log: 
         step, stream = work.step(spec), work.stream(spec)
         out = Trained({}, []) if resume is None else continued(resume, step, stream)
         pending: list[torch.Tensor] = []  # this stretch's losses on the device, read at a save or the end
-        measure.sync(work.device)
+        devicemem.sync(work.device)
         t0, last = time.perf_counter(), out.start
         for i in range(out.start, steps):
             pending.append(step(*next(stream)))
@@ -200,13 +203,13 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int, log: 
                     if out.best_val is None or v < out.best_val:
                         out.best_val, out.best_step, out.best_seconds = v, done, out.train_seconds
                         out.best_state = step.reference_state()
-                    measure.return_host_memory()  # the clock is stopped: freed memory goes back (measure.py)
+                    devicemem.return_host_memory()  # the clock is stopped: freed memory goes back (devicemem.py)
                 log(f"step {done}, loss {loss:.3f}{val}, time {1e3 * seconds / n:.1f}ms, "
                     f"tokens/s {n * tps / seconds:,.0f}{note}")
-                measure.sync(work.device)
+                devicemem.sync(work.device)
                 t0, last = time.perf_counter(), done
             if saves is not None and (saves.due(done) or done == steps):
-                measure.sync(work.device)  # the steps queued so far are training time; the save is not
+                devicemem.sync(work.device)  # the steps queued so far are training time; the save is not
                 paused = time.perf_counter()
                 out.losses += torch.stack(pending).float().cpu().tolist()
                 pending, out.state = [], step.reference_state()

@@ -23,12 +23,14 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from speedladder import codec, models, results, settings
-from speedladder.config import MuonConfig, RunConfig, pick_device, resolve
+from speedladder import models, results
+from speedladder.config import codec
+from speedladder.config import commands as settings
+from speedladder.config.run import MuonConfig, RunConfig, pick_device, resolve
 from speedladder.errors import UsageError
-from speedladder.optim import MuonAdamW
 from speedladder.rungs import RUNGS, StepSpec, compose, env_for
 from speedladder.rungs import load as rung_files
+from speedladder.rungs.optim import MuonAdamW
 from speedladder.step import AdamWFactory, make_optimizer
 
 

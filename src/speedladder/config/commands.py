@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from speedladder import codec
-from speedladder.codec import at_least, int_list, option, positive, rung_list
-from speedladder.config import RESOLVED_EXTRAS, RunConfig
+from speedladder.config import codec
+from speedladder.config.codec import at_least, int_list, option, positive, rung_list
+from speedladder.config.run import RESOLVED_EXTRAS, RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel.config import ParallelConfig
 

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder.config import RunConfig
-from speedladder.ladder import Ladder
+from speedladder.climbing.ladder import Ladder
+from speedladder.config.commands import WINNER_FILE, Settings
+from speedladder.config.run import RunConfig
 from speedladder.records import RaceSection, Results, Role, RungResult, TuneJudge, TuneSection
 from speedladder.rungs import Env, Rung, StepSpec, compose, kind_of
-from speedladder.settings import WINNER_FILE, Settings
 
 
 def _ladder_rungs(results: Results) -> list[RungResult]:
@@ -214,7 +214,7 @@ def race_configs(results: Results, n: int, env: Env, base: StepSpec) -> list[Rac
     the tokens/s winner; the batch axis, the fastest passing configuration with the batch rung under each
     --batch-lr-scale rule (the one asked for first) and the same without it; then the fastest by tokens/s that
     passed every gate, to n finalists besides the batch axis (distinct specs)."""
-    from speedladder.config import BATCH_LR_SCALES
+    from speedladder.config.run import BATCH_LR_SCALES
 
     passed = [r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE, Role.CANDIDATE, Role.FINAL)
               and r.passed and r.name != "eager" and r.speedup_cum is not None]

@@ -4,7 +4,7 @@
 backwards on its GPU (matmuls too small for the tensor cores). At each point of
 the axis, eager is measured and every chosen rung is measured beside it (each
 on eager alone, not stacked), with the run's windows and gates; the rung's ×
-over eager, the spread of its windows and its verdict (measure.verdict, the
+over eager, the spread of its windows and its verdict (measure/judging.verdict, the
 ladder's rule) are kept. A crossover is where the verdict turns from loss to
 win, or back, between two points; points between them whose verdict is noise
 are inconclusive and named. Each point is a ladder folder of its own under the
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from speedladder import results
-from speedladder.config import Resolved, RunConfig, pick_device, resolve
+from speedladder.climbing.ladder import Ladder
+from speedladder.config.commands import SweepConfig
+from speedladder.config.run import Resolved, RunConfig, pick_device, resolve
 from speedladder.errors import UsageError
-from speedladder.ladder import Ladder
 from speedladder.progress import Progress
 from speedladder.records import Results, RungResult
 from speedladder.rungs import RUNGS
-from speedladder.settings import SweepConfig
 from speedladder.workload import Workload, new_results, prepare
 
 AXES: tuple[str, ...] = ("width", "layers", "seq_len", "batch_size")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from speedladder import measure, probes, truth
 from speedladder.data import BatchStream
+from speedladder.measure import devicemem
 from speedladder.records.checks import (
     Causality,
     Equivalence,
@@ -34,6 +34,7 @@ from speedladder.records.checks import (
 )
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
+from speedladder.verify import probes, truth
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 # Untimed training (the gates' curves) hands freed host memory back every this many steps: a 50k-vocabulary step
-# frees tens of MB of logits, which the allocator would otherwise keep (measure.return_host_memory).
+# frees tens of MB of logits, which the allocator would otherwise keep (devicemem.return_host_memory).
 HAND_BACK_EVERY = 5
 
 # At most this many logits are kept per reference (16M floats = 64 MB): whole sequences, from the first.
@@ -111,7 +112,7 @@ def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]
     for i, (x, y) in enumerate(batches):
         losses.append(train_step(step, x.to(step.device), y.to(step.device), micro))
         if i % HAND_BACK_EVERY == HAND_BACK_EVERY - 1:
-            measure.return_host_memory()  # untimed: what the steps freed goes back (measure.return_host_memory)
+            devicemem.return_host_memory()  # untimed: what the steps freed goes back (devicemem.return_host_memory)
     return torch.stack(losses).float().cpu().tolist()
 
 
@@ -262,7 +263,7 @@ def train_curve(step: TrainStep, stream: BatchStream, steps: int,
         if (i + 1) % every == 0 or i + 1 == steps:
             on_progress(f"step {i + 1}/{steps}, loss {float(losses[-1]):.3f}")
         if i % HAND_BACK_EVERY == HAND_BACK_EVERY - 1:
-            measure.return_host_memory()  # untimed: the allocator keeps what steps free unless told (measure.py)
+            devicemem.return_host_memory()  # untimed: the allocator keeps what steps free unless told (devicemem.py)
     return torch.stack(losses).float().cpu().tolist()
 
 

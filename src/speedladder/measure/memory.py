@@ -11,7 +11,7 @@ Three figures per rung (docs/memory-sweep.md):
   activation: it is held whether or not a step runs, so a saved tensor whose
   storage is a parameter's or a buffer's is left out. A bf16 copy of a weight
   made by autocast is counted: it exists only for this step.
-- the step's peak: on CUDA the allocator's peak (measure.peak_memory). On a
+- the step's peak: on CUDA the allocator's peak (devicemem.peak_memory). On a
   CPU, a child process builds each rung's step in turn (one process for the
   rungs of a run, each step dropped before the next is built), runs `warmup`
   steps, then reads its resident set (VmRSS), resets the kernel's resident
@@ -38,10 +38,11 @@ from pathlib import Path
 
 import torch
 
-from speedladder import measure, subproc
-from speedladder.config import MemoryConfig, RunConfig
+from speedladder import subproc
+from speedladder.config.run import MemoryConfig, RunConfig
 from speedladder.errors import one_line
 from speedladder.gpt import GPTConfig
+from speedladder.measure import devicemem
 from speedladder.records import RungResult
 from speedladder.rungs import StepSpec, padded_vocab
 from speedladder.step import TrainStep, matmul_precision
@@ -177,7 +178,7 @@ def resident_peak(step: Callable[[], object], warmup: int, steps: int) -> dict[s
         step()
     # glibc hands freed heap pages back, so "before" is what is live (the child's fixed mmap threshold returns
     # large blocks on free anyway).
-    measure.return_host_memory()
+    devicemem.return_host_memory()
     base = _status_bytes("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current resident set
     for _ in range(steps):
@@ -207,7 +208,7 @@ def _child(run_cfg: RunConfig, spec_dicts: list[dict], cfg: MemoryConfig) -> lis
 def peaks_in_child(run_cfg: RunConfig, specs: list[StepSpec], cfg: MemoryConfig) -> list[dict]:
     """The resident peaks of several specs' steps, measured one after the other in one fresh Python process (see
     the module's docstring); a spec that failed has {"error": ...} instead. Each spec gets the timeout."""
-    answer = subproc.run_module("speedladder.memory", (run_cfg, [spec.to_dict() for spec in specs], cfg),
+    answer = subproc.run_module("speedladder.measure.memory", (run_cfg, [spec.to_dict() for spec in specs], cfg),
                                 "the memory process", cfg.timeout_s * len(specs),
                                 MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
     assert isinstance(answer, list)
