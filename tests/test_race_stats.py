@@ -241,3 +241,27 @@ def test_one_run_a_side_is_judged_without_raising():
     s = section([run(0, 10.0, 0)], [])
     judge(s)
     assert s.entries[1].verdict is None
+
+
+def test_a_bound_in_the_chain_carries_to_the_top_and_the_fastest_is_not_the_baseline_for_it():
+    """A base stopped in one seed makes the rung's × prev a bound ("at least"): the chain above it is a bound too,
+    shown with ≥, and the top of a chain that paid is still the fastest (a lower bound ranks safely)."""
+    from speedladder.racing.verdicts import judge
+    from speedladder.report.race import cum_cell
+
+    def stage(k: int, seconds: list[float], stopped: int | None = None) -> list[RaceRun]:
+        return [run(i, t, i % 2, reached=i != stopped, stage=k) for i, t in enumerate(seconds)]
+
+    eager = RaceEntry("eager", ["eager"], "rung", "", "speed", None, {}, "fp32", status="ok", stage=1,
+                      runs=stage(1, [10.0, 3.0, 10.4, 9.8], stopped=1))  # seed 1 stopped at 3 s: at least 3 s
+    mid = RaceEntry("mid", ["mid"], "rung", "", "speed", "eager", {}, "fp32", status="ok", stage=1,
+                    runs=stage(1, [5.0, 5.1, 5.2, 4.9]) + stage(2, [5.0, 5.1, 5.1, 5.0]))
+    top = RaceEntry("top", ["top"], "rung", "", "speed", "mid", {}, "fp32", status="ok", stage=2,
+                    runs=stage(2, [2.5, 2.55, 2.5, 2.45]))
+    section = RaceSection(target_loss=2.0, alpha=ALPHA, seeds=[0, 1, 2, 3], entries=[eager, mid, top])
+    judge(section)
+    assert mid.speedup_bound == mid.speedup_cum_bound == "at least" and mid.verdict in ("win", "noise")
+    assert top.speedup_bound is None and top.verdict == "win"
+    assert top.speedup_cum_bound == mid.speedup_cum_bound and top.speedup_cum > mid.speedup_cum
+    assert cum_cell(top).startswith("≥")  # the chain through a bound is shown as one
+    assert section.fastest == "top", [(e.name, e.verdict, e.speedup_cum, e.speedup_cum_bound) for e in section.entries]

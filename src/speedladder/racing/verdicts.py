@@ -20,7 +20,7 @@ DID_NOT_REACH, NOT_A_WIN, BASELINE = "did not reach", "not a win", "baseline"
 PAYS = (stats.WIN, stats.NOISE)  # what a cumulative ladder builds on
 
 # Everything judge() derives: cleared first, so that nothing of an earlier judgement survives.
-DERIVED = ("time", "tokens", "steps", "tokens_per_s", "speedup_prev", "speedup_bound", "speedup_cum",
+DERIVED = ("time", "tokens", "steps", "tokens_per_s", "speedup_prev", "speedup_bound", "speedup_cum", "speedup_cum_bound",
            "tokens_per_s_prev", "tokens_per_s_cum", "token_ratio", "verdict", "verdict_detail", "p_win", "p_loss",
            "detectable", "paired", "equal_tokens", "budget")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RaceEntry) if f.name in DERIVED}
@@ -181,6 +181,17 @@ def _judge_pair(e: RaceEntry, base: RaceEntry, alpha: float, factor: float | Non
             e.verdict, e.verdict_detail = NOT_A_WIN, e.equal_tokens.detail
 
 
+def _chained(base: RaceEntry, e: RaceEntry) -> tuple[float | None, str | None]:
+    """× cum down to the baseline, and whether it is a bound: a link that is one makes the chain one, on its side;
+    links bounded on opposite sides give no figure at all."""
+    if base.speedup_cum is None or e.speedup_prev is None:
+        return None, None
+    sides = {b for b in (base.speedup_cum_bound, e.speedup_bound) if b}
+    if len(sides) > 1:
+        return None, None
+    return base.speedup_cum * e.speedup_prev, next(iter(sides), None)
+
+
 def judge(section: RaceSection) -> None:
     """Every entry's summaries, its paired verdict against the entry it builds on, the chained ratios down to the
     baseline, modded-nanogpt's criterion, then the fastest. Never raises on a partial race (a Ctrl-C's)."""
@@ -202,11 +213,11 @@ def judge(section: RaceSection) -> None:
         else:
             _judge_pair(e, base, section.alpha, section.cap_factor)
             # Entries come after their bases: the chain of paired ratios down to the baseline.
-            e.speedup_cum = (base.speedup_cum * e.speedup_prev if base.speedup_cum is not None
-                             and e.speedup_prev is not None and e.speedup_bound is None else None)
+            e.speedup_cum, e.speedup_cum_bound = _chained(base, e)
             e.tokens_per_s_cum = (base.tokens_per_s_cum * e.tokens_per_s_prev if base.tokens_per_s_cum is not None
                                   and e.tokens_per_s_prev is not None else None)
         e.budget = budget_check(e, section)
+    # A chain with a bound is a bound: "at least" ranks safely (the true value is above it), "at most" does not.
     contenders = [e for e in section.entries if e.ok and e.reached_all and e.speedup_cum is not None
-                  and e.verdict in (BASELINE, stats.WIN, stats.NOISE)]
+                  and e.speedup_cum_bound != "at most" and e.verdict in (BASELINE, stats.WIN, stats.NOISE)]
     section.fastest = max(contenders, key=lambda e: e.speedup_cum or 0.0).name if contenders else None

@@ -153,6 +153,7 @@ class RaceEntry:
     speedup_prev: float | None = None  # the base's time to target over this one's, paired by seed (geometric)
     speedup_bound: str | None = None  # None: exact; "at most" or "at least" when censored runs bound it
     speedup_cum: float | None = None  # against the baseline: the chain of paired ratios down to it
+    speedup_cum_bound: str | None = None  # None: exact; "at least" or "at most" when a link of the chain is a bound
     tokens_per_s_prev: float | None = None  # tokens/s against the base's, from the same stage's runs
     tokens_per_s_cum: float | None = None
     token_ratio: float | None = None  # mean tokens to target over the base's: above 1 needs more tokens

@@ -43,6 +43,12 @@ def prev_cell(e: RaceEntry) -> str:
     return "—" if e.speedup_prev is None else f"{mark}{e.speedup_prev:.2f}×"
 
 
+def cum_cell(e: RaceEntry) -> str:
+    """× cum, with ≥ or ≤ where a link of its chain is a bound."""
+    mark = {"at most": "≤", "at least": "≥"}.get(e.speedup_cum_bound or "", "")
+    return "—" if e.speedup_cum is None else f"{mark}{e.speedup_cum:.2f}×"
+
+
 def budget_cell(e: RaceEntry) -> str:
     b = e.budget
     if b is None or b.mean is None:
@@ -59,7 +65,7 @@ def race_rows(section: RaceSection) -> list[dict[str, str]]:
         reached = sum(r.reached for r in own)
         out.append({
             "config": e.name, "s to target": mean, "min–max": rng, "× prev": prev_cell(e),
-            "p win": _p(e.p_win), "p loss": _p(e.p_loss), "× cum": times(e.speedup_cum),
+            "p win": _p(e.p_win), "p loss": _p(e.p_loss), "× cum": cum_cell(e),
             "tokens": "—" if e.tokens is None else f"{e.tokens.mean:,.0f}",
             "× tokens": "—" if e.token_ratio is None else f"{e.token_ratio:.2f}×",
             "tok/s": "—" if e.tokens_per_s is None else f"{e.tokens_per_s:,.0f}",
@@ -245,7 +251,8 @@ def race_lines(results: Results, section: RaceSection | None = None) -> list[str
         out.append(f"the batch rung scales the learning rate by the {s.batch_lr_scale} rule (--batch-lr-scale).")
     best = s.entry(s.fastest) if s.fastest else None
     if best is not None and best.time is not None:
-        cum = f", {best.speedup_cum:.2f}× the baseline" if best.speedup_cum else ""
+        at_least = "at least " if best.speedup_cum_bound == "at least" else ""
+        cum = f", {at_least}{best.speedup_cum:.2f}× the baseline" if best.speedup_cum else ""
         out.append(f"fastest to the target: {best.name}, {best.time.mean:.2f} s on average{cum}"
                    + (f" ({chain_text(s, best)})" if best.built_on and len(chain(s, best)) > 1 else "") + ".")
     elif results.status == "complete":

@@ -25,7 +25,9 @@ def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of,
         if spread is not None:
             ax.errorbar(i, level, yerr=[[level - spread[0]], [spread[1] - level]], color="black", capsize=3,
                         linewidth=1)
-        ax.text(i, max(hi, spread[1] if spread else hi) * 1.02, f"{level:.2f}×", ha="center", va="bottom",
+        mark = {"at least": "≥", "at most": "≤"}.get(getattr(e, "speedup_cum_bound", None) or "", "") \
+            if tag == "time" else ""
+        ax.text(i, max(hi, spread[1] if spread else hi) * 1.02, f"{mark}{level:.2f}×", ha="center", va="bottom",
                 fontsize=9)
         top = max(top, hi, spread[1] if spread else hi)
     ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
@@ -58,8 +60,8 @@ def race_figure(results: Results, section: RaceSection | None = None):
         """The base's × cum times the smallest and largest per-seed ratio (where both runs of a seed reached)."""
         b = by_name.get(e.built_on or "")
         t = e.paired
-        if t is None or b is None or b.speedup_cum is None or e.speedup_cum is None:
-            return None
+        if t is None or b is None or b.speedup_cum is None or e.speedup_cum is None or e.speedup_bound:
+            return None  # a bound has no spread of exact ratios around it
         exact = [lo for lo, hi in zip(t.low, t.high) if lo is not None and lo == hi]
         if len(exact) < 2:
             return None

@@ -37,7 +37,8 @@ def _race_time(s: RaceSection, e: RaceEntry) -> str:
     while x is not None and x.built_on:
         links.append(f"p win {_p(x.p_win)} against {x.built_on}")
         x = s.entry(x.built_on)
-    return f"{e.speedup_cum:.2f}×" + (f" ({'; '.join(reversed(links))})" if links else " (the baseline)")
+    mark = {"at most": "≤", "at least": "≥"}.get(e.speedup_cum_bound or "", "")
+    return f"{mark}{e.speedup_cum:.2f}×" + (f" ({'; '.join(reversed(links))})" if links else " (the baseline)")
 
 
 def _uses(folder: str, config: str | None = None) -> list[str]:
