@@ -152,9 +152,9 @@ def test_an_old_results_file_loads_and_its_config_reads_as_todays():
     from speedladder import results
     from speedladder.settings import run_from_results
 
-    raw = json.loads(Path("docs/example-cpu-results.json").read_text())["config"]  # written before the codec
+    raw = json.loads((Path(__file__).parent / "data" / "results-schema1.json").read_text())["config"]  # written before the codec
     assert "timing" not in raw
-    saved = results.load("docs/example-cpu-results.json")
+    saved = results.load(Path(__file__).parent / "data" / "results-schema1.json")
     timing = {k: raw[k] for k in ("steps", "windows", "warmup", "max_warmup")}
     assert saved.config["timing"] == timing and not set(timing) & set(saved.config)
     run = run_from_results(saved.config)

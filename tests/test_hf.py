@@ -23,7 +23,7 @@ if importlib.util.find_spec("transformers") is None:
         raise RuntimeError("transformers is missing: pip install -e '.[test,hf]'")
     pytest.skip("needs transformers: pip install -e '.[hf]'", allow_module_level=True)
 
-SMALL = ["--hf-set", "n_layer=2", "--hf-set", "n_embd=128", "--hf-set", "n_head=4"]
+SMALL = ["--hf-set", "n_layer=1", "--hf-set", "n_embd=128", "--hf-set", "n_head=4"]
 # Llama's default MLP (11,008 wide) is sized for a width of 4,096; at width 128 it would hold 97% of the
 # parameters and make each CPU step 10x slower, so the tests give it GPT-2's 4x width.
 LLAMA_MLP = ["--hf-set", "intermediate_size=512"]
@@ -56,7 +56,7 @@ LADDER = {"gpt2": [], "llama": ["--rungs", "eager,compile,bf16,ckpt"]}
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def climbed(request, tmp_path_factory) -> tuple[str, dict]:
-    """`speedladder run --hf gpt2|llama --hf-set n_layer=2 --hf-set n_embd=128 --hf-set n_head=4`: the default
+    """`speedladder run --hf gpt2|llama --hf-set n_layer=1 --hf-set n_embd=128 --hf-set n_head=4`: the default
     ladder, compile included (five compiled configurations for GPT-2, three for Llama: a minute or two each on a
     2-core CPU)."""
     return request.param, climb(tmp_path_factory.mktemp("hf"), *MODELS[request.param], *LADDER[request.param])

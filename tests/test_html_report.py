@@ -140,12 +140,12 @@ def test_memory_fields_and_learns_curves_are_drawn_when_present():
     for i, r in enumerate(saved["rungs"]):
         r["peak_memory_bytes"] = (i + 1) * 2**30
         r["saved_activation_bytes"] = (i + 1) * 3 * 2**20
-    saved["learns_check"]["eager"] = {"losses": [3.0, 2.5, 2.0]}
+    saved["learns_check"]["other"] = {"losses": [3.0, 2.5, 2.0]}  # a curve elsewhere under it is drawn too
     page = html_report.build(saved)
     mem = section(page, "memory")
     assert "saved_activation_bytes" in mem and "3.00 MiB" in mem and "2.00 GiB" in mem and "<svg" in mem
     labels = [label for label, _ in html_report.learns_curves(saved["learns_check"])]
-    assert labels == ["ckpt", "eager"]
+    assert labels == [saved["learns_check"]["rung"], "eager", "other"]
 
 
 def _browser():
@@ -195,9 +195,11 @@ def visit(path: Path, look=lambda page: None, shot: Path | None = None) -> tuple
     return requests, errors
 
 
-# What each kind's summary box must say: the winner, and the lines that use it.
+# What each kind's summary box must say: the winner, and the lines that use it (the example's, read from its file).
+_EXAMPLE = json.loads(EXAMPLE.read_text())
+_FASTEST = next(r for r in _EXAMPLE["rungs"] if r["name"] == _EXAMPLE["fastest"])
 SUMMARY = {"run": ("speedladder train --run RUN_DIR", "not raced"),
-           "example": ("ckpt", "2.90×", "not raced: speedladder race --run RUN_DIR"),
+           "example": (_FASTEST["name"], f"{_FASTEST['speedup_cum']:.2f}×", "not raced: speedladder race --run RUN_DIR"),
            "race": ("× eager to the target", "speedladder.apply(model, \"RUN_DIR\")"),
            "tune": ("bf16", "1.69× (p win 0.0014 against eager)", "the tokens judge named ckpt",
                     "winner.toml")}

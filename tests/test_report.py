@@ -14,6 +14,8 @@ from speedladder.records import Gate, Results, RungResult, from_dict, to_dict
 
 COLOURS = report.COLOURS
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "example-cpu-results.json"
+# The saved example of 2026-11-29 (schema 1, before the codec), kept as it was written: old files must still load.
+SCHEMA_1 = Path(__file__).resolve().parent / "data" / "results-schema1.json"
 
 
 def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", status="ok", passed=True, **kw):
@@ -135,9 +137,9 @@ def test_records_round_trip_without_losing_fields():
 
 
 def test_a_results_file_of_schema_1_still_loads_and_reports(tmp_path, capsys):
-    data = json.loads(EXAMPLE.read_text())
+    data = json.loads(SCHEMA_1.read_text())
     assert data["schema"] == "speedladder.results/1"
-    saved = results.load(EXAMPLE)
+    saved = results.load(SCHEMA_1)
     assert isinstance(saved.rungs[0], RungResult) and isinstance(saved.rungs[0].tokens_per_s, Spread)
     assert saved.rungs[1].gate.passed == data["rungs"][1]["gate"]["passed"]
     assert saved.rungs[0].tokens_per_s.median == data["rungs"][0]["tokens_per_s"]["median"]
