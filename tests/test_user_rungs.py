@@ -251,3 +251,13 @@ def test_a_race_records_a_rung_that_raises_goes_on_and_exits_2_and_never_races_o
     assert entries["peek"]["status"] == "failed" and "see the future" in entries["peek"]["detail"]
     assert entries["peek"]["runs"] == [] and not entries["peek"]["built_upon"]
     assert entries["bf16"]["status"] == "ok" and entries["bf16"]["built_on"] == "eager"  # the race went on
+
+
+def test_the_documented_rung_file_is_raced(tmp_path, forget):
+    rc, _, err = cli(*RACE, "--rung-file", str(EXAMPLE), "--rungs", "eager,fused-mlp", "--out", str(tmp_path))
+    assert rc == 0, err
+    race = json.loads((only_folder(tmp_path) / "results.json").read_text())["race"]
+    fused = next(e for e in race["entries"] if e["name"] == "fused-mlp")
+    assert fused["status"] == "ok" and fused["causality"]["passed"] and fused["built_on"] == "eager"
+    assert len(fused["runs"]) == 2 and fused["verdict"] in ("win", "noise", "loss", "did not reach")
+    assert not fused["changes_learning"]  # a speed rung: the same function, judged by time alone
