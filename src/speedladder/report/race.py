@@ -37,15 +37,18 @@ def verdict_cell(e: RaceEntry) -> str:
     return e.verdict or "—"
 
 
+BOUND_MARK = {"at most": "≤", "at least": "≥"}  # a ratio that runs stopped before the target bound on that side
+
+
 def prev_cell(e: RaceEntry) -> str:
     """× prev, with ≤ or ≥ where runs that stopped before the target bound it."""
-    mark = {"at most": "≤", "at least": "≥"}.get(e.speedup_bound or "", "")
+    mark = BOUND_MARK.get(e.speedup_bound or "", "")
     return "—" if e.speedup_prev is None else f"{mark}{e.speedup_prev:.2f}×"
 
 
 def cum_cell(e: RaceEntry) -> str:
     """× cum, with ≥ or ≤ where a link of its chain is a bound."""
-    mark = {"at most": "≤", "at least": "≥"}.get(e.speedup_cum_bound or "", "")
+    mark = BOUND_MARK.get(e.speedup_cum_bound or "", "")
     return "—" if e.speedup_cum is None else f"{mark}{e.speedup_cum:.2f}×"
 
 

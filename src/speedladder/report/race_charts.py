@@ -8,7 +8,7 @@ from pathlib import Path
 
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import model_label
-from speedladder.report.race import RACE_COLOURS, TOKENS_COLOUR, verdict_cell
+from speedladder.report.race import BOUND_MARK, RACE_COLOURS, TOKENS_COLOUR, verdict_cell
 
 
 def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of, tag: str) -> float:
@@ -25,8 +25,7 @@ def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of,
         if spread is not None:
             ax.errorbar(i, level, yerr=[[level - spread[0]], [spread[1] - level]], color="black", capsize=3,
                         linewidth=1)
-        mark = {"at least": "≥", "at most": "≤"}.get(getattr(e, "speedup_cum_bound", None) or "", "") \
-            if tag == "time" else ""
+        mark = BOUND_MARK.get(e.speedup_cum_bound or "", "") if tag == "time" else ""
         ax.text(i, max(hi, spread[1] if spread else hi) * 1.02, f"{mark}{level:.2f}×", ha="center", va="bottom",
                 fontsize=9)
         top = max(top, hi, spread[1] if spread else hi)

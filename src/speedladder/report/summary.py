@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from speedladder.config.commands import WINNER_FILE
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import times
+from speedladder.report.race import BOUND_MARK
 
 
 @dataclass
@@ -37,7 +38,7 @@ def _race_time(s: RaceSection, e: RaceEntry) -> str:
     while x is not None and x.built_on:
         links.append(f"p win {_p(x.p_win)} against {x.built_on}")
         x = s.entry(x.built_on)
-    mark = {"at most": "≤", "at least": "≥"}.get(e.speedup_cum_bound or "", "")
+    mark = BOUND_MARK.get(e.speedup_cum_bound or "", "")
     return f"{mark}{e.speedup_cum:.2f}×" + (f" ({'; '.join(reversed(links))})" if links else " (the baseline)")
 
 
