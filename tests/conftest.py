@@ -19,11 +19,17 @@ import torch
 from speedladder import measure
 from speedladder.cli import main
 from speedladder.config import RunConfig
+from speedladder.config.resolved import Resolved, resolve
 from speedladder.workload import Workload, prepare
 
 torch.set_num_threads(1)
 
 CPU = torch.device("cpu")
+
+
+def resolved(**run: object) -> Resolved:
+    """The saved configuration of a hand-made Results: the preset's workload on the CPU, with `run`'s changes."""
+    return resolve(RunConfig(**run), CPU)  # type: ignore[arg-type]
 
 # The arguments of a quick CPU run shared by the files that compare, check and draw saved runs (a file whose run
 # differs keeps its own list).

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import resolved
 
 from speedladder.cli import main
 from speedladder.profile.categories import CATEGORIES, IDLE
@@ -68,7 +69,7 @@ def _rung(name: str, built_on: str | None, error: float | None, role: str = "run
 
 
 def test_only_misses_beyond_the_limit_are_explained_and_chains_follow_the_ladder():
-    res = Results(schema="", status="", created="", command=[], config={}, environment={}, model={},
+    res = Results(schema="", status="", created="", command=[], config=resolved(), environment={}, model={},
                   rungs=[_rung("eager", None, None), _rung("compile", "eager", -0.36), _rung("bf16", "compile", 0.1),
                          _rung("batch", "bf16", -0.25), _rung("batch-fp32", "batch", 0.9, role="control"),
                          _rung("ckpt", "batch", 0.64)])

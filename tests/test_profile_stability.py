@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import CPU
+from conftest import CPU, resolved
 
 from speedladder import measure
 from speedladder.data import BatchStream
@@ -181,7 +181,7 @@ def test_a_borderline_regime_puts_its_range_on_every_prediction(tiny):
 
 
 def results_with(profile: ProfileSummary) -> Results:
-    return Results(schema="2", status="complete", created="", command=[], config={}, environment={}, model={},
+    return Results(schema="2", status="complete", created="", command=[], config=resolved(), environment={}, model={},
                    profile=profile)
 
 

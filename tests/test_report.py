@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import resolved
 
 from speedladder import report, results
 from speedladder.cli import main
@@ -33,7 +34,7 @@ def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", s
 
 def make(rungs, fastest=None) -> Results:
     return Results(schema=results.SCHEMA, status="complete", created="2026-11-29T00:00:00+00:00", command=["x"],
-                   config={"preset": "d2l-512", "batch_size": 64, "seq_len": 128, "preset_note": None},
+                   config=resolved(preset="d2l-512", batch_size=64, seq_len=128),
                    environment={"device_name": "NVIDIA H200", "device_type": "cuda", "torch": "2.11.0"},
                    model={}, corpus={"source": "timemachine"}, rungs=rungs, fastest=fastest)
 

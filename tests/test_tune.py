@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from conftest import resolved
 
 from speedladder import codec, report, results, settings, tune
 from speedladder.cli import main
@@ -27,7 +28,7 @@ def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", b
 
 
 def results_of(rungs: list[RungResult], fastest: str | None = None) -> Results:
-    return Results(schema="speedladder.results/2", status="complete", created="", command=[], config={},
+    return Results(schema="speedladder.results/2", status="complete", created="", command=[], config=resolved(),
                    environment={}, model={}, rungs=rungs, fastest=fastest)
 
 

@@ -129,24 +129,6 @@ def save(results: Results | dict, run_dir: Path, filename: str = FILENAME) -> Pa
     return path
 
 
-# Before the codec, results.json's "config" kept the timing fields at its top level; schema 1 kept one peak for every
-# precision. Files of both kinds are read into today's form.
-_LEGACY_TIMING = ("steps", "windows", "warmup", "max_warmup")
-_PRECISIONS = ("fp32", "tf32", "bf16", "fp8")
-
-
-def upgrade_config(config: object) -> object:
-    """A saved "config" in today's form: the RunConfig's fields, nested as the codec writes them."""
-    if not isinstance(config, dict):
-        return config
-    out = dict(config)
-    if "timing" not in out and any(k in out for k in _LEGACY_TIMING):
-        out["timing"] = {k: out.pop(k) for k in _LEGACY_TIMING if k in out}
-    if isinstance(out.get("peak_tflops"), (int, float)) and not isinstance(out["peak_tflops"], bool):
-        out["peak_tflops"] = dict.fromkeys(_PRECISIONS, float(out["peak_tflops"]))
-    return out
-
-
 def load(run: str | Path) -> Results:
     """A run folder or a results.json path, as typed records; any schema this project has written loads."""
     path = Path(run)
@@ -160,10 +142,9 @@ def load(run: str | Path) -> Results:
         raise UsageError(f"{path} is not a valid results file: {e}") from None
     if not isinstance(data, dict) or data.get("schema") not in READABLE_SCHEMAS:
         raise UsageError(f"{path} is not a speedladder results file (schema {SCHEMA})")
-    data["config"] = upgrade_config(data.get("config"))
     try:
         return from_dict(Results, data)
-    except (TypeError, ValueError, AttributeError) as e:  # a required field missing, or of the wrong kind
+    except (UsageError, ValueError) as e:  # the codec names the field: a required one missing, or of the wrong kind
         raise UsageError(f"{path} is not a valid results file: {e}") from None
 
 

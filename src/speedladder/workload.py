@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from speedladder import models, results
-from speedladder.config.run import Resolved, RunConfig, pick_device, resolve
+from speedladder.config.resolved import Resolved, resolve
+from speedladder.config.run import RunConfig, pick_device
 from speedladder.data import (
     BatchStream,
     Corpus,
@@ -156,7 +157,7 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
     """The header every results file starts with: what its numbers need to be trusted."""
     c = work.corpus
     return Results(schema=results.SCHEMA, status="running", created=results.now(), command=results.command_line(),
-                   config=work.cfg.to_dict(), environment=results.environment(work.device), kind=kind,
+                   config=work.cfg, environment=results.environment(work.device), kind=kind,
                    corpus={"source": c.source, "tokenizer": c.tokenizer,
                            # the --data file's tokens: the val split is inside it unless it has a file of its own
                            "tokens": c.n_tokens + (work.val.n_tokens if work.cfg.run.val_data is None else 0),

@@ -25,7 +25,8 @@ from pathlib import Path
 from speedladder import results
 from speedladder.climbing.ladder import Ladder
 from speedladder.config.commands import SweepConfig
-from speedladder.config.run import Resolved, RunConfig, pick_device, resolve
+from speedladder.config.resolved import Resolved, resolve
+from speedladder.config.run import RunConfig, pick_device
 from speedladder.errors import UsageError
 from speedladder.progress import Progress
 from speedladder.records import Results, RungResult

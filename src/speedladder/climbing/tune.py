@@ -302,6 +302,6 @@ def tokens_judge(section: TuneSection, results: Results) -> None:
     best = winner(results)
     if best is None:
         return
-    rule = (results.config or {}).get("batch_lr_scale") or "none"
+    rule = results.config.run.batch_lr_scale
     section.tokens_judge = TuneJudge("tokens", best.name, list(section.winner_rungs), best.spec,
                                      rule if "batch" in section.winner_rungs else None, best.speedup_cum)

@@ -6,4 +6,4 @@ turns the dataclasses into flags, data and TOML.
 
 from speedladder import hand_on
 
-hand_on(__name__, "run")
+hand_on(__name__, "run", "resolved")

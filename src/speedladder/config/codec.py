@@ -1,9 +1,18 @@
-"""One codec for every configuration: config dataclasses to and from plain data (JSON, TOML files, flags).
+"""The one codec: dataclasses (configs and results records) to and from plain data, then TOML or JSON.
 
-A field is declared once, with `option(...)`: its type (the annotation), its default, its help and how its
-flag is spelled. The command line (cli/gen.py), config files (`--config FILE.toml`, the `config.toml` every run
-writes), results.json's saved config and the Python API all go through `to_data` / `from_data` here, so no
-module maps fields by hand.
+A config field is declared once, with `option(...)`: its type (the annotation), its default, its help and how
+its flag is spelled. The command line (cli/gen.py), config files (`--config FILE.toml`, the `config.toml` every
+run writes), results.json (records/) and the Python API all go through `to_data` / `from_data` here, under one
+rule set:
+- a value must be of its annotated type (a whole number for int, a list for a tuple or list, a table for a
+  nested dataclass, a known value for an Enum); a wrong one is a usage error that names where it was;
+- an unknown key is named as an error (`unknown="error"`: a file or flag of the user's) or skipped
+  (`unknown="skip"`: a saved file written by another version); a dataclass with an `extra` field (a results
+  record) keeps what it does not declare there, and `to_data` writes it back, so nothing read is lost;
+- a missing key takes the field's default, and the dataclass's own checks run as it is made;
+- JSON has no NaN or infinity (`json=True`: a non-finite number is written as null); TOML has both;
+- a dataclass whose plain form is not its fields (the resolved config, flat in results.json) says so with a
+  `to_plain` method and a `from_plain` classmethod, which the codec calls.
 """
 
 from __future__ import annotations
@@ -17,8 +26,9 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
+from enum import Enum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from speedladder.errors import UsageError
 
@@ -29,6 +39,8 @@ else:  # Python 3.10: the same parser, as the tomli backport (a dependency there
 
 T = TypeVar("T")
 MISSING = dataclasses.MISSING
+EXTRA = "extra"  # a record's field for the keys it does not declare: kept, and written back
+Unknown = Literal["error", "skip"]
 
 
 def option(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING, help: str, flag: str | None = None,
@@ -98,8 +110,8 @@ def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def default_of(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not MISSING else f.default  # type: ignore[misc]
+def default_of(f: dataclasses.Field[Any]) -> Any:
+    return f.default_factory() if f.default_factory is not MISSING else f.default
 
 
 def _args(tp: Any) -> tuple[Any, ...]:
@@ -114,40 +126,56 @@ def _optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def to_data(obj: Any) -> Any:
-    """A config (or anything holding configs) as plain data: dicts, lists, numbers, strings, None."""
+def to_data(obj: Any, *, json: bool = False) -> Any:
+    """A dataclass (or anything holding them) as plain data: dicts, lists, numbers, strings, None.
+    json: a non-finite float becomes None (JSON has no NaN or infinity)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_data(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        if hasattr(obj, "to_plain"):
+            return to_data(obj.to_plain(), json=json)
+        out = {f.name: to_data(getattr(obj, f.name), json=json) for f in dataclasses.fields(obj) if f.name != EXTRA}
+        out.update(to_data(getattr(obj, EXTRA, None) or {}, json=json))
+        return out
     if isinstance(obj, Mapping):
-        return {str(k): to_data(v) for k, v in obj.items()}
+        return {str(k): to_data(v, json=json) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [to_data(v) for v in obj]
+        return [to_data(v, json=json) for v in obj]
+    if isinstance(obj, Enum):
+        return obj.value
+    if json and isinstance(obj, float) and not math.isfinite(obj):
+        return None
     return obj
 
 
-def _value(tp: Any, value: Any, where: str, strict: bool) -> Any:
+def _value(tp: Any, value: Any, where: str, unknown: Unknown) -> Any:
     """One value as its annotated type, or a usage error that names where it was."""
     base, nullable = _optional(tp)
     if value is None:
-        if nullable:
+        if nullable or base is Any:
             return None
         raise UsageError(f"{where}: a value is required")
     origin = typing.get_origin(base)
-    if dataclasses.is_dataclass(base):
+    if dataclasses.is_dataclass(base) and isinstance(base, type):
         if not isinstance(value, Mapping):
             raise UsageError(f"{where}: expected a table of {base.__name__} fields, got {value!r}")
-        return from_data(base, value, where, strict)
-    if origin is tuple:
-        items = _args(base)
+        return from_data(base, value, where, unknown)
+    if isinstance(base, type) and issubclass(base, Enum):
+        try:
+            return base(value)
+        except ValueError:
+            known = ", ".join(str(m.value) for m in base)
+            raise UsageError(f"{where}: unknown value {value!r} (known: {known})") from None
+    if origin in (tuple, list):
         if not isinstance(value, (list, tuple)):
             raise UsageError(f"{where}: expected a list, got {value!r}")
+        items = _args(base)
         item = items[0] if items else Any
-        return tuple(_value(item, v, f"{where}[{i}]", strict) for i, v in enumerate(value))
+        out = [_value(item, v, f"{where}[{i}]", unknown) for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
     if origin is dict:
         _, val_t = _args(base) or (str, Any)
         if not isinstance(value, Mapping):
             raise UsageError(f"{where}: expected a table, got {value!r}")
-        return {str(k): _value(val_t, v, f"{where}.{k}", strict) for k, v in value.items()}
+        return {str(k): _value(val_t, v, f"{where}.{k}", unknown) for k, v in value.items()}
     if base is bool:
         if not isinstance(value, bool):
             raise UsageError(f"{where}: expected true or false, got {value!r}")
@@ -167,17 +195,25 @@ def _value(tp: Any, value: Any, where: str, strict: bool) -> Any:
     return value  # Any, or a union of several kinds: taken as given
 
 
-def from_data(cls: type[T], data: Mapping[str, Any], where: str = "", strict: bool = True) -> T:
-    """A config from plain data: nested tables become nested configs, lists tuples; a missing key takes the
-    field's default. strict: an unknown key is a usage error (a file or flag of the user's); otherwise it is
-    skipped (a results file written by another version). The dataclass's own checks run as it is made."""
-    names = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = [k for k in data if k not in names]
-    if unknown and strict:
-        key = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise UsageError(f"unknown key {key!r} (known{' in ' + where if where else ''}: {', '.join(names)})")
-    kwargs = {k: _value(hints(cls)[k], v, f"{where}.{k}" if where else k, strict)
-              for k, v in data.items() if k in names}
+def from_data(cls: type[T], data: Mapping[str, Any], where: str = "", unknown: Unknown = "error") -> T:
+    """A dataclass from plain data: nested tables become nested dataclasses, lists tuples or lists as annotated;
+    a missing key takes the field's default. An unknown key is an error or skipped (`unknown`), or kept in the
+    class's `extra` field where it has one. The dataclass's own checks run as it is made."""
+    from_plain = getattr(cls, "from_plain", None)
+    if from_plain is not None:
+        made: T = from_plain(data, where, unknown)
+        return made
+    assert dataclasses.is_dataclass(cls)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    others = [k for k in data if k not in names or k == EXTRA]
+    if others and EXTRA not in names and unknown == "error":
+        key = f"{where}.{others[0]}" if where else others[0]
+        known = ", ".join(n for n in names if n != EXTRA)
+        raise UsageError(f"unknown key {key!r} (known{' in ' + where if where else ''}: {known})")
+    kwargs = {k: _value(hints(cls)[k], v, f"{where}.{k}" if where else k, unknown)
+              for k, v in data.items() if k in names and k != EXTRA}
+    if EXTRA in names:
+        kwargs[EXTRA] = {k: data[k] for k in others}
     try:
         return cls(**kwargs)
     except TypeError as e:  # a required field missing

@@ -14,7 +14,8 @@ from typing import Any
 
 from speedladder.config import codec
 from speedladder.config.codec import at_least, int_list, option, positive, rung_list
-from speedladder.config.run import RESOLVED_EXTRAS, RunConfig
+from speedladder.config.resolved import RESOLVED_EXTRAS
+from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel.config import ParallelConfig
 
@@ -300,7 +301,7 @@ def run_from_results(config: dict[str, Any], device: str | None = None) -> RunCo
     data = {k: v for k, v in config.items() if k not in RESOLVED_EXTRAS}
     if device is not None:
         data["device"] = device
-    return codec.from_data(RunConfig, data, "the saved config", strict=False)
+    return codec.from_data(RunConfig, data, "the saved config", unknown="skip")
 
 
 def write(path: Path, settings: Settings, header: str, sections: tuple[str, ...] = ("run", "quiet")) -> Path:

@@ -2,7 +2,7 @@
 
 The command line is generated from them (cli/gen.py), config files and results.json's saved config are read
 and written through one codec (codec.py), and each dataclass checks its own values when it is made, so a bad
-value is one line (a UsageError, exit 2) wherever it came from. `resolve` turns a RunConfig (with "the
+value is one line (a UsageError, exit 2) wherever it came from. resolved.py turns a RunConfig (with "the
 preset's" left as None) into a Resolved one in which every value is concrete; that is what results.json keeps.
 The commands' own configurations (tune, train, race, sweep, check) are in commands.py.
 """
@@ -13,13 +13,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from speedladder.config.codec import at_least, option, peak_list, positive, rung_list, to_data
+from speedladder.config.codec import at_least, option, peak_list, positive, rung_list
 from speedladder.config.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
 from speedladder.errors import UsageError
-from speedladder.gpt import GPTConfig
 from speedladder.measure.processor import pick_device
 
 # presets.py's and ladders.py's, read through here too
@@ -271,68 +268,10 @@ class RunConfig:
             positive(f"peak TFLOP/s for {precision}", value)
 
 
-# What results.json's "config" holds beside the RunConfig's own fields: from the Resolved, not from the user.
-RESOLVED_EXTRAS = ("preset_note", "model")
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """What a run actually does: the RunConfig with every "the preset's" filled in, and the model it builds."""
-
-    run: RunConfig  # every None of the user's RunConfig replaced by a concrete value; rungs always listed
-    model: GPTConfig | None  # the preset's GPT; None when the model is the user's or Hugging Face's
-    preset_note: str | None  # why this preset was chosen, when the user did not choose it
-
-    # The batch shape every measuring module reads, named once here rather than spelled out at each use.
-    @property
-    def batch_size(self) -> int:
-        return self.run.batch_size  # type: ignore[return-value]
-
-    @property
-    def seq_len(self) -> int:
-        return self.run.seq_len  # type: ignore[return-value]
-
-    def to_dict(self) -> dict[str, Any]:
-        """results.json's "config": the resolved RunConfig through the codec, and RESOLVED_EXTRAS."""
-        return {**to_data(self.run), "preset_note": self.preset_note,
-                "model": dataclasses.asdict(self.model) if self.model else None}
-
-    def with_vocab(self, vocab_size: int) -> Resolved:
-        if self.model is None:
-            return self
-        return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))
-
-
 def default(cls: type, name: str) -> Any:
     """The default of a dataclass field, for code that shows it (the field itself is the one place it lives)."""
     f = cls.__dataclass_fields__[name]
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-
-
-def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
-    """The ladder's name (None when the rungs were given one by one), its rungs and the rungs measured beside."""
-    ladder = LADDERS[cfg.ladder or "source"] if cfg.rungs is None else None
-    rungs = ladder.rungs if ladder else tuple(cfg.rungs or ())
-    if not rungs:
-        raise UsageError("no rungs given")
-    unknown = [r for r in rungs if r not in known_rungs]
-    if known_rungs and unknown:
-        raise UsageError(f"unknown rung {unknown[0]!r} (choose from {', '.join(known_rungs)})")
-    if len(set(rungs)) != len(rungs):
-        raise UsageError(f"a rung is listed twice in {','.join(rungs)}")
-    if "eager" in rungs and rungs[0] != "eager":
-        raise UsageError("eager is the baseline: it can only be the first rung")
-    beside = tuple(cfg.beside) if cfg.beside is not None else (ladder.beside if ladder else ())
-    unknown = [r for r in beside if r not in known_rungs or r == "eager"]
-    if known_rungs and unknown:
-        raise UsageError(f"unknown rung {unknown[0]!r} to measure beside the ladder")
-    if set(beside) & set(rungs):
-        raise UsageError(f"a rung cannot be both climbed and measured beside: {min(set(beside) & set(rungs))}")
-    # A ladder's own rungs and beside rungs given one by one are that ladder: a resolved config read back (from a
-    # config file, or by check) resolves to itself, name and all.
-    named = cfg.ladder or "source"
-    same = cfg.ladder is not None and (LADDERS[named].rungs, LADDERS[named].beside) == (rungs, beside)
-    return (named if ladder or same else None), rungs, beside
 
 
 TOKEN_FILE_SUFFIX = ".bin"  # nanoGPT's prepared token files: ids back to back, uint16 (uint32 above 65,535)
@@ -341,47 +280,3 @@ TOKEN_FILE_TOKENIZER = "ids"  # a token file's ids are used as they are
 
 def is_token_file(data: str) -> bool:
     return data.endswith(TOKEN_FILE_SUFFIX)
-
-
-def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] = ()) -> Resolved:
-    """Fill every "the preset's" with a value and check the result.
-
-    The model keeps its preset's vocabulary (`with_vocab` sets the data's). With a model of the user's or
-    Hugging Face's, the preset gives the workload only (data, batch shape, timing); Resolved.model is None.
-    """
-    note = None
-    preset = cfg.preset
-    ours = cfg.model_source is None and cfg.hf is None
-    if preset is None:
-        preset = CUDA_DEFAULT_PRESET if device.type == "cuda" else FALLBACK_PRESET
-        if device.type != "cuda":
-            m, s = PRESETS[preset].model, PRESETS[preset]
-            note = (f"no CUDA device: using the scaled-down preset {preset} (width {m.n_embd}, "
-                    f"{m.n_layer} blocks) so the ladder ends within minutes; "
-                    f"--preset {CUDA_DEFAULT_PRESET} gives the reference setup") if ours else (
-                    f"no CUDA device: using the workload of the scaled-down preset {preset} (B={s.batch_size}, "
-                    f"T={s.seq_len}, {s.corpus}) so the ladder ends within minutes")
-    if preset not in PRESETS:
-        raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
-    setup = PRESETS[preset]
-    try:  # a sweep's changes to the preset's model; an unknown field or a shape GPTConfig refuses is a usage error
-        model = dataclasses.replace(setup.model, **(cfg.model_changes or {}))
-    except (TypeError, ValueError) as e:
-        raise UsageError(f"model changes {cfg.model_changes}: {e}") from None
-    t = cfg.timing
-    batch_size = cfg.batch_size if cfg.batch_size is not None else setup.batch_size
-    seq_len = cfg.seq_len if cfg.seq_len is not None else setup.seq_len
-    mult = cfg.batch_multiplier if cfg.batch_multiplier is not None else setup.batch_multiplier
-    steps = t.steps if t.steps is not None else setup.steps_per_window
-    warmup = t.warmup if t.warmup is not None else setup.warmup_steps
-    if ours and seq_len > model.block_size:
-        raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
-    ladder, rungs, beside = _rungs(cfg, known_rungs)
-    data = cfg.data if cfg.data is not None else setup.corpus
-    tokenizer = cfg.tokenizer or (TOKEN_FILE_TOKENIZER if is_token_file(data) else setup.tokenizer)
-    run = dataclasses.replace(
-        cfg, preset=preset, data=data, tokenizer=tokenizer,
-        batch_size=batch_size, seq_len=seq_len, batch_multiplier=mult, ladder=ladder, rungs=rungs, beside=beside,
-        device=str(device), timing=dataclasses.replace(t, steps=steps, warmup=warmup))
-    return Resolved(run=run, model=model if ours else None, preset_note=note)
-

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from speedladder.config.run import Resolved, RunConfig
+from speedladder.config.resolved import Resolved
+from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.gpt import sample_next
 from speedladder.models import hf, user

@@ -40,7 +40,7 @@ def new_section(work: Workload, spec: StepSpec, pcfg: ParallelConfig, command: s
     first = int(pcfg.first_bucket_mb * costmodel.MIB) if pcfg.bucket_cap_mb == DDP_DEFAULT_BUCKET_MB else cap
     return ParallelSection(
         command=command, strategy=pcfg.strategy, nproc=ks, threads_per_process=threads, cpu_cores=cores,
-        config=dataclasses.asdict(pcfg), spec=spec.to_dict(), rungs=list(work.cfg.run.rungs or ()),
+        config=pcfg, spec=spec.to_dict(), rungs=list(work.cfg.run.rungs or ()),
         tokens_per_step_per_process=spec.tokens_per_step, grad_bytes=sum(per_param), param_bytes=per_param,
         unit_bytes=units, bucket_cap_bytes=cap, first_bucket_bytes=first,
         ddp_buckets=costmodel.ddp_buckets(per_param, cap, first))
@@ -59,7 +59,7 @@ def price(section: ParallelSection, ks: list[int]) -> list[dict]:
         p = costmodel.predict(k, section.strategy, section.tokens_per_step_per_process, single,
                               section.param_bytes, section.unit_bytes, busbw * 1e9, latency_us * 1e-6,
                               section.bucket_cap_bytes, section.first_bucket_bytes,
-                              section.config["backward_fraction"])
+                              section.config.backward_fraction)
         out.append({**dataclasses.asdict(p), "busbw_GBps": busbw, "latency_us": latency_us,
                     "from_probe_k": probe["k"] if probe else bw.get("probe_k")})
     return out
@@ -76,7 +76,7 @@ def record_probe(section: ParallelSection, probe: dict) -> None:
     section.bandwidth = {"source": "measured", "busbw_GBps": probe["busbw_GBps"],
                          "latency_us": probe["latency_us"], "probe_k": probe["k"],
                          "note": f"allreduce probe over this job's {probe['backend']} group, k={probe['k']}"}
-    ks = sorted({1, probe["k"], *section.config["predict_nproc"]})
+    ks = sorted({1, probe["k"], *section.config.predict_nproc})
     section.predictions = price(section, ks)
 
 

@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 
 from speedladder import results
-from speedladder.config.codec import to_data
 from speedladder.config.commands import CONFIG_FILE, RaceConfig, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
@@ -102,7 +101,7 @@ class Race(Runs):
             cap_factor=race.cap_factor, budget_steps=budget_steps or None,
             budget_tokens=budget_steps * base.tokens_per_step or None, stack_all=race.stack_all,
             order="in stages; within a stage, the configurations' order rotated from seed to seed")
-        self.section.config = to_data(race)
+        self.section.config = race
         if results_ is None:
             self.results: Results = new_results(work, kind="race")
             self.results.race = self.section

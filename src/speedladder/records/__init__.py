@@ -1,4 +1,4 @@
-"""The typed records of results.json, and one generic to_dict / from_dict that round-trips them.
+"""The typed records of results.json, read and written by the one codec (config/codec.py).
 
 Every record keeps the field names of the JSON file (docs/results.md), so a
 file written by any version of speedladder loads: a field the record does not
@@ -8,15 +8,14 @@ lacks takes the record's default. Nothing read is lost.
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
-import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, TypeVar
 
+from speedladder.config.codec import EXTRA, from_data, to_data
+from speedladder.config.resolved import Resolved
 from speedladder.measure.judging import Spread
+from speedladder.parallel.config import ParallelConfig
 from speedladder.records.checks import (
     Causality,
     Check,
@@ -66,61 +65,17 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-EXTRA = "extra"  # the field that keeps what a record does not declare
 
 
 def to_dict(obj: Any) -> Any:
-    """A record (or a list/dict of them) as plain JSON-ready data; `extra` is merged back into its record.
-
-    JSON has no NaN or infinity: a non-finite number becomes null.
-    """
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(obj):
-            if f.name == EXTRA:
-                continue
-            out[f.name] = to_dict(getattr(obj, f.name))
-        out.update(to_dict(getattr(obj, EXTRA, None) or {}))
-        return out
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Enum):
-        return obj.value
-    return obj
+    """A record (or a list/dict of them) as JSON-ready data: the codec's rules, non-finite numbers as null."""
+    return to_data(obj, json=True)
 
 
-def _convert(tp: Any, value: Any) -> Any:
-    """A JSON value as the annotated type: records (and lists and optionals of them) are rebuilt."""
-    if value is None:
-        return None
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        records = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
-        if records and isinstance(value, dict):
-            return from_dict(records[0], value)
-        return value
-    if origin is list:
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(item, v) for v in value]
-    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        return from_dict(tp, value)
-    if isinstance(tp, type) and issubclass(tp, Enum):
-        return tp(value)
-    return value
-
-
-def from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """A record from its JSON form; unknown keys are kept in `extra`, missing ones take the defaults."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    known = {k: _convert(hints[k], v) for k, v in data.items() if k in names and k != EXTRA}
-    if EXTRA in names:
-        known[EXTRA] = {k: v for k, v in data.items() if k not in names}
-    return cls(**known)
+def from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+    """A record from its JSON form, by the codec's rules: types checked, what the record does not declare kept in
+    its `extra`, a key of another version that a saved configuration no longer has skipped."""
+    return from_data(cls, data, cls.__name__, unknown="skip")
 
 
 @dataclass
@@ -279,7 +234,7 @@ class ParallelSection:
     nproc: list[int]
     threads_per_process: int
     cpu_cores: int | None
-    config: dict[str, Any]
+    config: ParallelConfig
     spec: dict[str, Any]
     rungs: list[str]
     tokens_per_step_per_process: int
@@ -305,7 +260,7 @@ class Results:
     schema: str
     created: str
     command: list[str]
-    config: dict[str, Any]  # the resolved configuration (config.Resolved.to_dict)
+    config: Resolved  # the resolved configuration, saved flat (Resolved.to_plain)
     environment: dict[str, Any]
     model: dict[str, Any]
     # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere); a profile.json

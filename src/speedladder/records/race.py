@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from speedladder.config.commands import RaceConfig
 from speedladder.measure.stats import Summary
 from speedladder.records.checks import Causality
 
@@ -213,7 +214,7 @@ class RaceSection:
     stages: list[RaceStage] = field(default_factory=list)
     entries: list[RaceEntry] = field(default_factory=list)
     fastest: str | None = None  # the configuration fastest to the target (the chained paired ratio)
-    config: dict[str, Any] = field(default_factory=dict)  # the race's own RaceConfig, resolved, through the codec
+    config: RaceConfig | None = None  # the race's own configuration, resolved (None in a file of before it was kept)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def entry(self, name: str) -> RaceEntry | None:

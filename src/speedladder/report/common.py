@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 
+from speedladder.config.resolved import Resolved
 from speedladder.records import Role, RungResult
 
 STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
@@ -39,10 +41,10 @@ def label(r: RungResult) -> str:
     return r.name
 
 
-def model_label(config: dict, model: dict | None) -> str:
+def model_label(config: Resolved, model: dict[str, Any] | None) -> str:
     """The preset for our GPT (and in files from before other models); the model's name otherwise."""
     model = model or {}
-    return config.get("preset") if model.get("kind", "speedladder") == "speedladder" else model.get("name")
+    return config.preset if model.get("kind", "speedladder") == "speedladder" else str(model.get("name"))
 
 
 def pct(x: float) -> str:

@@ -77,7 +77,7 @@ def _ok(r: dict) -> bool:
 # -- sections -------------------------------------------------------------------------------------
 
 def header(results: dict) -> str:
-    c, e = results.get("config") or {}, results.get("environment") or {}
+    e, c = results.get("environment") or {}, _typed(results).config
     model = results.get("model") or {}
     corpus = results.get("corpus") or {}
     command = results.get("command")
@@ -88,7 +88,7 @@ def header(results: dict) -> str:
         ("model", f"{model_label(c, model)} · {model.get('params', 0):,} parameters"
                   + (f" · {model['convention_means']}; FLOPs {model['flops_method']}; dropout {model['dropout']}"
                      if "convention_means" in model else "")),
-        ("shape", f"B={c.get('batch_size')} T={c.get('seq_len')} (batch-up ×{c.get('batch_multiplier')})"),
+        ("shape", f"B={c.batch_size} T={c.seq_len} (batch-up ×{c.batch_multiplier})"),
         ("corpus", f"{corpus.get('source')} · {corpus.get('tokenizer')} tokenizer · {corpus.get('tokens', 0):,} tokens"),
         ("device", f"{e.get('device_name')} ({e.get('device')})"),
         ("torch / CUDA", f"{e.get('torch')} / {cuda}"),
@@ -380,8 +380,8 @@ def build(saved: Results | dict) -> str:
     body = [header(results), section("summary", "Summary", summary.html(_typed(results)))]
     for sid, title in SECTIONS[2:]:
         body.append(section(sid, title, BUILDERS[sid](results)))
-    c, e = results.get("config") or {}, results.get("environment") or {}
-    label_ = model_label(c, results.get("model"))
+    label_ = model_label(_typed(results).config, results.get("model"))
+    e = results.get("environment") or {}
     return page(f"speedladder {kind(results)} · {label_} · {e.get('device_name')}", body)
 
 

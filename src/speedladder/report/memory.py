@@ -62,7 +62,7 @@ def memory_notes(results: Results) -> list[str]:
     measured = [r for r in results.rungs if r.ok and r.saved_activation_bytes is not None]
     if not measured:
         return []
-    steps = (results.config.get("memory") or {}).get("steps")
+    steps = results.config.run.memory.steps
     out = ["memory: `saved act` is what one forward kept for backward (saved-tensor hooks, each storage once, "
            "parameters left out); `pred act` the same from the shapes (eager autograd's saves)"
            + (f"; `peak mem` marked rss: the resident set's rise during {steps} steps over what the process held "

@@ -28,7 +28,7 @@ def _pct(x: float | None) -> str:
 def title(saved: Results) -> str:
     c, e, p = saved.config, saved.environment, section(saved)
     s = p.spec
-    return (f"speedladder {p.command} · {p.strategy} · {c['preset']} on {e['device_name']} "
+    return (f"speedladder {p.command} · {p.strategy} · {c.preset} on {e['device_name']} "
             f"({e['device_type']}) · {'+'.join(p.rungs)} · B={s['batch_size']} T={s['seq_len']} per process"
             f" · torch {e['torch']}")
 
@@ -100,7 +100,7 @@ def notes(saved: Results) -> list[str]:
         out.append(f"DDP: {len(p.ddp_buckets)} bucket(s) of {', '.join(f'{b / 1e6:.2f}' for b in p.ddp_buckets)}"
                    f" MB (first {p.first_bucket_bytes / 2**20:g} MiB, then {p.bucket_cap_bytes / 2**20:g} MiB); "
                    "floor = no overlap; overlap-aware = the last bucket plus whatever does not fit under backward "
-                   f"({p.config['backward_fraction']:.2f} of compute) is exposed.")
+                   f"({p.config.backward_fraction:.2f} of compute) is exposed.")
     else:
         out.append(f"FSDP2: {len(p.unit_bytes)} units (root + blocks); all-gather in forward and backward, "
                    "reduce-scatter in backward, each (k-1)/k·bytes/busbw; overlap-aware = the first gather of each "
@@ -170,7 +170,7 @@ def plot(saved: Results, path: Path) -> Path:
     ax.set_xticks(sorted(set(ks) | set(mk)))
     ax.set_ylim(bottom=0)
     e = saved.environment
-    ax.set_title(f"{p.strategy} · {saved.config['preset']} · {e['device_name']}", fontsize=10)
+    ax.set_title(f"{p.strategy} · {saved.config.preset} · {e['device_name']}", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()

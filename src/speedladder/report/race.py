@@ -86,7 +86,7 @@ def title(results: Results, section: RaceSection | None = None) -> str:
     assert s is not None
     target = "none" if s.target_loss is None else f"{s.target_loss:.4f}"
     return (f"speedladder race · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
-            f"{(results.corpus or {}).get('source')} · B={c['batch_size']} T={c['seq_len']} · target val loss "
+            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len} · target val loss "
             f"{target} · {len(s.seeds)} seeds · torch {e['torch']}")
 
 

@@ -67,7 +67,7 @@ def rows(results: Results) -> list[dict[str, str]]:
 def title(results: Results) -> str:
     c, e = results.config, results.environment
     return (f"speedladder · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
-            f"{(results.corpus or {}).get('source')} · B={c['batch_size']} T={c['seq_len']} · torch {e['torch']}")
+            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len} · torch {e['torch']}")
 
 
 def table(results: Results) -> Table:
@@ -183,8 +183,8 @@ def _model_note(model: dict) -> list[str]:
 def notes(results: Results) -> list[str]:
     """Plain sentences under the table: what was skipped and why, gates, controls, learns-check, winner."""
     out = []
-    if results.config.get("preset_note"):
-        out.append(results.config["preset_note"] + ".")
+    if results.config.preset_note:
+        out.append(results.config.preset_note + ".")
     env = results.environment
     if env.get("device_type") == "cpu" and env.get("cpu_capability"):  # what a CPU's verdicts rest on
         native = {True: "native", False: "not native"}.get(env.get("bf16_native"), "unknown")

@@ -91,7 +91,7 @@ def waterfall_figure(results: Results):
     ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
-    ax.set_title(f"{model_label(c, results.model)} · B={c['batch_size']} T={c['seq_len']} · {e['device_name']}", fontsize=10)
+    ax.set_title(f"{model_label(c, results.model)} · B={c.batch_size} T={c.seq_len} · {e['device_name']}", fontsize=10)
     handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
     if any(r.predicted and r.predicted.speedup for r in rungs):

@@ -26,7 +26,8 @@ from torch import nn
 from speedladder import models, results
 from speedladder.config import codec
 from speedladder.config import commands as settings
-from speedladder.config.run import MuonConfig, RunConfig, pick_device, resolve
+from speedladder.config.resolved import resolve
+from speedladder.config.run import MuonConfig, RunConfig, pick_device
 from speedladder.errors import UsageError
 from speedladder.rungs import RUNGS, StepSpec, compose, env_for
 from speedladder.rungs import load as rung_files
@@ -77,7 +78,7 @@ def winner(where: str | Path | StepSpec, device: torch.device,
     spec = tuned or (raced.spec if raced is not None else None) or (best.spec if best is not None else None)
     if not spec:
         raise UsageError(f"{where} names no configuration that passed every gate")
-    run = settings.run_from_results(saved.config)
+    run = saved.config.run
     rung_files.load(run.rung_files, run.rung_hashes)  # the run's own rung files, refused if they changed since
     return StepSpec.from_dict(spec), run
 
