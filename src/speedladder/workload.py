@@ -125,7 +125,7 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     device = pick_device(run.device)
     run = with_rung_files(run)
     cfg = resolve(run, device, known_rungs=tuple(RUNGS))
-    corpus = load_corpus(cfg.run.data, cfg.run.tokenizer, cfg.run.vocab_size)  # type: ignore[arg-type]
+    corpus = load_corpus(cfg.data, cfg.tokenizer, cfg.run.vocab_size)
     split = holdout(corpus, cfg.run.val_data, cfg.run.vocab_size)
     check_fits(split.train, cfg.batch_size, cfg.seq_len)
     cfg, model_def, init = models.define(cfg, corpus.vocab_size or None, model)
@@ -137,7 +137,7 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     vocab = corpus.vocab_size or model_def.vocab_size
     split = Split(dataclasses.replace(split.train, vocab_size=vocab), dataclasses.replace(split.val, vocab_size=vocab),
                   split.val_from)
-    env = env_for(device, cfg.run.batch_multiplier, cfg.run.batch_lr_scale, model_def.lacks,  # type: ignore[arg-type]
+    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model_def.lacks,
                   model_def.hooks, model_def.shapes)
     return Workload(cfg, device, split.train, init, env, model_def, split)
 
@@ -192,9 +192,9 @@ class Measurement:
     peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
 
 
-def _in_precision(spec: StepSpec, fn: Callable[[], object]) -> Callable[[], object]:
+def _in_precision(spec: StepSpec, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     """A step run under its own matmul precision, so a rung and its base can take turns (TF32 is global state)."""
-    def run() -> object:
+    def run() -> torch.Tensor:
         with matmul_precision(spec):
             return fn()
     return run
@@ -213,7 +213,7 @@ def _window_steps(work: Workload, timings: list[timer.Timing], size: bool,
     t = work.cfg.run.timing
     min_s = t.min_window_s if size else 0.0
     step_s = timer.sizing_step_s(*timings) if size else None
-    steps = agree(timer.window_steps(t.steps, step_s, min_s))  # type: ignore[arg-type]
+    steps = agree(timer.window_steps(work.cfg.steps, step_s, min_s))
     for timing in timings:
         timing.window_steps = steps
         timing.sized_from_step_s, timing.min_window_s = (step_s, min_s) if size else (None, None)
@@ -258,7 +258,7 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     run = _in_precision(spec, timer.stepper(step, stream or work.stream(spec)))
     with counters.graph_recordings() as recorded:
         rec = recorded if spec.cudagraphs else None
-        timing = timer.warm_up(run, device, t.warmup, t.max_warmup, counter, say, edge, rec)  # type: ignore[arg-type]
+        timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, counter, say, edge, rec)
         peak, reserved = devicemem.peak_memory(device), devicemem.peak_reserved(device)  # before its base is built
         base_timing = None
         if base is None:
@@ -270,7 +270,7 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
         else:
             base_step = work.step(base)
             base_run = _in_precision(base, timer.stepper(base_step, work.stream(base)))
-            base_timing = timer.warm_up(base_run, device, t.warmup, t.max_warmup, counter,  # type: ignore[arg-type]
+            base_timing = timer.warm_up(base_run, device, work.cfg.warmup, t.max_warmup, counter,
                                           lambda m: say("base: " + m), None, recorded if base.cudagraphs else None)
             steps = _window_steps(work, [timing, base_timing], size, agree)
             timer.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step,
@@ -280,8 +280,9 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     if spread is None:
         raise RuntimeError("every timed window recompiled: no valid window")
     step_ms = judging.step_ms(timing)
+    assert step_ms is not None  # a window that gave tokens/s gave its step time
     m = Measurement(timing, spread, step_ms, timer.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
-                    peak, _window_warnings(timing, t.max_warmup), base_timing,  # type: ignore[arg-type]
+                    peak, _window_warnings(timing, t.max_warmup), base_timing,
                     judging.tokens_per_s(base_timing) if base_timing is not None else None,
                     peak_reserved_bytes=reserved)
     return m, step

@@ -24,6 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from speedladder import results, subproc
 from speedladder.cli.gen import Command
@@ -213,6 +214,7 @@ def _load(path: str | Path) -> dict:
 def cmd_check(s: Settings, _: argparse.Namespace) -> int:
     c = s.check
     baseline = _load(c.require_baseline())
+    new: dict[str, Any] | None
     if c.against:
         new = _load(c.against)
     else:

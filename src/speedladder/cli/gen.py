@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from speedladder import results
 from speedladder.config import codec
@@ -30,7 +30,7 @@ RUN_SOURCES = ("train", "race")  # commands whose --run RUN_DIR brings that run'
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -50,7 +50,7 @@ def leaves(cls: type = Settings, path: str = "") -> Iterator[tuple[str, dataclas
     for f in dataclasses.fields(cls):
         tp = types[f.name]
         here = f"{path}.{f.name}" if path else f.name
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             yield from leaves(tp, here)
         elif f.metadata.get("cli", True):
             yield here, f, tp
@@ -127,7 +127,7 @@ def _saved_run(folder: str) -> dict[str, Any]:
     """A run folder's resolved workload, as the base of a train or race of its winner: its device, output and
     rungs left to this command."""
     saved = results.load(folder)
-    run = settings.run_from_results(saved.config)
+    run = saved.config.run
     if saved.tune is not None and saved.tune.winner_batch_lr_scale:  # the rule the race chose the winner under
         run = dataclasses.replace(run, batch_lr_scale=saved.tune.winner_batch_lr_scale)
     data = codec.to_data(run)

@@ -14,16 +14,18 @@ from speedladder.config.commands import RaceConfig, Settings
 from speedladder.config.run import LADDERS, RACE_LADDER, RunConfig
 from speedladder.errors import UsageError
 from speedladder.racing import Race, ruler
+from speedladder.records.race import RaceRole
 from speedladder.report import race as race_report
 from speedladder.report.outputs import write_outputs
 from speedladder.rungs import BUILT_IN, RUNGS
 from speedladder.workload import Workload
 
 
-def plan(s: Settings) -> tuple[RunConfig, RaceConfig, str]:
+def plan(s: Settings) -> tuple[RunConfig, RaceConfig, RaceRole]:
     """The run configuration (its rungs those the race names) and the race's own, resolved: a ladder in `rungs`,
     or the configurations in `combos` (a run's winner among them), and the configurations' role."""
     race = s.race
+    role: RaceRole
     if race.run:
         won = results.load(race.run).winner()  # its saved workload is under the flags already (cli/gen.py)
         if won is None:

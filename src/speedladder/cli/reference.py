@@ -34,6 +34,7 @@ def _row(action: argparse.Action) -> str:
 
 def markdown() -> str:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert isinstance(sub.choices, dict)  # the subcommands' parsers, by name
     out = ["# Every flag", "",
            ("Generated from the configuration dataclasses (`src/speedladder/config/run.py` for the run, "
            "`src/speedladder/config/commands.py` for each command's own, `src/speedladder/parallel/config.py` for data "

@@ -77,7 +77,7 @@ class Ladder:
             reason=(rung.control_reason or "") if control else rung.reason, kind=rung.kind,
             built_on=base.name if base else None, spec=spec.to_dict(), precision=spec.precision,
             requirement=rung.requires.to_dict(), source=rung.source,
-            predicted=None if control else (self._predicted(rung) if predicted == AUTO else predicted))  # type: ignore[arg-type]
+            predicted=None if control else self._predicted(rung) if isinstance(predicted, str) else predicted)
         self.results.rungs.append(r)
         say = self.progress.scoped(r.name)
         unmet = rung.requires.unmet(self.work.env) or self.work.unfit(spec) or (self.budget and self.budget())
@@ -212,9 +212,10 @@ class Ladder:
         if b is None:
             return None
         preds = chain(b, list(names), self.work.base_spec, self.work.env)
-        if any(p.speedup is None for p in preds):
+        speedups = [p.speedup for p in preds if p.speedup is not None]
+        if len(speedups) < len(preds):
             return None
-        x = math.prod(p.speedup for p in preds)  # type: ignore[misc]
+        x = math.prod(speedups)
         return Prediction(x, " × ".join(f"{p.rung} {p.speedup:.2f}" for p in preds) + f" ≈ {x:.2f}x")
 
     # -- the whole ladder -------------------------------------------------------------------
@@ -279,7 +280,7 @@ class Ladder:
     def _learns_check(self) -> None:
         """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried."""
         candidates = sorted((r for r in self.results.rungs if r.role != Role.CONTROL and r.passed),
-                            key=lambda r: r.tokens_per_s.median, reverse=True)  # type: ignore[union-attr]
+                            key=lambda r: r.tokens_per_s.median if r.tokens_per_s else 0.0, reverse=True)
         if self.finalists is not None:  # tune: the finalists re-measured beside eager, best ratio first
             candidates = [r for name in self.finalists if (r := self.results.rung(name)) is not None]
         if self.work.cfg.run.gates.learns_steps == 0 and candidates:

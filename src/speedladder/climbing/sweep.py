@@ -44,9 +44,11 @@ def point_config(base: Resolved, axis: str, value: int, rungs: tuple[str, ...]) 
     m, run = base.model, base.run
     changes: dict[str, int] = dict(run.model_changes or {})
     point: dict = {}
-    if m is None and axis != "batch_size":  # a Hugging Face or user model: its shape is its own
+    if axis == "batch_size":
+        point["batch_size"] = value
+    elif m is None:  # a Hugging Face or user model: its shape is its own
         raise UsageError(f"a {axis} sweep changes our GPT's shape; this model is not ours: sweep --batch-sizes")
-    if axis == "width":
+    elif axis == "width":
         # Heads scaled to keep the head size; the MLP keeps its ratio to the width.
         if value % m.head_dim or value < m.head_dim:
             raise UsageError(f"width {value} is not a multiple of the preset's head size {m.head_dim}")
@@ -56,8 +58,6 @@ def point_config(base: Resolved, axis: str, value: int, rungs: tuple[str, ...]) 
     elif axis == "seq_len":
         changes.update(block_size=max(m.block_size, value))  # the position table grows with a longer sequence
         point["seq_len"] = value
-    elif axis == "batch_size":
-        point["batch_size"] = value
     else:
         raise UsageError(f"unknown sweep axis {axis!r} (choose from {', '.join(AXES)})")
     beside = tuple(r for r in rungs if r != "eager")

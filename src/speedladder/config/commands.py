@@ -189,8 +189,8 @@ class RaceConfig:
             raise UsageError(f"--cap-factor {self.cap_factor:g}: a run stops at this multiple of its base's time, so "
                              "it must be above 1 (2 by default)")
         at_least("the budget steps", self.budget_steps, 0)
-        for name, value in (("detectable change", self.detect), ("time cap", self.time_cap_s)):
-            positive(name, value)
+        positive("detectable change", self.detect)
+        positive("time cap", self.time_cap_s)
         if not 0 < self.alpha < 0.5:
             raise UsageError(f"the significance level must be between 0 and 0.5, got {self.alpha}")
 

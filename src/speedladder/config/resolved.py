@@ -144,7 +144,8 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
         raise UsageError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
     setup = PRESETS[preset]
     try:  # a sweep's changes to the preset's model; an unknown field or a shape GPTConfig refuses is a usage error
-        model = dataclasses.replace(setup.model, **(cfg.model_changes or {}))
+        changes: dict[str, Any] = dict(cfg.model_changes or {})
+        model = dataclasses.replace(setup.model, **changes)
     except (TypeError, ValueError) as e:
         raise UsageError(f"model changes {cfg.model_changes}: {e}") from None
     t = cfg.timing

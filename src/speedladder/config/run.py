@@ -268,9 +268,9 @@ class RunConfig:
             positive(f"peak TFLOP/s for {precision}", value)
 
 
-def default(cls: type, name: str) -> Any:
+def default(cls: type[Any], name: str) -> Any:
     """The default of a dataclass field, for code that shows it (the field itself is the one place it lives)."""
-    f = cls.__dataclass_fields__[name]
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 

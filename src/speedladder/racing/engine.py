@@ -45,6 +45,7 @@ from speedladder.racing.ruler import val_hash
 from speedladder.racing.runs import Clock, Going, Runs, WallClock
 from speedladder.racing.verdicts import PAYS, capped_out, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
+from speedladder.records.race import RaceRole
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import probes
@@ -78,7 +79,7 @@ def rotated(items: list, i: int) -> list:
 
 class Race(Runs):
     def __init__(self, work: Workload, run_dir: Path, race: RaceConfig, progress: Progress | None = None,
-                 clock: Clock | None = None, role: str = "rung", settings: Settings | None = None,
+                 clock: Clock | None = None, role: RaceRole = "rung", settings: Settings | None = None,
                  results_: Results | None = None, target_note: str | None = None) -> None:
         """results_: a results file of another command to race inside (tune's); by default a race of its own, with
         its config.toml. target_note: where a given target came from (--target-from)."""
@@ -122,9 +123,9 @@ class Race(Runs):
     # -- the configurations ---------------------------------------------------------------------
 
     def _entry(self, name: str, names: tuple[str, ...], spec: StepSpec, built_on: Prepared | None,
-               role: str) -> RaceEntry:
+               role: RaceRole) -> RaceEntry:
         last = RUNGS[names[-1]] if names else RUNGS["eager"]
-        return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,  # type: ignore[arg-type]
+        return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,
                          built_on=built_on.entry.name if built_on else None, spec=spec.to_dict(),
                          precision=spec.precision,
                          changes_learning=built_on is not None and changes_learning(spec, built_on.spec))
@@ -134,7 +135,7 @@ class Race(Runs):
         configuration so far (the verdicts decide which)."""
         self._ladder = tuple(names)
 
-    def prepare_combos(self, combos: tuple[tuple[str, ...], ...], role: str = "combo") -> None:
+    def prepare_combos(self, combos: tuple[tuple[str, ...], ...], role: RaceRole = "combo") -> None:
         """Eager, then each given set of rungs composed on it, each judged against eager, in one stage."""
         env = self.work.env
         self.prepare_configs([("+".join(n for n in names if n != "eager") or "eager-again",
@@ -142,7 +143,7 @@ class Race(Runs):
                                compose(tuple(n for n in names if n != "eager"), self.work.base_spec, env))
                               for names in combos], role)
 
-    def prepare_configs(self, configs: list[tuple[str, tuple[str, ...], StepSpec]], role: str) -> None:
+    def prepare_configs(self, configs: list[tuple[str, tuple[str, ...], StepSpec]], role: RaceRole) -> None:
         """Eager, then each (name, rungs, spec) given, each judged against eager, in one stage."""
         base = self._prepare(self._entry("eager", ("eager",), self.work.base_spec, None, "rung"),
                              self.work.base_spec)
@@ -166,11 +167,10 @@ class Race(Runs):
             with matmul_precision(spec):
                 say("building" + (" and compiling" if spec.compile else "") + ", warming up")
                 step = self.work.step(spec)
-                t = self.work.cfg.run.timing
                 stream = self.work.stream(spec)
                 started = time.perf_counter()
-                timing = timer.warm_up(timer.stepper(step, stream), self.work.device, t.warmup,  # type: ignore[arg-type]
-                                         t.max_warmup, on_progress=say)
+                timing = timer.warm_up(timer.stepper(step, stream), self.work.device, self.work.cfg.warmup,
+                                         self.work.cfg.run.timing.max_warmup, on_progress=say)
                 entry.warmup_s = time.perf_counter() - started
                 steady = [s for s, c in zip(timing.warmup_step_s, timing.warmup_compiled) if not c]
                 entry.compile_s = (timer.compile_seconds(timing, statistics.median(steady))
@@ -264,6 +264,8 @@ class Race(Runs):
         training time next (ties in the seed's order). So they see the machine in the same seconds. Once the base
         is done, every other run is capped at cap_factor times its time. Each run is saved as it ends."""
         sec, name = self.section, base.entry.name
+        target = sec.target_loss
+        assert target is not None, "the target is set (given or calibrated) before any stage"
         devicemem.return_host_memory()  # once, before every run of the seed begins: not between their stretches
         going: list[tuple[int, Prepared, Going]] = []
         caps: dict[int, str] = {}
@@ -281,8 +283,9 @@ class Race(Runs):
             cap = sec.time_cap_s if p is base else self.cfg.time_cap_s
             if p is not base and cap is not None:
                 caps[position] = "--time-cap"
+            assert p.step is not None, "only a configuration that was prepared races"
             try:
-                going.append((position, p, self.begin(p.step, seed, sec.target_loss, cap,  # type: ignore[arg-type]
+                going.append((position, p, self.begin(p.step, seed, target, cap,
                                                       budget_tokens=sec.budget_tokens)))
             except KeyboardInterrupt:
                 raise
@@ -340,7 +343,7 @@ class Race(Runs):
     def _run_ladder(self, names: tuple[str, ...]) -> None:
         """Stage by stage: each rung composed on the best configuration so far, raced beside it, then judged; the
         next builds on it only if it paid (won, or was noise), or on every one that ran with stack_all."""
-        spec, base, path = self.work.base_spec, None, ()
+        spec, base, path = self.work.base_spec, None, tuple[str, ...]()
         for name in names:
             try:
                 new = RUNGS[name].transform(spec, self.work.env)

@@ -314,8 +314,8 @@ class Results:
         if self.tune and self.tune.winner:
             return self.tune.winner, tuple(self.tune.winner_rungs)
         if self.race is not None:
-            best = self.race.entry(self.race.fastest) if self.race.fastest else None
-            return (best.name, tuple(n for n in best.rungs if n != "eager")) if best is not None else None
+            raced = self.race.entry(self.race.fastest) if self.race.fastest else None
+            return (raced.name, tuple(n for n in raced.rungs if n != "eager")) if raced is not None else None
         best = self.rung(self.fastest) if self.fastest else None
         if best is None:
             return None

@@ -290,8 +290,8 @@ def print_comparison(comp: Comparison) -> None:
         for h in headers:
             rt.add_column(escape(h), justify="left" if h == "config" or h.endswith("change") else "right",
                           no_wrap=True)
-        for row, cells in zip(comp.race_rows, rows):
-            rt.add_row(*(escape(v) for v in cells), style="bold" if row.changed else None)
+        for race_row, cells in zip(comp.race_rows, rows):
+            rt.add_row(*(escape(v) for v in cells), style="bold" if race_row.changed else None)
         console.print(rt)
     for line in (*difference_lines(comp), *comp.warnings):
         console.print(escape(line), soft_wrap=True)

@@ -241,8 +241,8 @@ def memory_section(results: dict) -> str:
     for r in main:
         c = control.get(r["name"])
         rows.append([r["name"], r["status"], human_bytes(r.get("peak_memory_bytes")),
-                     "—" if c is None else human_bytes(c.get("peak_memory_bytes")) if _ok(c) else c["status"],
-                     *(human_bytes(field_of(r, k)) if isinstance(field_of(r, k), (int, float)) else "n/a" for k in extra)])
+                     "—" if c is None else human_bytes(c["peak_memory_bytes"]) if _ok(c) else c["status"],
+                     *(human_bytes(v) if isinstance(v := field_of(r, k), (int, float)) else "n/a" for k in extra)])
     parts = [table(headers, rows, left=("rung", "status"))]
     measured = [r for r in main if _ok(r) and r.get("peak_memory_bytes")]
     if measured:

@@ -210,8 +210,8 @@ def budget_line(section: RaceSection) -> str | None:
     if not judged or not section.budget_tokens:
         return None
     steps = f", {section.budget_steps} base steps' worth" if section.budget_steps else ""
-    parts = [f"{e.name} {e.budget.mean:.4f} (p={_p(e.budget.p_below)}{', ' + e.budget.detail if e.budget.detail else ''})"  # type: ignore[union-attr]
-             f" {'meets it' if e.budget.passed else 'does not'}" for e in judged]  # type: ignore[union-attr]
+    parts = [f"{e.name} {b.mean:.4f} (p={_p(b.p_below)}{', ' + b.detail if b.detail else ''})"
+             f" {'meets it' if b.passed else 'does not'}" for e in judged if (b := e.budget) is not None]
     return (f"modded-nanogpt's criterion: the mean val loss at a fixed budget of {section.budget_tokens:,} tokens"
             f"{steps}, below the target at p < {section.alpha:g} (a one-sample t-test over the seeds): "
             + "; ".join(parts) + ".")

@@ -80,14 +80,14 @@ def of(results: Results, folder: str = "RUN_DIR") -> Summary | None:
         return out
     s = results.race
     if s is not None:
-        best = s.entry(s.fastest) if s.fastest else None
-        if best is None:
+        raced = s.entry(s.fastest) if s.fastest else None
+        if raced is None:
             return Summary(None, "the time to the target val loss, raced over seeds",
                            notes=["no configuration reached the target in every seed and beat the others."])
-        rungs = [n for n in best.rungs if n != "eager"]
-        return Summary(best.name, "the time to the target val loss, raced over seeds",
-                       "eager + " + (" + ".join(rungs) or "nothing"), times(best.tokens_per_s_cum) + " (during the race)",
-                       _race_time(s, best), _uses(folder))
+        rungs = [n for n in raced.rungs if n != "eager"]
+        return Summary(raced.name, "the time to the target val loss, raced over seeds",
+                       "eager + " + (" + ".join(rungs) or "nothing"),
+                       times(raced.tokens_per_s_cum) + " (during the race)", _race_time(s, raced), _uses(folder))
     best = results.rung(results.fastest) if results.fastest else None
     if best is None:
         return Summary(None, "tokens/s", notes=["no rung passed every gate."])

@@ -147,12 +147,12 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
 
 def _window_note(ok: list[RungResult]) -> list[str]:
     """On CUDA the steps per window come from a timed step: say so, and how many each rung's windows ran."""
-    sized = [r for r in ok if (r.timing or {}).get("sized_from_step_s")]
+    sized = [(r.name, r.timing) for r in ok if r.timing and r.timing.get("sized_from_step_s")]
     if not sized:
         return []
-    least = sized[0].timing["min_window_s"]  # type: ignore[index]
+    least = sized[0][1]["min_window_s"]
     return [f"windows: steps per window sized from a timed warm-up step so that a window lasts at least {least:g} s: "
-            + ", ".join(f"{r.name} {r.timing['window_steps']}" for r in sized) + "."]  # type: ignore[index]
+            + ", ".join(f"{name} {timing['window_steps']}" for name, timing in sized) + "."]
 
 
 def _learns_note(lc: LearnsCheck | None) -> list[str]:
@@ -187,7 +187,7 @@ def notes(results: Results) -> list[str]:
         out.append(results.config.preset_note + ".")
     env = results.environment
     if env.get("device_type") == "cpu" and env.get("cpu_capability"):  # what a CPU's verdicts rest on
-        native = {True: "native", False: "not native"}.get(env.get("bf16_native"), "unknown")
+        native = {True: "native", False: "not native", None: "unknown"}[env.get("bf16_native")]
         out.append(f"processor: {env['cpu_capability']}, bf16 {native} ({env.get('bf16_why')}); muon: "
                    f"{env.get('muon')}.")
     out.extend(_model_note(results.model))

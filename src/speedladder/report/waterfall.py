@@ -69,6 +69,7 @@ def waterfall_figure(results: Results):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -92,7 +93,7 @@ def waterfall_figure(results: Results):
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
     ax.set_title(f"{model_label(c, results.model)} · B={c.batch_size} T={c.seq_len} · {e['device_name']}", fontsize=10)
-    handles = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
+    handles: list[Artist] = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
     if any(r.predicted and r.predicted.speedup for r in rungs):
         handles.append(Line2D([], [], color=PREDICTED, linewidth=2.5, label="predicted"))

@@ -196,8 +196,8 @@ def train_loop(work: Workload, spec: StepSpec, steps: int, log_every: int, log: 
                 n = done - last
                 note = " (includes compiling)" if spec.compile and last == out.start else ""
                 val = ""
-                if evaluate:  # after the clock stopped: evaluation is not training time
-                    v = float(step.evaluate(val_x, val_y, work.cfg.batch_size))  # type: ignore[arg-type]
+                if evaluate and val_x is not None and val_y is not None:  # after the clock stopped: not training time
+                    v = float(step.evaluate(val_x, val_y, work.cfg.batch_size))
                     out.val.append((done, v))
                     val = f", val {v:.3f}"
                     if out.best_val is None or v < out.best_val:

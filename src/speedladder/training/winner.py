@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
@@ -53,7 +53,7 @@ def _from_settings(path: Path, device: torch.device, hooks: tuple[str, ...]) -> 
     rung_files.load(s.run.rung_files, s.run.rung_hashes)
     names = tuple(n for n in (s.train.rungs or s.run.rungs or ()) if n != "eager")
     cfg = resolve(s.run, pick_device(str(device)), known_rungs=tuple(RUNGS))
-    env = env_for(device, cfg.run.batch_multiplier, cfg.run.batch_lr_scale, hooks=hooks)  # type: ignore[arg-type]
+    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, hooks=hooks)
     for n in names:
         why = RUNGS[n].requires.unmet(env)
         if why:
@@ -108,6 +108,7 @@ def apply(model: nn.Module, where: str | Path | StepSpec, optimizer: AdamWFactor
     opt = make_optimizer(named, spec, run.lr if lr is None else lr, run.muon or MuonConfig(),
                          source.blocks_prefix or "blocks.", optimizer)
     if spec.compile:
-        model = torch.compile(model, dynamic=False, mode=spec.compile_mode)  # type: ignore[assignment]
+        # torch.compile of a Module is an OptimizedModule (a Module); its annotation says only Callable
+        model = cast(nn.Module, torch.compile(model, dynamic=False, mode=spec.compile_mode))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec.autocast == "bf16")
     return Applied(model, opt, autocast, spec)

@@ -179,11 +179,13 @@ class Gates:
         name, eager_trained, eager_probe = self.eager_at(spec, ref)
         mine.errors = (truth.errors(trained, ref.fp64.trained),
                        truth.errors((mine.logits, mine.loss, mine.grads), ref.fp64.probe, mine.curve, ref.fp64.curve))
-        same = (base is not None and base_name is not None and base.errors is not None
-                and (base.shape, base.precision) == (mine.shape, mine.precision))
-        below = (lambda i: (base_name, base.errors[i])) if same else (lambda i: None)  # type: ignore[union-attr]
-        eq = truth.judge(mine.errors[0], (name, eager_trained), below(0), spec.precision)
-        at_probe = truth.judge(mine.errors[1], (name, eager_probe), below(1), spec.precision)
+        below: tuple[tuple[str, Errors] | None, tuple[str, Errors] | None] = (None, None)
+        if (base is not None and base_name is not None and base.errors is not None
+                and (base.shape, base.precision) == (mine.shape, mine.precision)):
+            below = (base_name, base.errors[0]), (base_name, base.errors[1])
+        same = below[0] is not None
+        eq = truth.judge(mine.errors[0], (name, eager_trained), below[0], spec.precision)
+        at_probe = truth.judge(mine.errors[1], (name, eager_probe), below[1], spec.precision)
         d = at_probe
         diff = Differential(
             base=base_name if same else None, precision=spec.precision, rule="fp64", fp64=at_probe,
