@@ -243,3 +243,26 @@ def test_apply_says_in_one_line_what_a_model_cannot_take(made):
     with pytest.raises(UsageError, match="no repeated blocks"):
         __import__("speedladder").apply(model, spec)
     assert RUNGS["ckpt"].requires.model == "blocks"
+
+
+def _ungrouped(cls: type) -> list[str]:
+    """The flags of `cls` whose group no command takes: flags that no command line could ever set."""
+    taken = {g for c in ALL for g in c.groups}
+    return [path for path, f, _ in leaves(cls) if f.metadata.get("group") not in taken]
+
+
+def test_every_flag_is_in_a_group_some_command_takes():
+    from speedladder.config.codec import Group, option
+    from speedladder.config.commands import Settings
+
+    assert _ungrouped(Settings) == []
+    assert {g for c in ALL for g in c.groups} == set(Group)  # and no group is left that nothing takes
+
+    @dataclasses.dataclass(frozen=True)
+    class Planted:  # a field declared without a group: the check finds it
+        grouped: int = option(1, help="a flag run takes", group=Group.MODEL)
+        orphan: int = option(2, help="a flag no command takes")
+
+    assert _ungrouped(Planted) == ["orphan"]
+    with pytest.raises(TypeError, match="is a Group, not 'modle'"):  # a misspelt group fails where it is written
+        option(1, help="a misspelt group", group="modle")

@@ -30,6 +30,7 @@ from speedladder import results, subproc
 from speedladder.cli.gen import Command
 from speedladder.config import codec
 from speedladder.config import commands as settings
+from speedladder.config.codec import Group
 from speedladder.config.commands import RaceConfig, Settings, run_from_results
 from speedladder.errors import UsageError
 from speedladder.records import Role, to_dict
@@ -232,5 +233,5 @@ COMMANDS = (
             "Run the baseline's configuration again here (or read --against) and exit 1 when a rung's median "
             "tokens/s falls below the baseline's slowest window by more than the tolerance, or a gate that passed now "
             "fails; one line per regression. A race is held to its baseline's times to the target. Exit 0 with a "
-            "one-line summary otherwise, 2 for a missing or invalid baseline.", ("check", "quiet"), cmd_check),
+            "one-line summary otherwise, 2 for a missing or invalid baseline.", (Group.CHECK, Group.QUIET), cmd_check),
 )

@@ -15,6 +15,7 @@ from speedladder.cli.gen import Command
 from speedladder.climbing import tune
 from speedladder.climbing.ladder import Ladder
 from speedladder.config import commands as settings
+from speedladder.config.codec import Group
 from speedladder.config.commands import Settings
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
@@ -34,8 +35,8 @@ from speedladder.training import train
 from speedladder.workload import Workload, new_results, prepare
 
 # The flag groups of the commands that train: the model and data, and the batch rung.
-WORKLOAD = ("model", "batch")
-CLIMB = (*WORKLOAD, "rungs", "timing", "warmup", "climb", "gates", "muon", "output", "quiet")
+WORKLOAD = (Group.MODEL, Group.BATCH)
+CLIMB = (*WORKLOAD, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.CLIMB, Group.GATES, Group.MUON, Group.OUTPUT, Group.QUIET)
 
 
 def finish(run_dir: Path) -> None:
@@ -276,26 +277,26 @@ COMMANDS = (
     Command("run", "climb the ladder and write runs/<timestamp>/",
             "Climb the ladder: time every rung in windows beside the rung it built on, check it still computes the "
             "same function and still learns, print the table, write results.json, config.toml, waterfall.png and "
-            "report.html.", (*CLIMB, "explain", "profile", "memory"), cmd_run),
+            "report.html.", (*CLIMB, Group.EXPLAIN, Group.PROFILE, Group.MEMORY), cmd_run),
     Command("profile", "profile the baseline, name its regime, predict every rung",
             "Profile a few steps of the baseline in a child process: the top operators, one step broken into "
             "categories that add to 100%, the regime (compute-, memory- or overhead-bound) with its evidence, and a "
             "predicted speed-up with its reason for every rung of the ladder. Writes profile.json and a "
             "Chrome/Perfetto trace.json to DIR/<timestamp>/.",
-            (*WORKLOAD, "rungs", "timing", "warmup", "profile", "profile-cmd", "output", "quiet"), cmd_profile),
+            (*WORKLOAD, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.PROFILE, Group.PROFILE_CMD, Group.OUTPUT, Group.QUIET), cmd_profile),
     Command("tune", "find the fastest configuration that passes every gate, within a budget",
             "Climb the full ladder, drop each rung whose verdict is loss or noise (or that failed a gate or could not "
             "run), measure the survivors together (and, budget permitting, each left out in turn) with the same "
             "windows and gates, and name the fastest that passes every gate and the learns-check. Writes "
             "DIR/<timestamp>/results.json and winner.toml (`run --config` measures it, `train --config` trains it, "
             "speedladder.apply puts it in your own loop).",
-            tuple(g for g in CLIMB if g != "rungs") + ("memory", "tune", "race-rule"), cmd_tune),
+            tuple(g for g in CLIMB if g != Group.RUNGS) + (Group.MEMORY, Group.TUNE, Group.RACE_RULE), cmd_tune),
     Command("train", "train one configuration, log its loss and val loss, sample text, save a checkpoint",
             "Train a configuration for --steps steps, logging loss, step time and tokens/s every --log-every steps "
             "and the val loss every --eval-every, then print a sample of generated text. DIR/<timestamp>/checkpoint.pt "
             "is saved every --save-every steps and after the last, best.pt beside it (load them with "
             "torch.load(path, weights_only=True)); --resume RUN_DIR continues a run from its checkpoint.",
-            (*WORKLOAD, "muon", "train", "quiet"), cmd_train),
+            (*WORKLOAD, Group.MUON, Group.TRAIN, Group.QUIET), cmd_train),
     Command("report", "print the table and redraw waterfall.png from a run folder",
             "Read RUN_DIR/results.json, print its table and redraw its waterfall.png (scaling.png for predict/ddp); "
             "for a profile folder, print the profile.", (), cmd_report, _report_inputs),

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from speedladder.cli.gen import Command
+from speedladder.config.codec import Group
 from speedladder.config.commands import Settings
 from speedladder.errors import UsageError
 from speedladder.report.compare import html, load, print_comparison
@@ -36,5 +37,5 @@ COMMANDS = (
             "Align the runs' rungs by name and show, for each later run against the first: tokens/s, the ratio of the "
             "medians, whether the change is outside both runs' window spreads (their min–max ranges do not overlap), "
             "gate changes, and configuration or environment differences; races' configurations by their times to "
-            "the target.", ("compare",), cmd_compare, _inputs),
+            "the target.", (Group.COMPARE,), cmd_compare, _inputs),
 )

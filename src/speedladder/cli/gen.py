@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from speedladder import results
 from speedladder.config import codec
 from speedladder.config import commands as settings
-from speedladder.config.codec import int_list, rung_list
+from speedladder.config.codec import Group, int_list, rung_list
 from speedladder.config.commands import Settings
 
 DEST = "@"  # the namespace keys of config fields start with this: "@run.timing.steps"
@@ -39,7 +39,7 @@ class Command:
     name: str
     help: str  # one line, in `speedladder --help`
     description: str  # the paragraph of `speedladder NAME --help`
-    groups: tuple[str, ...]  # the flag groups (a field's option(group=...)) this command takes
+    groups: tuple[Group, ...]  # the flag groups (a field's option(group=...)) this command takes
     run: Callable[[Settings, argparse.Namespace], int]
     inputs: Callable[[argparse.ArgumentParser], None] | None = None  # arguments that are not configuration
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.cli.gen import Command
+from speedladder.config.codec import Group
 from speedladder.config.commands import Settings
 from speedladder.parallel import launch
 from speedladder.progress import show_on_stderr
 from speedladder.report import html as html_report
 from speedladder.report import parallel as parallel_report
 
-WORKLOAD = ("model", "batch", "rungs", "timing", "warmup", "parallel", "torchrun", "output", "quiet")
+WORKLOAD = (Group.MODEL, Group.BATCH, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.PARALLEL, Group.TORCHRUN, Group.OUTPUT, Group.QUIET)
 
 
 def _finish(run_dir: Path) -> None:
@@ -42,9 +43,9 @@ COMMANDS = (
     Command("predict", "price data parallelism for k processes before launching it",
             "Measure one process's tokens/s for the chosen rungs, get the allreduce bandwidth, and print for each k "
             "the gradient bytes, t_comm, t_compute, the no-overlap floor, an overlap-aware estimate and the scaling "
-            "efficiency.", (*WORKLOAD, "predict"), cmd_predict),
+            "efficiency.", (*WORKLOAD, Group.PREDICT), cmd_predict),
     Command("ddp", "launch k processes with torchrun and compare measured tokens/s with the prediction",
             "Measure one process, then launch K processes through torchrun (NCCL on CUDA, gloo on the CPU): an "
             "allreduce probe, the prediction, then the same timed windows as `run` for the whole job; results.json "
-            "(`parallel`) and scaling.png.", (*WORKLOAD, "ddp"), cmd_ddp),
+            "(`parallel`) and scaling.png.", (*WORKLOAD, Group.DDP), cmd_ddp),
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 from speedladder import results
 from speedladder.cli.commands import header, start
 from speedladder.cli.gen import Command
+from speedladder.config.codec import Group
 from speedladder.config.commands import RaceConfig, Settings
 from speedladder.config.run import LADDERS, RACE_LADDER, RunConfig
 from speedladder.errors import UsageError
@@ -101,5 +102,5 @@ COMMANDS = (
             "that did not reach counted as at least its clock (win or loss at p < 0.01, else noise). Writes "
             "DIR/<timestamp>/results.json, config.toml, waterfall.png (tokens/s beside × faster to the target) and "
             "report.html.",
-            ("model", "batch", "warmup", "muon", "race", "race-rule", "output", "quiet"), cmd_race),
+            (Group.MODEL, Group.BATCH, Group.WARMUP, Group.MUON, Group.RACE, Group.RACE_RULE, Group.OUTPUT, Group.QUIET), cmd_race),
 )

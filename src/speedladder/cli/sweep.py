@@ -10,6 +10,7 @@ from pathlib import Path
 from speedladder import results
 from speedladder.cli.gen import Command
 from speedladder.climbing.sweep import run_sweep
+from speedladder.config.codec import Group
 from speedladder.config.commands import Settings
 from speedladder.progress import show_on_stderr
 from speedladder.report import sweep as sweep_report
@@ -51,5 +52,5 @@ COMMANDS = (
             "and plot each rung's × over eager with its spread, and name the crossover where a rung turns from loss "
             "to win (or back), or say that there is none in range. Writes DIR/<timestamp>/results.json, sweep.png, "
             "report.html and one ladder folder per point.",
-            ("model", "batch", "timing", "warmup", "memory", "sweep", "output", "quiet"), cmd_sweep),
+            (Group.MODEL, Group.BATCH, Group.TIMING, Group.WARMUP, Group.MEMORY, Group.SWEEP, Group.OUTPUT, Group.QUIET), cmd_sweep),
 )

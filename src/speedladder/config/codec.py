@@ -43,9 +43,40 @@ EXTRA = "extra"  # a record's field for the keys it does not declare: kept, and 
 Unknown = Literal["error", "skip"]
 
 
+class Group(str, Enum):
+    """The flag groups: a field's option(group=...), and what each command takes (cli/*.py's Command.groups).
+    An Enum rather than strings, so a misspelt group is an error where it is written, not a flag dropped."""
+
+    MODEL = "model"
+    BATCH = "batch"
+    RUNGS = "rungs"
+    TIMING = "timing"
+    WARMUP = "warmup"
+    CLIMB = "climb"
+    GATES = "gates"
+    MUON = "muon"
+    MEMORY = "memory"
+    EXPLAIN = "explain"
+    PROFILE = "profile"
+    PROFILE_CMD = "profile-cmd"
+    OUTPUT = "output"
+    QUIET = "quiet"
+    TUNE = "tune"
+    RACE = "race"
+    RACE_RULE = "race-rule"
+    TRAIN = "train"
+    SWEEP = "sweep"
+    CHECK = "check"
+    COMPARE = "compare"
+    PARALLEL = "parallel"
+    PREDICT = "predict"
+    DDP = "ddp"
+    TORCHRUN = "torchrun"
+
+
 def option(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING, help: str, flag: str | None = None,
            metavar: str | None = None, choices: Callable[[], tuple[str, ...]] | tuple[str, ...] | None = None,
-           parse: Callable[[str], Any] | None = None, shown: str | None = None, group: str = "",
+           parse: Callable[[str], Any] | None = None, shown: str | None = None, group: Group | None = None,
            append: bool = False, negate: bool = False, cli: bool = True) -> Any:
     """A config field: its default (or factory) and what the command line needs to offer it.
 
@@ -54,6 +85,8 @@ def option(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING
     group commands choose by; parse: text -> value for a flag of a type the generator does not know; append: a
     repeatable flag; negate: a bool field set off by its flag (--no-profile); cli: False for a field no flag sets.
     """
+    if group is not None and not isinstance(group, Group):
+        raise TypeError(f"a flag's group is a Group, not {group!r}: {help}")
     meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "parse": parse, "shown": shown,
             "group": group, "append": append, "negate": negate, "cli": cli}
     if factory is not MISSING:

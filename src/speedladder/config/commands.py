@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from speedladder.config import codec
-from speedladder.config.codec import at_least, int_list, option, positive, rung_list
+from speedladder.config.codec import Group, at_least, int_list, option, positive, rung_list
 from speedladder.config.resolved import RESOLVED_EXTRAS
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
@@ -45,17 +45,17 @@ class TuneConfig:
 
     budget_minutes: float = option(10.0, help="time for the whole search, the race included; work that would not "
                                               "fit is not started (the final learns-check always runs)", metavar="M",
-                                   group="tune")
+                                   group=Group.TUNE)
     max_candidates: int = option(4, help="combinations to measure at most: the survivors together, then each left "
-                                         "out in turn", metavar="N", group="tune")
+                                         "out in turn", metavar="N", group=Group.TUNE)
     finalists: int = option(2, help="the fastest passing configurations measured again beside eager before the "
-                                    "tokens/s winner is named", metavar="N", group="tune")
+                                    "tokens/s winner is named", metavar="N", group=Group.TUNE)
     judge: str = option("time", help="what names the winner: time, the time to the target val loss (the fastest "
                                      "passing configurations raced over seeds); tokens, tokens/s alone",
-                        choices=TUNE_JUDGES, group="tune")
+                        choices=TUNE_JUDGES, group=Group.TUNE)
     race_finalists: int = option(3, help="the fastest passing configurations by tokens/s that are raced (the "
                                          "batch rung among them under each --batch-lr-scale rule)", metavar="N",
-                                 group="tune")
+                                 group=Group.TUNE)
 
     def __post_init__(self) -> None:
         if not self.budget_minutes > 0:
@@ -74,31 +74,31 @@ class TrainConfig:
 
     run: str | None = option(None, help="train the winner of that folder's results.json (tune's winner, else the "
                                          "run's fastest rung), on its workload", shown="none", metavar="RUN_DIR",
-                             group="train")
+                             group=Group.TRAIN)
     rungs: tuple[str, ...] | None = option(None, help="train the spec these rungs compose to, applied in order "
                                                       "without gates",
                                            shown="the top of the full ladder here: every full-ladder rung whose "
                                                  "requirement this machine meets, composed (not measured)",
-                                           metavar="A,B,C", parse=rung_list, group="train")
-    steps: int = option(300, help="training steps", metavar="N", group="train")
-    log_every: int = option(10, help="log loss, step time and tokens/s every N steps", metavar="N", group="train")
+                                           metavar="A,B,C", parse=rung_list, group=Group.TRAIN)
+    steps: int = option(300, help="training steps", metavar="N", group=Group.TRAIN)
+    log_every: int = option(10, help="log loss, step time and tokens/s every N steps", metavar="N", group=Group.TRAIN)
     eval_every: int = option(50, help="val loss on the held-out split every N steps and after the last, the clock "
                                       "stopped meanwhile; the weights at the best one are saved as best.pt; 0: none",
-                             metavar="N", group="train")
+                             metavar="N", group=Group.TRAIN)
     sample_tokens: int = option(200, help="tokens generated after the corpus's first tokens; 0: no sample",
-                                metavar="N", group="train")
-    prompt_tokens: int = option(16, help="the corpus's first tokens start the sample", metavar="N", group="train")
-    temperature: float = option(0.8, help="the sample's temperature", group="train")
-    top_k: int = option(20, help="sample among the k likeliest tokens; 0: all", metavar="K", group="train")
-    out: str = option("runs", help="the checkpoints go to DIR/<timestamp>/", metavar="DIR", group="train")
+                                metavar="N", group=Group.TRAIN)
+    prompt_tokens: int = option(16, help="the corpus's first tokens start the sample", metavar="N", group=Group.TRAIN)
+    temperature: float = option(0.8, help="the sample's temperature", group=Group.TRAIN)
+    top_k: int = option(20, help="sample among the k likeliest tokens; 0: all", metavar="K", group=Group.TRAIN)
+    out: str = option("runs", help="the checkpoints go to DIR/<timestamp>/", metavar="DIR", group=Group.TRAIN)
     # Every 100 steps: a kill loses at most 100 steps (a third of the default 300), and on the CPU presets a save
     # costs well under 1% of the 100 steps between two (measured in docs/tune-train.md); a big model writes more.
     save_every: int = option(100, help="write checkpoint.pt (all that --resume needs) every N steps, and always "
-                                       "after the last; 0: after the last only", metavar="N", group="train")
+                                       "after the last; 0: after the last only", metavar="N", group=Group.TRAIN)
     resume: str | None = option(None, help="continue that train folder from its checkpoint.pt, in the same folder, "
                                            "to its --steps, with the configuration it was trained with (its "
                                            "config.toml, under the flags given; a flag that changes the training "
-                                           "is refused)", shown="none", metavar="RUN_DIR", group="train")
+                                           "is refused)", shown="none", metavar="RUN_DIR", group=Group.TRAIN)
 
     def __post_init__(self) -> None:
         if self.steps <= 0 or self.log_every <= 0 or self.sample_tokens < 0 or self.eval_every < 0:
@@ -125,51 +125,51 @@ class RaceConfig:
     rungs: tuple[str, ...] | None = option(None, help="a cumulative ladder raced in stages: each rung composed on the "
                                                       "best configuration so far and raced beside it, judged "
                                                       "against it", shown="eager,compile,bf16,batch,muon",
-                                           metavar="A,B,C", parse=rung_list, group="race")
+                                           metavar="A,B,C", parse=rung_list, group=Group.RACE)
     ladder: str | None = option(None, help="a named ladder raced in stages instead: speedrun (compile, bf16 and "
                                            "Muon, then modded-nanogpt's model records), source, full",
-                                shown="none, i.e. --rungs", metavar="NAME", group="race")
+                                shown="none, i.e. --rungs", metavar="NAME", group=Group.RACE)
     combos: tuple[tuple[str, ...], ...] = option((), help="configurations of rungs composed on eager, raced in one "
                                                           "stage beside eager, each judged against it", shown="none",
-                                                 metavar="A+B,C+D", parse=combo_list, group="race")
+                                                 metavar="A+B,C+D", parse=combo_list, group=Group.RACE)
     run: str | None = option(None, help="race that folder's winner (a tune's, else the run's fastest rung) "
                                         "against eager, on its workload", shown="none", metavar="RUN_DIR",
-                             group="race")
+                             group=Group.RACE)
     stack_all: bool = option(False, help="build every rung of the ladder on the one before it, losers too (by "
                                          "default a rung that lost, or did not reach, is not built upon)",
-                             group="race")
+                             group=Group.RACE)
     seeds: int = option(RACE_SEEDS, help="runs per configuration in each stage, seeds --seed, --seed+1, ...: each "
                                          "changes the initial weights and the batch order; an even number balances "
                                          "the alternating order; more raise the power", metavar="N",
-                        group="race-rule")
+                        group=Group.RACE_RULE)
     target_loss: float | None = option(None, help="the val loss to reach",
                                        shown="calibrated, eager fp32's val loss after --calibrate-steps steps on a "
-                                             "seed of its own", metavar="L", group="race-rule")
+                                             "seed of its own", metavar="L", group=Group.RACE_RULE)
     target_from: str | None = option(None, help="take the target of that saved race, so that both are measured on "
                                                 "one ruler (its val set and eval cadence must be this race's)",
-                                     shown="none", metavar="RUN_DIR", group="race-rule")
+                                     shown="none", metavar="RUN_DIR", group=Group.RACE_RULE)
     calibrate_steps: int = option(200, help="the calibration's steps (and, with --target-loss, what the time cap is "
-                                            "priced from)", metavar="N", group="race-rule")
+                                            "priced from)", metavar="N", group=Group.RACE_RULE)
     eval_every: int = option(20, help="val loss every N base steps' worth of tokens (the clock stops meanwhile); "
                                       "the crossing is interpolated between evaluations", metavar="N",
-                             group="race-rule")
+                             group=Group.RACE_RULE)
     time_cap_s: float | None = option(None, help="seconds of training after which any run that has not reached "
                                                  "the target stops (did not reach)",
                                       shown="for a base, twice --cap-factor times eager fp32's --calibrate-steps steps",
                                       metavar="S",
-                                      flag="--time-cap", group="race-rule")
+                                      flag="--time-cap", group=Group.RACE_RULE)
     cap_factor: float = option(2.0, help="a run that needs more than this multiple of its base's time in the same "
                                          "seed stops there, a censored loss; a base stops at twice this multiple of "
-                                         "eager fp32's --calibrate-steps steps", metavar="F", group="race-rule")
+                                         "eager fp32's --calibrate-steps steps", metavar="F", group=Group.RACE_RULE)
     budget_steps: int | None = option(None, help="modded-nanogpt's criterion: the val loss after this many base "
                                                  "steps' worth of tokens, tested below the target (one-sample "
                                                  "t-test); each run trains at least that far; 0: off",
-                                      shown="--calibrate-steps", metavar="N", group="race-rule")
+                                      shown="--calibrate-steps", metavar="N", group=Group.RACE_RULE)
     # modded-nanogpt's threshold: a record must be below the target at p < 0.01.
     alpha: float = option(0.01, help="win or loss only at p below this, one-sided each way (a paired t-test by seed "
-                                     "on log times)", metavar="P", group="race-rule")
+                                     "on log times)", metavar="P", group=Group.RACE_RULE)
     detect: float = option(0.10, help="a note says when the seeds cannot find a change this large with 80% power "
-                                      "at --alpha", metavar="F", group="race-rule")
+                                      "at --alpha", metavar="F", group=Group.RACE_RULE)
 
     def __post_init__(self) -> None:
         if sum(bool(x) for x in (self.rungs, self.combos, self.run)) > 1:
@@ -204,19 +204,19 @@ class SweepConfig:
 
     widths: tuple[int, ...] | None = option(None, help="model widths (n_embd); heads scaled to keep the preset's "
                                                        "head size, MLP ratio kept", shown="none (one axis is "
-                                                       "required)", metavar="N,N,...", parse=int_list, group="sweep")
+                                                       "required)", metavar="N,N,...", parse=int_list, group=Group.SWEEP)
     layers: tuple[int, ...] | None = option(None, help="numbers of blocks", shown="none", metavar="N,N,...",
-                                            parse=int_list, group="sweep")
+                                            parse=int_list, group=Group.SWEEP)
     seq_lens: tuple[int, ...] | None = option(None, help="sequence lengths T (the position table grows to the "
                                                          "longest)", shown="none", metavar="N,N,...", parse=int_list,
-                                              group="sweep")
+                                              group=Group.SWEEP)
     batch_sizes: tuple[int, ...] | None = option(None, help="batch sizes B", shown="none", metavar="N,N,...",
-                                                 parse=int_list, group="sweep")
+                                                 parse=int_list, group=Group.SWEEP)
     rungs: tuple[str, ...] = option(("eager", "bf16", "compile"), help="rungs measured beside eager at every point "
                                                                       "(each on eager alone)", metavar="A,B,C",
-                                    parse=rung_list, group="sweep")
+                                    parse=rung_list, group=Group.SWEEP)
     budget_minutes: float = option(30.0, help="a point whose estimated time does not fit in what is left is not "
-                                              "started", metavar="M", group="sweep")
+                                              "started", metavar="M", group=Group.SWEEP)
 
     def __post_init__(self) -> None:
         if not self.budget_minutes > 0:
@@ -242,19 +242,19 @@ class CheckConfig:
     """`speedladder check`: a run (or race) held to a baseline, as a CI step."""
 
     baseline: str | None = option(None, help="the run folder (or results.json) to hold this machine to",
-                                  shown="none, it is required", metavar="RUN_DIR", group="check")
+                                  shown="none, it is required", metavar="RUN_DIR", group=Group.CHECK)
     against: str | None = option(None, help="compare this existing run instead of running the baseline's "
                                             "configuration again", shown="run it again", metavar="NEW_RUN_DIR",
-                                 group="check")
+                                 group=Group.CHECK)
     keep: str | None = option(None, help="keep the new run in DIR/<timestamp>/",
                               shown="a temporary folder, removed afterwards", flag="--out", metavar="DIR",
-                              group="check")
+                              group=Group.CHECK)
     tolerance: float = option(0.05, help="allowed fraction below the baseline's slowest window (a race: slower "
                                          "than the baseline's times at its alpha, by more than this)", metavar="F",
-                              group="check")
+                              group=Group.CHECK)
     drift_limit: float = option(DRIFT_LIMIT, help="warn when a rung's base, re-timed beside it, ran more than this "
                                                   "fraction away from its own measurement (the machine drifted)",
-                                metavar="F", group="check")
+                                metavar="F", group=Group.CHECK)
 
     def __post_init__(self) -> None:
         positive("the drift limit", self.drift_limit)
@@ -274,10 +274,10 @@ class CompareConfig:
     """`speedladder compare`: its one option (the runs are its arguments)."""
 
     html: str | None = option(None, help="also write the comparison as a self-contained HTML page", shown="none",
-                              metavar="FILE", group="compare")
+                              metavar="FILE", group=Group.COMPARE)
     drift_limit: float = option(DRIFT_LIMIT, help="warn when a rung's base, re-timed beside it, ran more than this "
                                                   "fraction away from its own measurement (the machine drifted)",
-                                metavar="F", group="compare")
+                                metavar="F", group=Group.COMPARE)
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ class Settings:
     parallel: ParallelConfig = option(factory=ParallelConfig, help="predict and ddp")
     check: CheckConfig = option(factory=CheckConfig, help="check")
     compare: CompareConfig = option(factory=CompareConfig, help="compare")
-    quiet: bool = option(False, help="no progress lines on stderr", group="quiet")
+    quiet: bool = option(False, help="no progress lines on stderr", group=Group.QUIET)
 
 
 def run_from_results(config: dict[str, Any], device: str | None = None) -> RunConfig:

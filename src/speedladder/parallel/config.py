@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedladder.config.codec import option, positive
+from speedladder.config.codec import Group, option, positive
 from speedladder.errors import UsageError
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
@@ -36,23 +36,23 @@ class ParallelConfig:
     """Data parallelism: the cost model's constants, the allreduce probe and the torchrun launch."""
 
     strategy: str = option("ddp", help="ddp: DistributedDataParallel; fsdp: FSDP2 fully_shard per block and the "
-                                       "root", choices=STRATEGIES, group="parallel")
+                                       "root", choices=STRATEGIES, group=Group.PARALLEL)
     nproc: int = option(2, help="`ddp`: processes per node (one per GPU on CUDA)", metavar="K", parse=_nproc,
-                        flag="--nproc", group="ddp")
+                        flag="--nproc", group=Group.DDP)
     predict_nproc: tuple[int, ...] = option((2, 4, 8), help="`predict`: the process counts priced", metavar="K,K,...",
-                                            parse=_nproc_list, flag="--nproc", group="predict")
+                                            parse=_nproc_list, flag="--nproc", group=Group.PREDICT)
     # DDP's default bucket cap, MiB (Li et al., VLDB 2020; torch's DDP default).
-    bucket_cap_mb: float = option(25.0, help="DDP bucket size in MiB", metavar="MB", group="parallel")
+    bucket_cap_mb: float = option(25.0, help="DDP bucket size in MiB", metavar="MB", group=Group.PARALLEL)
     bandwidth_gbps: float | None = option(None, help="`predict`: bus bandwidth (nccl-tests' busbw) in GB/s",
                                           shown="measured with --measure-bandwidth, else a datasheet NVLink figure on "
                                                 "known GPUs (labelled as assumed), else required",
-                                          flag="--bandwidth", metavar="GBps", group="predict")
+                                          flag="--bandwidth", metavar="GBps", group=Group.PREDICT)
     measure_bandwidth: bool = option(False, help="`predict`: run an allreduce probe over k processes (torchrun) for "
                                                  "each k; its busbw and latency feed the cost model",
-                                     flag="--measure-bandwidth", group="predict")
+                                     flag="--measure-bandwidth", group=Group.PREDICT)
     latency_us: float | None = option(None, help="`predict`: per-message latency in µs with --bandwidth",
                                       shown="measured with --measure-bandwidth, else assumed 20", metavar="US",
-                                      group="predict")
+                                      group=Group.PREDICT)
     # DDP rebuilds its buckets after the first step in gradient-ready order with a first bucket of 1 MiB
     # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), so the first reduction starts early.
     first_bucket_mb: float = option(1.0, help="DDP's first bucket after its rebuild, MiB", cli=False)
@@ -70,17 +70,17 @@ class ParallelConfig:
     probe_min_iters: int = option(3, help="... with at least this many ...", cli=False)
     probe_max_iters: int = option(50, help="... and at most this many timed allreduces", cli=False)
     # torchrun: these are passed through unchanged; multi-node runs set nnodes, node_rank and rdzv_*.
-    nnodes: str = option("1", help="torchrun: nodes", group="torchrun")
-    node_rank: int = option(0, help="torchrun: this node's rank (static rendezvous)", group="torchrun")
-    master_addr: str = option("127.0.0.1", help="torchrun: address of node 0 (static rendezvous)", group="torchrun")
+    nnodes: str = option("1", help="torchrun: nodes", group=Group.TORCHRUN)
+    node_rank: int = option(0, help="torchrun: this node's rank (static rendezvous)", group=Group.TORCHRUN)
+    master_addr: str = option("127.0.0.1", help="torchrun: address of node 0 (static rendezvous)", group=Group.TORCHRUN)
     master_port: int = option(29500, help="torchrun: port on node 0; checked free before the launch",
-                              group="torchrun")  # torchrun's own default
-    rdzv_backend: str = option("c10d", help="torchrun: rendezvous backend with --rdzv-endpoint", group="torchrun")
+                              group=Group.TORCHRUN)  # torchrun's own default
+    rdzv_backend: str = option("c10d", help="torchrun: rendezvous backend with --rdzv-endpoint", group=Group.TORCHRUN)
     rdzv_endpoint: str | None = option(None, help="torchrun: dynamic rendezvous endpoint (replaces --master-addr/"
                                                   "--master-port)", shown="none", metavar="HOST:PORT",
-                                       group="torchrun")
+                                       group=Group.TORCHRUN)
     rdzv_id: str | None = option(None, help="torchrun: job id shared by the nodes, with --rdzv-endpoint",
-                                 shown="torchrun's", group="torchrun")
+                                 shown="torchrun's", group=Group.TORCHRUN)
     monitor_interval_s: float = option(0.5, help="how often torchrun checks its workers: a failed rank stops the "
                                                  "job this fast", cli=False)
     collective_timeout_s: float = option(600.0, help="a collective waiting longer fails (first-step compiles can "
