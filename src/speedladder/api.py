@@ -29,8 +29,6 @@ from speedladder.models.user import LIVE, portable
 from speedladder.progress import show_on_stderr
 from speedladder.racing import Race, ruler
 from speedladder.records import Results
-from speedladder.report.outputs import write_outputs
-from speedladder.report.race import print_race
 from speedladder.training.winner import apply
 from speedladder.workload import prepare
 
@@ -86,10 +84,8 @@ def climb(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, dat
     try:
         Ladder(work, run_dir, progress).run()
     finally:  # interrupted too: the rungs measured so far are drawn
-        saved, png, page = write_outputs(run_dir)
-        if not quiet:
-            report.print_report(saved)
-            print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
+        saved = results.load(run_dir)
+        report.show(saved, run_dir, quiet=quiet)
     return saved
 
 
@@ -131,8 +127,6 @@ def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data
             contest.prepare_ladder(work.cfg.run.rungs or ())
         contest.run()
     finally:
-        saved, png, page = write_outputs(run_dir)
-        if not quiet:
-            print_race(saved)
-            print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
+        saved = results.load(run_dir)
+        report.show(saved, run_dir, quiet=quiet)
     return saved

@@ -25,11 +25,6 @@ from speedladder.profile.predict import chain
 from speedladder.progress import Progress, show_on_stderr
 from speedladder.racing import Race, versus
 from speedladder.records import ProfileSummary, Results, TuneSection, from_dict
-from speedladder.report import html as html_report
-from speedladder.report import parallel as parallel_report
-from speedladder.report import race as race_report
-from speedladder.report import sweep as sweep_report
-from speedladder.report.outputs import draw, write_outputs
 from speedladder.rungs import BUILT_IN, RUNGS
 from speedladder.training import train
 from speedladder.workload import Workload, new_results, prepare
@@ -39,11 +34,12 @@ WORKLOAD = (Group.MODEL, Group.BATCH)
 CLIMB = (*WORKLOAD, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.CLIMB, Group.GATES, Group.MUON, Group.OUTPUT, Group.QUIET)
 
 
-def finish(run_dir: Path) -> None:
-    """Print the table and draw the waterfall from the saved file, so all three agree."""
-    saved, png, page = write_outputs(run_dir)
-    report.print_report(saved)
-    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
+def finish(run_dir: Path) -> Results:
+    """How every command that measures ends: its saved file read back, and its view and files drawn from it alone
+    (report.show), so the table, the plot and the page agree."""
+    saved = results.load(run_dir)
+    report.show(saved, run_dir)
+    return saved
 
 
 def start(s: Settings, cfg: RunConfig, refuse: Callable[[Workload], object] | None = None,
@@ -124,8 +120,7 @@ def cmd_profile(s: Settings, _: argparse.Namespace) -> int:
     saved = new_results(work, kind="profile")
     saved.profile, saved.predictions, saved.status = summary, [p.to_dict() for p in preds], "complete"
     results.save(saved, run_dir, child.FILENAME)
-    report.print_profile(saved)
-    print(f"profile: {run_dir / child.FILENAME}\ntrace: {run_dir / child.TRACE}")
+    report.show(saved, run_dir)
     return 0
 
 
@@ -170,11 +165,7 @@ def cmd_tune(s: Settings, _: argparse.Namespace) -> int:
         settings.write(run_dir / settings.WINNER_FILE,
                        tune.winner_settings(s, work.cfg.run, tuple(section.winner_rungs), section.winner_batch_lr_scale),
                        winner_header(section, run_dir), ("run", "train", "tune"))
-    saved = results.load(run_dir)
-    report.print_report(saved)
-    report.print_tune(saved)
-    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
-    print(f"report: {html_report.write(saved, run_dir)}")
+    saved = finish(run_dir)
     if interrupted:
         print("interrupted: what was measured before the stop is kept", file=sys.stderr)
         return 130
@@ -242,29 +233,7 @@ def cmd_report(_: Settings, ns: argparse.Namespace) -> int:
     given = Path(ns.run_dir)
     if given.is_dir() and not (given / results.FILENAME).exists() and (given / child.FILENAME).exists():
         given = given / child.FILENAME  # a `speedladder profile` folder
-    saved = results.load(given)
-    if saved.kind == "profile":
-        report.print_profile(saved)
-        return 0
-    run_dir = given if given.is_dir() else given.parent
-    if saved.race is not None:  # written by race
-        race_report.print_race(saved)
-        print(f"waterfall: {draw(saved, run_dir)}")
-        print(f"report: {html_report.write(saved, run_dir)}")
-        return 0
-    if saved.sweep is not None:  # written by sweep
-        sweep_report.print_sweep(saved)
-        print(f"plot: {sweep_report.plot(saved, run_dir / sweep_report.SWEEP_PLOT)}")
-        return 0
-    if saved.parallel is not None:  # written by predict or ddp
-        parallel_report.print_parallel(saved)
-        print(f"plot: {parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)}")
-        print(f"report: {html_report.write(saved, run_dir)}")
-        return 0
-    report.print_report(saved)
-    report.print_tune(saved)  # nothing unless the folder is a tune's
-    print(f"waterfall: {report.waterfall(saved, run_dir / report.WATERFALL)}")
-    print(f"report: {html_report.write(saved, run_dir)}")
+    report.show(results.load(given), given if given.is_dir() else given.parent)  # the view the file's kind has
     return 0
 
 

@@ -3,30 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from speedladder import results
+from speedladder.cli.commands import finish
 from speedladder.cli.gen import Command
 from speedladder.config.codec import Group
 from speedladder.config.commands import Settings
 from speedladder.parallel import launch
 from speedladder.progress import show_on_stderr
-from speedladder.report import html as html_report
-from speedladder.report import parallel as parallel_report
 
 WORKLOAD = (Group.MODEL, Group.BATCH, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.PARALLEL, Group.TORCHRUN, Group.OUTPUT, Group.QUIET)
 
 
-def _finish(run_dir: Path) -> None:
-    saved = results.load(run_dir)
-    parallel_report.print_parallel(saved)
-    png = parallel_report.plot(saved, run_dir / parallel_report.SCALING_PLOT)
-    print(f"results: {run_dir / results.FILENAME}\nplot: {png}\nreport: {html_report.write(saved, run_dir)}")
-
-
 def cmd_predict(s: Settings, _: argparse.Namespace) -> int:
     run_dir = launch.run_predict(s.run, s.parallel, show_on_stderr(s.quiet))
-    _finish(run_dir)
+    finish(run_dir)
     return 0
 
 
@@ -35,7 +25,7 @@ def cmd_ddp(s: Settings, _: argparse.Namespace) -> int:
     if run_dir is None:
         print("this node's ranks finished; rank 0 ran on another node, whose run folder holds the results")
         return 0
-    _finish(run_dir)
+    finish(run_dir)
     return 0
 
 

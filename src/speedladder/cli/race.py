@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from speedladder import results
-from speedladder.cli.commands import header, start
+from speedladder.cli.commands import finish, header, start
 from speedladder.cli.gen import Command
 from speedladder.config.codec import Group
 from speedladder.config.commands import RaceConfig, Settings
@@ -16,8 +15,6 @@ from speedladder.config.run import LADDERS, RACE_LADDER, RunConfig
 from speedladder.errors import UsageError
 from speedladder.racing import Race, ruler
 from speedladder.records.race import RaceRole
-from speedladder.report import race as race_report
-from speedladder.report.outputs import write_outputs
 from speedladder.rungs import BUILT_IN, RUNGS
 from speedladder.workload import Workload
 
@@ -83,13 +80,6 @@ def cmd_race(s: Settings, _: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2 if work.model.kind in ("user", "hf") or first.status != "error" else 1
     return 0
-
-
-def finish(run_dir: Path) -> None:
-    """Print the race table and draw its waterfall from the saved file, so all three agree."""
-    saved, png, page = write_outputs(run_dir)
-    race_report.print_race(saved)
-    print(f"results: {run_dir / results.FILENAME}\nwaterfall: {png}\nreport: {page}")
 
 
 COMMANDS = (

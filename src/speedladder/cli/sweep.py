@@ -5,25 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from speedladder import results
+from speedladder.cli.commands import finish
 from speedladder.cli.gen import Command
 from speedladder.climbing.sweep import run_sweep
 from speedladder.config.codec import Group
 from speedladder.config.commands import Settings
 from speedladder.progress import show_on_stderr
-from speedladder.report import sweep as sweep_report
-
-
-def finish(run_dir: Path) -> None:
-    """Print, plot and write the page from the saved file, so all three agree."""
-    saved = results.load(run_dir)
-    sweep_report.print_sweep(saved)
-    png = sweep_report.plot(saved, run_dir / sweep_report.SWEEP_PLOT)
-    page = run_dir / "report.html"
-    page.write_text(sweep_report.html(saved), encoding="utf-8")
-    print(f"results: {run_dir / results.FILENAME}\nplot: {png}\nreport: {page}")
 
 
 def cmd_sweep(s: Settings, _: argparse.Namespace) -> int:

@@ -1,13 +1,19 @@
-"""The files every climb leaves beside its results.json, drawn from that file alone: waterfall.png, report.html."""
+"""What every command ends with, drawn from its saved file alone: the printed view its kind has, the plot beside
+results.json (waterfall.png, sweep.png or scaling.png) and report.html. `show` is the one place that picks them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from speedladder import results
+from speedladder.profile import child
 from speedladder.records import Results
-from speedladder.report import html
+from speedladder.report import html, parallel, sweep
+from speedladder.report.profile import print_profile
+from speedladder.report.race import print_race
 from speedladder.report.race_charts import race_plot
+from speedladder.report.text import print_report
+from speedladder.report.tune import print_tune
 from speedladder.report.waterfall import WATERFALL, waterfall
 
 
@@ -17,7 +23,45 @@ def draw(saved: Results, run_dir: Path) -> Path:
     return race_plot(saved, path) if saved.race is not None else waterfall(saved, path)
 
 
-def write_outputs(run_dir: Path) -> tuple[Results, Path, Path]:
-    """The saved results, and the waterfall and the HTML report drawn from them (the CLI and the API alike)."""
-    saved = results.load(run_dir)
-    return saved, draw(saved, run_dir), html.write(saved, run_dir)
+def files(saved: Results, run_dir: Path) -> dict[str, Path]:
+    """The files a result of this kind has beside it, drawn from it: its plot and report.html, by name. A
+    profile folder's are its profile.json and the trace, which the profile itself wrote."""
+    run_dir = Path(run_dir)
+    if saved.kind == "profile":
+        return {"profile": run_dir / child.FILENAME, "trace": run_dir / child.TRACE}
+    if saved.sweep is not None:
+        page = run_dir / html.FILENAME
+        page.write_text(sweep.html(saved), encoding="utf-8")
+        return {"plot": sweep.plot(saved, run_dir / sweep.SWEEP_PLOT), "report": page}
+    if saved.parallel is not None:
+        return {"plot": parallel.plot(saved, run_dir / parallel.SCALING_PLOT), "report": html.write(saved, run_dir)}
+    return {"waterfall": draw(saved, run_dir), "report": html.write(saved, run_dir)}
+
+
+def print_view(saved: Results) -> None:
+    """The printed view of a saved result, by its kind: a profile, a race, a sweep, predict/ddp, a ladder (a tune's
+    with its candidates and winner)."""
+    if saved.kind == "profile":
+        print_profile(saved)
+    elif saved.race is not None:
+        print_race(saved)
+    elif saved.sweep is not None:
+        sweep.print_sweep(saved)
+    elif saved.parallel is not None:
+        parallel.print_parallel(saved)
+    else:
+        print_report(saved)
+        print_tune(saved)  # nothing unless it is a tune's
+
+
+def show(saved: Results, run_dir: Path, quiet: bool = False) -> dict[str, Path]:
+    """Draw a saved result's files and, unless quiet, print its view and name its files: how every command ends
+    (run, tune, race, sweep, predict, ddp, profile and report alike), so the table, the plot and the page agree."""
+    run_dir = Path(run_dir)
+    written = files(saved, run_dir)
+    if not quiet:
+        print_view(saved)
+        named = written if saved.kind == "profile" else {"results": run_dir / results.FILENAME, **written}
+        print("\n".join(f"{name}: {path}" for name, path in named.items()))
+    return written
+
