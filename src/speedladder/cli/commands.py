@@ -265,7 +265,7 @@ COMMANDS = (
             "and the val loss every --eval-every, then print a sample of generated text. DIR/<timestamp>/checkpoint.pt "
             "is saved every --save-every steps and after the last, best.pt beside it (load them with "
             "torch.load(path, weights_only=True)); --resume RUN_DIR continues a run from its checkpoint.",
-            (*WORKLOAD, Group.MUON, Group.TRAIN, Group.QUIET), cmd_train),
+            (*WORKLOAD, Group.MUON, Group.TRAIN, Group.OUTPUT, Group.QUIET), cmd_train),
     Command("report", "print the table and redraw waterfall.png from a run folder",
             "Read RUN_DIR/results.json, print its table and redraw its waterfall.png (scaling.png for predict/ddp); "
             "for a profile folder, print the profile.", (), cmd_report, _report_inputs),

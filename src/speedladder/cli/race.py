@@ -42,7 +42,7 @@ def plan(s: Settings) -> tuple[RunConfig, RaceConfig, RaceRole]:
         ladder = LADDERS[race.ladder].rungs if race.ladder else RACE_LADDER
         race, role = dataclasses.replace(race, rungs=tuple(race.rungs or ladder), ladder=None), "rung"
     names = race.rungs or ("eager", *dict.fromkeys(n for c in race.combos for n in c if n != "eager"))
-    return dataclasses.replace(s.run, rungs=tuple(names), beside=(), ladder=None), race, role
+    return s.run.with_rungs(tuple(names)), race, role
 
 
 def cmd_race(s: Settings, _: argparse.Namespace) -> int:

@@ -179,7 +179,7 @@ class Ladder:
             "shares its process)")
         try:
             # The child profiles the baseline only: it needs no rungs (nor to know rungs added in this process).
-            run = dataclasses.replace(self.work.cfg.run, rungs=("eager",), beside=())
+            run = self.work.cfg.run.with_rungs(("eager",))
             b = child.run_in_child(run, (), self.run_dir / child.TRACE, self.work.cfg.run.profile.timeout_s)
         except Exception as e:  # noqa: BLE001 -- the ladder is still worth measuring without predictions
             self.results.profile = ProfileSummary(error=one_line(e))

@@ -61,7 +61,7 @@ def point_config(base: Resolved, axis: str, value: int, rungs: tuple[str, ...]) 
     else:
         raise UsageError(f"unknown sweep axis {axis!r} (choose from {', '.join(AXES)})")
     beside = tuple(r for r in rungs if r != "eager")
-    return dataclasses.replace(run, ladder=None, rungs=("eager",), beside=beside, model_changes=changes or None,
+    return dataclasses.replace(run.with_rungs(("eager",), beside), model_changes=changes or None,
                                gates=dataclasses.replace(run.gates, learns_steps=0),
                                profile=dataclasses.replace(run.profile, enabled=False), **point)
 
@@ -181,7 +181,7 @@ def run_sweep(run: RunConfig, axis: str, values: list[int], cfg: SweepConfig, ru
               progress: Progress) -> Results:
     """Measure every point that fits the budget; the sweep's results.json is rewritten after each point."""
     device = pick_device(run.device)
-    base = resolve(dataclasses.replace(run, rungs=("eager",), beside=()), device, known_rungs=tuple(RUNGS))
+    base = resolve(run.with_rungs(("eager",)), device, known_rungs=tuple(RUNGS))
     unknown = [r for r in cfg.rungs if r not in RUNGS]
     if unknown:
         raise UsageError(f"unknown rung {unknown[0]!r} (choose from {', '.join(RUNGS)})")
@@ -189,7 +189,7 @@ def run_sweep(run: RunConfig, axis: str, values: list[int], cfg: SweepConfig, ru
     configs = [point_config(base, axis, v, rungs) for v in values]
     for c in configs:  # every point's shape checked before any is measured
         resolve(c, device, known_rungs=tuple(RUNGS))
-    saved = new_results(prepare(dataclasses.replace(base.run, rungs=("eager",), beside=())), kind="sweep")
+    saved = new_results(prepare(base.run.with_rungs(("eager",))), kind="sweep")
     saved.sweep = {"axis": axis, "values": values, "rungs": list(rungs), "budget_minutes": cfg.budget_minutes,
                    "points": [], "skipped": [], "summary": {}}
     budget = Budget(cfg.budget_minutes * 60)

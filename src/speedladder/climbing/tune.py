@@ -91,7 +91,7 @@ def winner_settings(s: Settings, run: RunConfig, names: tuple[str, ...], batch_l
     """winner.toml: the tuned run's resolved workload with the winner's rungs (and its batch rung's learning-rate
     rule, when the race chose one), for `run` (run.rungs) and `train` (train.rungs) alike."""
     rungs = tuple(n for n in names if n != "eager")
-    run = dataclasses.replace(run, rungs=("eager", *rungs), ladder=None, beside=(),
+    run = dataclasses.replace(run.with_rungs(("eager", *rungs)),
                               batch_lr_scale=batch_lr_scale or run.batch_lr_scale)
     return dataclasses.replace(s, run=run, train=dataclasses.replace(s.train, rungs=rungs, run=None))
 

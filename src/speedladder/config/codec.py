@@ -111,6 +111,13 @@ def rung_list(text: str) -> tuple[str, ...]:
     return tuple(r.strip() for r in text.split(",") if r.strip())
 
 
+def rungs_option(default: Any, *, help: str, group: Group, shown: str | None = None, flag: str | None = None,
+                 metavar: str = "A,B,C") -> Any:
+    """A field that names rungs, comma-separated, as every command spells one (run's --rungs and --beside,
+    profile's, train's, race's and sweep's): declared here once, each command's field giving its own meaning."""
+    return option(default, help=help, shown=shown, flag=flag, metavar=metavar, parse=rung_list, group=group)
+
+
 def peak_list(text: str) -> dict[str, float]:
     """'bf16=989,fp32=67' -> {"bf16": 989.0, "fp32": 67.0}: one peak per precision, never one for all."""
     out = {}

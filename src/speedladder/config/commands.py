@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from speedladder.config import codec
-from speedladder.config.codec import Group, at_least, int_list, option, positive, rung_list
+from speedladder.config.codec import Group, at_least, int_list, option, positive, rungs_option
 from speedladder.config.resolved import RESOLVED_EXTRAS
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
@@ -75,11 +75,10 @@ class TrainConfig:
     run: str | None = option(None, help="train the winner of that folder's results.json (tune's winner, else the "
                                          "run's fastest rung), on its workload", shown="none", metavar="RUN_DIR",
                              group=Group.TRAIN)
-    rungs: tuple[str, ...] | None = option(None, help="train the spec these rungs compose to, applied in order "
-                                                      "without gates",
-                                           shown="the top of the full ladder here: every full-ladder rung whose "
-                                                 "requirement this machine meets, composed (not measured)",
-                                           metavar="A,B,C", parse=rung_list, group=Group.TRAIN)
+    rungs: tuple[str, ...] | None = rungs_option(
+        None, help="train the spec these rungs compose to, applied in order without gates", group=Group.TRAIN,
+        shown="the top of the full ladder here: every full-ladder rung whose requirement this machine meets, "
+              "composed (not measured)")
     steps: int = option(300, help="training steps", metavar="N", group=Group.TRAIN)
     log_every: int = option(10, help="log loss, step time and tokens/s every N steps", metavar="N", group=Group.TRAIN)
     eval_every: int = option(50, help="val loss on the held-out split every N steps and after the last, the clock "
@@ -90,7 +89,6 @@ class TrainConfig:
     prompt_tokens: int = option(16, help="the corpus's first tokens start the sample", metavar="N", group=Group.TRAIN)
     temperature: float = option(0.8, help="the sample's temperature", group=Group.TRAIN)
     top_k: int = option(20, help="sample among the k likeliest tokens; 0: all", metavar="K", group=Group.TRAIN)
-    out: str = option("runs", help="the checkpoints go to DIR/<timestamp>/", metavar="DIR", group=Group.TRAIN)
     # Every 100 steps: a kill loses at most 100 steps (a third of the default 300), and on the CPU presets a save
     # costs well under 1% of the 100 steps between two (measured in docs/tune-train.md); a big model writes more.
     save_every: int = option(100, help="write checkpoint.pt (all that --resume needs) every N steps, and always "
@@ -122,10 +120,9 @@ RACE_SEEDS = 4
 class RaceConfig:
     """`speedladder race`: each configuration trained to a target val loss, over seeds, judged by the time to it."""
 
-    rungs: tuple[str, ...] | None = option(None, help="a cumulative ladder raced in stages: each rung composed on the "
-                                                      "best configuration so far and raced beside it, judged "
-                                                      "against it", shown="eager,compile,bf16,batch,muon",
-                                           metavar="A,B,C", parse=rung_list, group=Group.RACE)
+    rungs: tuple[str, ...] | None = rungs_option(
+        None, help="a cumulative ladder raced in stages: each rung composed on the best configuration so far and "
+                   "raced beside it, judged against it", shown="eager,compile,bf16,batch,muon", group=Group.RACE)
     ladder: str | None = option(None, help="a named ladder raced in stages instead: speedrun (compile, bf16 and "
                                            "Muon, then modded-nanogpt's model records), source, full",
                                 shown="none, i.e. --rungs", metavar="NAME", group=Group.RACE)
@@ -212,9 +209,9 @@ class SweepConfig:
                                               group=Group.SWEEP)
     batch_sizes: tuple[int, ...] | None = option(None, help="batch sizes B", shown="none", metavar="N,N,...",
                                                  parse=int_list, group=Group.SWEEP)
-    rungs: tuple[str, ...] = option(("eager", "bf16", "compile"), help="rungs measured beside eager at every point "
-                                                                      "(each on eager alone)", metavar="A,B,C",
-                                    parse=rung_list, group=Group.SWEEP)
+    rungs: tuple[str, ...] = rungs_option(("eager", "bf16", "compile"), help="rungs measured beside eager at every "
+                                                                            "point (each on eager alone)",
+                                          group=Group.SWEEP)
     budget_minutes: float = option(30.0, help="a point whose estimated time does not fit in what is left is not "
                                               "started", metavar="M", group=Group.SWEEP)
 
@@ -314,6 +311,9 @@ def write(path: Path, settings: Settings, header: str, sections: tuple[str, ...]
 def read(path: str | Path) -> dict[str, Any]:
     """A config file's data, checked against Settings (an unknown key or a wrong type is one line)."""
     data = codec.read_toml(path)
+    train = data.get("train")
+    if isinstance(train, dict) and "out" in train:  # a train config.toml of before train shared the run's --out
+        data.setdefault("run", {}).setdefault("out", train.pop("out"))
     try:
         codec.from_data(Settings, data)
     except UsageError as e:

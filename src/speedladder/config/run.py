@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from speedladder.config.codec import Group, at_least, option, peak_list, positive, rung_list
+from speedladder.config.codec import Group, at_least, option, peak_list, positive, rungs_option
 from speedladder.config.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
 from speedladder.errors import UsageError
@@ -122,9 +122,9 @@ class ProfileConfig:
     explain_miss: float = option(0.25, help="a rung whose measured x misses its prediction by more than this "
                                             "fraction has its step and its base's profiled side by side; 0: none",
                                  metavar="F", flag="--explain-miss", group=Group.EXPLAIN)
-    rungs: tuple[str, ...] = option((), help="`profile`: profile the spec these rungs make instead of the "
-                                             "baseline (predictions then start from it)", shown="the baseline",
-                                    metavar="A,B,C", flag="--profile-rungs", parse=rung_list, group=Group.PROFILE_CMD)
+    rungs: tuple[str, ...] = rungs_option((), help="`profile`: profile the spec these rungs make instead of the "
+                                                   "baseline (predictions then start from it)", shown="the baseline",
+                                          flag="--profile-rungs", group=Group.PROFILE_CMD)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -210,13 +210,11 @@ class RunConfig:
                                            "speedrun: " + ",".join(LADDERS["speedrun"].rungs)
                                            + " (the speedrun's model records last; best raced: speedladder race)",
                                 shown="source", choices=tuple(LADDERS), group=Group.RUNGS)
-    rungs: tuple[str, ...] | None = option(None, help="rungs in order, each building on the last that passed; wins "
-                                                      "over --ladder (and drops its beside rungs)",
-                                           shown=f"{','.join(SOURCE_LADDER)}, i.e. the --ladder's rungs",
-                                           metavar="A,B,C", parse=rung_list, group=Group.RUNGS)
-    beside: tuple[str, ...] | None = option(None, help="rungs measured on the ladder's top, not built upon",
-                                            shown="the ladder's (full: ckpt)", metavar="A,B", parse=rung_list,
-                                            group=Group.RUNGS)
+    rungs: tuple[str, ...] | None = rungs_option(
+        None, help="rungs in order, each building on the last that passed; wins over --ladder (and drops its beside "
+                   "rungs)", shown=f"{','.join(SOURCE_LADDER)}, i.e. the --ladder's rungs", group=Group.RUNGS)
+    beside: tuple[str, ...] | None = rungs_option(None, help="rungs measured on the ladder's top, not built upon",
+                                                  shown="the ladder's (full: ckpt)", metavar="A,B", group=Group.RUNGS)
     rung_files: tuple[str, ...] = option((), help="load your own rungs from FILE.py or package.module (declared "
                                                  "with speedladder.rung; docs/rungs.md), then name them in --rungs; "
                                                  "repeatable", shown="none", flag="--rung-file",
@@ -266,6 +264,11 @@ class RunConfig:
             if precision not in PRECISIONS:
                 raise UsageError(f"unknown precision {precision!r} in the peak TFLOP/s (use {', '.join(PRECISIONS)})")
             positive(f"peak TFLOP/s for {precision}", value)
+
+    def with_rungs(self, rungs: tuple[str, ...], beside: tuple[str, ...] = ()) -> RunConfig:
+        """This run with these rungs climbed one by one (no named ladder), these beside: how a command whose own
+        flags name the rungs (train, race, tune, sweep, a profile's or a meter's child) hands them to the run."""
+        return dataclasses.replace(self, ladder=None, rungs=rungs, beside=beside)
 
 
 def default(cls: type[Any], name: str) -> Any:

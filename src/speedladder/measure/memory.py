@@ -28,7 +28,6 @@ Three figures per rung (docs/memory-sweep.md):
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import re
 import sys
@@ -254,7 +253,7 @@ def measure_peak(r: RungResult, work: Workload, spec: StepSpec, say: Callable[[s
 def measure_peaks(todo: list[tuple[RungResult, StepSpec]], work: Workload) -> None:
     """Several rungs' resident peaks from one child process; a failure is said in each rung's memory_note."""
     try:
-        run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
+        run = work.cfg.run.with_rungs(("eager",))
         peaks = peaks_in_child(run, [spec for _, spec in todo], work.cfg.run.memory)
     except Exception as e:  # noqa: BLE001 -- recorded; the rungs' speed and gates stand
         peaks = [{"error": str(e)}] * len(todo)

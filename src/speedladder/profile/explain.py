@@ -16,7 +16,6 @@ where the model expected -2.0 ms".
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from speedladder.errors import one_line
@@ -147,7 +146,7 @@ def _profiles(pairs: list, b: ProfileSummary, work: Workload, say: Callable[[str
     if not todo:
         return profiles
     say(f"profiling {', '.join('+'.join(k) for k in todo)} in a child process, one after the other")
-    run = dataclasses.replace(work.cfg.run, rungs=("eager",), beside=())
+    run = work.cfg.run.with_rungs(("eager",))
     try:
         taken = child.profiles_in_child(run, todo, work.cfg.run.profile.timeout_s, facts=False)
     except Exception as e:  # noqa: BLE001 -- the misses stay unexplained, and say why

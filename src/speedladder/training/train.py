@@ -60,7 +60,7 @@ def plan(s: Settings) -> tuple[Workload, StepSpec, str]:
     else:  # given rungs (an empty list: eager alone, a winner that was eager)
         names = tuple(n for n in t.rungs or () if n != "eager")
         source = "--rungs " + ",".join(t.rungs or ("eager",))
-    work = _checked(prepare(dataclasses.replace(s.run, rungs=("eager", *names), ladder=None, beside=())), t)
+    work = _checked(prepare(s.run.with_rungs(("eager", *names))), t)
     if not t.run and t.rungs is None:
         names = default_rungs(work.env)
         source = "the top of the full ladder here (" + ",".join(names) + ")"
@@ -105,6 +105,7 @@ class Trained:
 
 # What may differ when a run is resumed: how it logs, saves and samples, and where a new run would have gone.
 # Everything else decides the loss curve or what is saved beside it, and must be as it was.
+# (train.out: in a checkpoint of before train took the run's --out.)
 FREE_ON_RESUME = ("train.resume", "train.out", "train.log_every", "train.save_every", "train.sample_tokens",
                   "train.prompt_tokens", "train.temperature", "train.top_k", "run.out")
 
@@ -289,7 +290,7 @@ def main(s: Settings) -> int:
              "steps": args.steps, "settings": {"train": codec.to_data(args), "run": codec.to_data(cfg.run)}}
     ckpt = None
     if resume is None:  # a new run folder, its configuration written before the first step
-        run_dir = results.new_run_dir(args.out)
+        run_dir = results.new_run_dir(cfg.run.out)
         settings.write(run_dir / settings.CONFIG_FILE, dataclasses.replace(s, run=cfg.run),
                        f"speedladder train: the configuration of {run_dir}", ("run", "train", "quiet"))
     else:
