@@ -211,7 +211,7 @@ def check_ids(corpus: Corpus, vocab_size: int, chunk: int = SCAN_IDS) -> None:
     buf = np.empty(chunk, dtype=dtype)
     pos = 0
     with open(corpus.source, "rb") as f:
-        while got := f.readinto(memoryview(buf).cast("B")) // dtype.itemsize:  # type: ignore[attr-defined]
+        while got := f.readinto(buf.data.cast("B")) // dtype.itemsize:  # buf.data: its memoryview
             ids = buf[:got]
             if int(ids.max()) >= vocab_size:
                 i = int(np.argmax(ids >= vocab_size))
@@ -242,7 +242,7 @@ def unigram_entropy(corpus: Corpus, chunk: int = SCAN_IDS) -> float:
         dtype = corpus.tokens.dtype
         buf = np.empty(chunk, dtype=dtype)
         with open(corpus.source, "rb") as f:
-            while got := f.readinto(memoryview(buf).cast("B")) // dtype.itemsize:  # type: ignore[attr-defined]
+            while got := f.readinto(buf.data.cast("B")) // dtype.itemsize:  # buf.data: its memoryview
                 add(torch.from_numpy(buf[:got].astype(np.int64)))
     p = counts[counts > 0] / counts.sum()
     return float(-(p * p.log()).sum())

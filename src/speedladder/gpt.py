@@ -9,7 +9,9 @@ later rung, not a property of the model.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +50,9 @@ class Rotary(nn.Module):
     """Rotary position embeddings (Su et al. 2021, RoFormer): each pair of a head's channels rotated by an angle
     proportional to the position, so q.k depends on the positions' difference alone."""
 
+    cos: torch.Tensor  # buffers (register_buffer): declared for the type checker
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, block_size: int, base: float = 10000.0) -> None:
         super().__init__()
         inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
@@ -62,7 +67,22 @@ class Rotary(nn.Module):
         return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
 
 
+class Attention(Protocol):
+    """What attention_heads reads of an attention module, and a Block holds: CausalSelfAttention, or the
+    fused-attention rung's SDPAttention, which adopts its layers and settings."""
+
+    n_head: int
+    qkv: nn.Linear
+    proj: nn.Linear
+    qk_norm: bool
+    rotary: Rotary | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
 class CausalSelfAttention(nn.Module):
+    causal_mask: torch.Tensor  # a buffer (register_buffer): declared for the type checker
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
@@ -92,7 +112,7 @@ def split_heads(qkv: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Ten
     return tuple(t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in qkv.split(C, dim=2))
 
 
-def attention_heads(attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_heads(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v of an attention module (its qkv layer, heads, and the speedrun's QK-norm and rotary positions when
     set), each (B, nh, T, hs); shared with the fused-attention rung, which adopts the same settings."""
     q, k, v = split_heads(attn.qkv(x), attn.n_head)
@@ -120,7 +140,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=cfg.bias)
-        self.act = nn.GELU(approximate="tanh") if cfg.activation == "gelu" else nn.ReLU()
+        self.act: nn.Module = nn.GELU(approximate="tanh") if cfg.activation == "gelu" else nn.ReLU()
         self.proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +153,7 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn: Attention = CausalSelfAttention(cfg)  # SDPAttention once the sdpa rung ran
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
@@ -150,7 +170,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head: nn.Module = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)  # PaddedHead after pad-vocab
         if cfg.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # GPT-2 ties input and output embeddings
         self.positions = True  # the learned position table; off once rotary positions replace it
@@ -175,18 +195,18 @@ class GPT(nn.Module):
 
     def speedladder_qk_norm(self) -> None:
         """QK-norm: queries and keys RMS-normalized per head before their dot product."""
-        for block in self.blocks:
+        for block in cast("Iterable[Block]", self.blocks):  # nn.ModuleList yields nn.Module; these are Blocks
             block.attn.qk_norm = True
 
     def speedladder_relu2(self) -> None:
         """ReLU^2 as the MLP's activation."""
-        for block in self.blocks:
+        for block in cast("Iterable[Block]", self.blocks):  # nn.ModuleList yields nn.Module; these are Blocks
             block.mlp.act = ReLUSquared()
 
     def speedladder_rotary(self) -> None:
         """Rotary positions in every attention; the learned position table is no longer added (its rows get no
         gradient)."""
-        for block in self.blocks:
+        for block in cast("Iterable[Block]", self.blocks):  # nn.ModuleList yields nn.Module; these are Blocks
             block.attn.rotary = Rotary(self.cfg.head_dim, self.cfg.block_size).to(self.wte.weight.device)
         self.positions = False
 

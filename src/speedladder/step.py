@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -19,6 +20,9 @@ from speedladder.gpt import GPTConfig
 from speedladder.models import ModelDef
 from speedladder.rungs import NEW_PARAMS, OPTIMIZERS, RungError, StepSpec
 from speedladder.rungs.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
 @contextlib.contextmanager
@@ -32,12 +36,12 @@ def matmul_precision(spec: StepSpec) -> Iterator[None]:
         torch.set_float32_matmul_precision(before)
 
 
-def _local_part(shard: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+def _local_part(shard: DTensor, full: torch.Tensor) -> torch.Tensor:
     """This rank's part of a whole tensor, laid out as a DTensor shard's local tensor is (no communication)."""
     from torch.distributed.tensor import distribute_tensor
 
     # Every rank holds the same whole tensor, so each takes its own part; src_data_rank=None: no scatter.
-    return distribute_tensor(full.to(shard.device), shard.device_mesh, shard.placements,  # type: ignore[attr-defined]
+    return distribute_tensor(full.to(shard.device), shard.device_mesh, shard.placements,
                              src_data_rank=None).to_local()
 
 
@@ -198,7 +202,8 @@ class TrainStep:
                 if p.shape != self.shapes[name]:
                     p.zero_()  # padding rows back to zero
                 if hasattr(p, "device_mesh"):  # an FSDP2 shard (a DTensor): this rank's part of the weight
-                    p.to_local().copy_(_local_part(p, w))  # type: ignore[attr-defined]  # DTensor's, not Parameter's
+                    shard = cast("DTensor", p)  # hasattr does not narrow to DTensor
+                    shard.to_local().copy_(_local_part(shard, w))
                 else:
                     self.reference_part(name, p).copy_(w)
                 p.grad = None

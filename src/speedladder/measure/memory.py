@@ -198,7 +198,7 @@ def _child(run_cfg: RunConfig, spec_dicts: list[dict], cfg: MemoryConfig) -> lis
                 out.append(resident_peak(lambda: train(*next(batches)), cfg.warmup, cfg.steps))  # noqa: B023
         except Exception as e:  # noqa: BLE001 -- this spec's figure is missing and says why; the next one runs
             out.append({"error": one_line(e)})
-        train = batches = None
+        train = batches = None  # type: ignore[assignment]  # references dropped for gc (the lambda needs them set)
         gc.collect()
         torch.compiler.reset()
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import cast
 
 
 def flops_per_token(matmul_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
@@ -67,7 +68,7 @@ def blended_peak(flops: dict[str, float], peaks: dict[str, float | None]) -> flo
     used = {p: f for p, f in flops.items() if f > 0}
     if not used or any(peaks.get(p) is None for p in used):
         return None
-    return sum(used.values()) / sum(f / peaks[p] for p, f in used.items())  # type: ignore[operator]
+    return sum(used.values()) / sum(f / cast(float, peaks[p]) for p, f in used.items())  # None: returned above
 
 
 def mfu(tokens_s: float, flops_token: int, peak: float | None) -> float | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -55,12 +55,14 @@ def define(cfg: Resolved, vocab: int | None, obj: Any = None) -> tuple[Resolved,
     if run.hf:
         d, init = hf.define(run.hf, run.hf_set, vocab, cfg.seq_len, run.seed)
     elif run.model_source or obj is not None:
-        found = obj if obj is not None else user.load(run.model_source)  # type: ignore[arg-type]
-        name = run.model_source or getattr(found, "__qualname__", type(found).__name__)
+        found = user.load(run.model_source) if obj is None and run.model_source else obj
+        # cast: mypy infers `str | None` for getattr's default from the `or` (a __qualname__ is a str)
+        name = run.model_source or cast(str, getattr(found, "__qualname__", type(found).__name__))
         d, init = user.define(found, name, {"model": run.model_source}, vocab, cfg.seq_len, run.seed)
     else:
         cfg = cfg.with_vocab(vocab) if vocab else cfg
-        d = ours(cfg.model, run.preset)  # type: ignore[arg-type]
+        assert cfg.model is not None  # the preset's GPT: the model is neither Hugging Face's nor the user's
+        d = ours(cfg.model, run.preset)
         init = initial_state(d, run.seed)
     return cfg, d, init
 
@@ -71,11 +73,12 @@ def of_module(module: torch.nn.Module) -> ModelDef:
     hooks. The convention and vocabulary are not detected here: the user's own loop calls the model."""
     from speedladder.gpt import GPT
 
-    base = {"name": type(module).__name__, "factory": lambda: module, "convention": "logits", "vocab_size": 0,
-            "params": sum(p.numel() for p in module.parameters()), "hooks": hooks_of(module)}
+    base: dict[str, Any] = {"name": type(module).__name__, "factory": lambda: module, "convention": "logits",
+                            "vocab_size": 0, "params": sum(p.numel() for p in module.parameters()),
+                            "hooks": hooks_of(module)}
     if isinstance(module, GPT):
-        return ModelDef(kind="speedladder", blocks="blocks", **base)  # type: ignore[arg-type]
-    d = ModelDef(kind="hf" if hf.is_hf(module) else "user", blocks=find_blocks(module), **base)  # type: ignore[arg-type]
+        return ModelDef(kind="speedladder", blocks="blocks", **base)
+    d = ModelDef(kind="hf" if hf.is_hf(module) else "user", blocks=find_blocks(module), **base)
     if d.kind == "hf":
         hf.add_transforms(d)
     else:

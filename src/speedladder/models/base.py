@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -111,7 +111,7 @@ def find_blocks(model: nn.Module) -> str | None:
 
 def checkpoint_each(model: nn.Module, path: str) -> nn.Module:
     """Activation checkpointing around each of the repeated blocks, in place: the same parameter objects."""
-    blocks = model.get_submodule(path)
+    blocks = cast("nn.ModuleList | nn.Sequential", model.get_submodule(path))  # what find_blocks finds
     for i, block in enumerate(blocks):
         blocks[i] = Checkpointed(block)
     return model
@@ -189,12 +189,13 @@ class ModelDef:
 
     def blocks_of(self, model: nn.Module) -> list[nn.Module]:
         """The repeated blocks of a built model (after the transforms: a checkpointed block is still one)."""
-        return list(model.get_submodule(self.blocks)) if self.blocks else []
+        return list(cast("nn.ModuleList | nn.Sequential", model.get_submodule(self.blocks))) if self.blocks else []
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: PaLM's formula where the architecture is known, else counted once by torch."""
         if self.flops_method == "formula":
-            return peakflops.flops_per_token(self.matmul_params, *self.attention, seq_len)  # type: ignore[arg-type, misc]
+            assert self.matmul_params is not None and self.attention is not None  # what "formula" means
+            return peakflops.flops_per_token(self.matmul_params, *self.attention, seq_len)
         if seq_len not in self.counted:
             self.counted[seq_len] = count_flops(self, seq_len)
         return self.counted[seq_len]

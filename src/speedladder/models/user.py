@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,13 @@ def _load_file(path: Path) -> Any:
     if key not in _FILES:
         name = f"speedladder_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
         spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        assert spec is not None and spec.loader is not None  # a .py file's: the source loader
+        module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and pickling look their module up by name
         if str(path.parent) not in sys.path:
             sys.path.append(str(path.parent))  # the file's own imports of its neighbours
         try:
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
+            spec.loader.exec_module(module)
         except Exception as e:  # noqa: BLE001 -- the user's file: one line, exit 2
             raise UsageError(f"importing {path} failed: {one_line(e)}") from None
         _FILES[key] = module
@@ -97,10 +98,11 @@ def factory_of(obj: Any, vocab: int | None, seq_len: int) -> tuple[Callable[[], 
     """A zero-argument factory: a module given as an object is copied; a callable gets the workload's values."""
     if isinstance(obj, nn.Module):
         return (lambda: copy.deepcopy(obj)), {}
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(obj).parameters
     except (TypeError, ValueError):
-        params = {}  # type: ignore[assignment]
+        params = {}
     given: dict[str, Any] = {}
     if "vocab_size" in params and vocab:
         given["vocab_size"] = vocab

@@ -34,7 +34,7 @@ from speedladder.parallel import costmodel
 from speedladder.parallel.config import ParallelConfig
 from speedladder.parallel.section import new_section, price, single_prediction
 from speedladder.progress import Progress
-from speedladder.records import ParallelSection, Results
+from speedladder.records import Results
 from speedladder.rungs import RUNGS, StepSpec, compose
 from speedladder.workload import Workload, new_results, prepare
 
@@ -264,7 +264,8 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Pat
     threads = threads_per_process(max(ks))
     run_dir = results.new_run_dir(run.out)
     saved = new_parallel_results(work, spec, pcfg, "predict", ks, threads)
-    section: ParallelSection = saved.parallel  # type: ignore[assignment]
+    section = saved.parallel
+    assert section is not None  # new_parallel_results made it
     results.save(saved, run_dir)
     if measure_bandwidth:
         section.probes = [_probe(work, run, spec, pcfg, k, run_dir, progress) for k in ks if k > 1]
@@ -304,6 +305,7 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | 
     threads = threads_per_process(k)
     run_dir = results.new_run_dir(run.out)
     saved = new_parallel_results(work, spec, pcfg, "ddp", [k], threads)
+    assert saved.parallel is not None  # new_parallel_results made it
     results.save(saved, run_dir)
     saved.parallel.single = measure_single(work, run, spec, pcfg, threads, run_dir, progress)
     results.save(saved, run_dir)

@@ -19,6 +19,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -104,7 +105,7 @@ def allreduce_probe(group: Group, pcfg: ParallelConfig, extra_sizes: list[int] |
     (costmodel.fit_allreduce), so the model prices the messages the job sends.
     """
     k = group.world
-    rows = []
+    rows: list[dict[str, Any]] = []
     for size in sorted({*pcfg.probe_sizes, *(extra_sizes or ())}):
         buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=group.device)  # zeros: sums stay finite
         nbytes = buf.numel() * buf.element_size()

@@ -118,7 +118,7 @@ class OpTime:
     @property
     def category(self) -> str:
         """Where most of its time went (an op may run inside and outside the optimizer or a matmul)."""
-        return max(self.us_by_category, key=self.us_by_category.get)  # type: ignore[arg-type]
+        return max(self.us_by_category, key=self.us_by_category.__getitem__)
 
 
 @dataclass
@@ -287,7 +287,7 @@ def regime(b: dict) -> tuple[str, str, dict[str, float]]:
     s = {c: v["share"] for c, v in b["categories"].items()}
     floor = b["floor_share"]
     bk = buckets(s, floor)
-    name = f"{max(bk, key=bk.get)}-bound"  # type: ignore[arg-type]
+    name = f"{max(bk, key=bk.__getitem__)}-bound"
     rng = {k: spread.iqr([p[k] for p in step_buckets(b)]) for k in bk} if b.get("per_step") else {}
 
     def show(k: str) -> str:  # a bucket's share, and the quartiles of each step's own share where kept

@@ -42,6 +42,7 @@ def _copy_dtypes(prof: profile, events: list) -> None:
     if not events or hasattr(events[0], "input_dtypes"):
         return
     kineto: dict[int, tuple[str, list[str]]] = {}
+    assert prof.profiler is not None and prof.profiler.kineto_results is not None  # prof.events() read them
     for k in prof.profiler.kineto_results.events():
         if k.device_type() == torch.autograd.DeviceType.CPU:
             kineto.setdefault(k.correlation_id(), (k.name(), k.dtypes()))

@@ -84,7 +84,7 @@ def matmul_facts(cfg, batch_size: int, seq_len: int, multiplier: int, device: to
         if flops * multiplier / (min(ceiling.values()) * 1e12) > per_call:
             out["skipped"].append(name)
             continue
-        runs = (("fp32", rows, False), ("bf16", rows, True))
+        runs: tuple[tuple[str, int, bool], ...] = (("fp32", rows, False), ("bf16", rows, True))
         if name != "head-padded":
             runs += (("fp32_k", rows * multiplier, False), ("bf16_k", rows * multiplier, True))
         try:

@@ -286,7 +286,7 @@ def chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: Ste
         return preds
     out = []
     for i, p in enumerate(preds):
-        xs = [s[i].speedup for s in per_step if s[i].speedup is not None]
+        xs = [x for s in per_step if (x := s[i].speedup) is not None]
         if p.speedup is None or not xs:
             out.append(p)
             continue

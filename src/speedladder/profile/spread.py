@@ -97,7 +97,7 @@ def borderline(buckets: dict[str, float], per_step: Sequence[dict[str, float]], 
 
     buckets: the median step's; per_step: the same buckets of each step alone; starved: rule 3 holds.
     """
-    first, second = sorted(buckets, key=buckets.get, reverse=True)[:2]  # type: ignore[arg-type]
+    first, second = sorted(buckets, key=buckets.__getitem__, reverse=True)[:2]
     if starved or buckets[first] - buckets[second] < MIN_MARGIN:
         return [first, second]
     if len(per_step) < 2:

@@ -99,7 +99,8 @@ class StepSpec:
     @classmethod
     def from_dict(cls, d: dict) -> StepSpec:
         """A spec saved in results.json (lists for tuples; fields added later take their defaults)."""
-        known = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in cls.__dataclass_fields__}
+        known: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
+                                 if k in cls.__dataclass_fields__}
         return cls(**known)
 
 
@@ -172,7 +173,8 @@ class Requirement:
 
 
 SpecChange = Callable[[StepSpec, Env], StepSpec] | Mapping[str, Any]
-ModelTransform = Callable[[nn.Module], nn.Module]
+# Any: a transform takes the model it was written for (the built-in ones our GPT), not every nn.Module.
+ModelTransform = Callable[[Any], nn.Module]
 # (named parameters under their reference names, learning rate) -> an optimizer with step() and zero_grad().
 OptimizerFactory = Callable[[dict[str, nn.Parameter], float], Any]
 
@@ -251,9 +253,9 @@ def _spec_of(name: str, spec: SpecChange | None, model: ModelTransform | None, t
     def transform(s: StepSpec, e: Env) -> StepSpec:
         if fields is not None:
             s = dataclasses.replace(s, **fields)
-        elif spec is not None:
+        elif spec is not None and not isinstance(spec, Mapping):  # (a Mapping is `fields`)
             try:
-                s = spec(s, e)  # type: ignore[operator]
+                s = spec(s, e)
             except Exception as err:
                 if source == BUILT_IN:
                     raise
@@ -286,8 +288,9 @@ def rung(name: str, reason: str, kind: str = "speed", *, spec: SpecChange | None
             raise RungError(f"rung {name}: on must be model, spec or optimizer, got {on!r}")
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            given: dict[str, Any] = {where: fn}
             rung(name, reason, kind, requires=requires, control=control, control_reason=control_reason,
-                 changes_params=changes_params, transform=transform, **{where: fn})
+                 changes_params=changes_params, transform=transform, **given)
             return fn
         return decorate
     source = _SOURCE[-1]

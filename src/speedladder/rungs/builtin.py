@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from speedladder.gpt import GPT, attention_heads, merge_heads
+from speedladder.gpt import GPT, Attention, Block, attention_heads, merge_heads
 from speedladder.rungs.api import Env, Requirement, StepSpec, lr_factor, rung
 
 
@@ -45,7 +47,7 @@ class SDPAttention(nn.Module):
     under the same names; the (T, T) mask buffer is dropped: is_causal=True says it.
     """
 
-    def __init__(self, attn: nn.Module) -> None:
+    def __init__(self, attn: Attention) -> None:
         super().__init__()
         self.n_head = attn.n_head
         self.qkv = attn.qkv
@@ -59,7 +61,7 @@ class SDPAttention(nn.Module):
 
 
 def use_sdpa(model: GPT) -> GPT:
-    for block in model.blocks:
+    for block in cast("Iterable[Block]", model.blocks):  # nn.ModuleList yields nn.Module; a GPT's are Blocks
         block.attn = SDPAttention(block.attn)
     return model
 
@@ -77,6 +79,8 @@ class PaddedHead(nn.Module):
     The loss and the logits of the real vocabulary are those of the unpadded head at the same weights.
     """
 
+    pad: torch.Tensor  # a buffer (register_buffer): declared for the type checker
+
     def __init__(self, weight: nn.Parameter, vocab_size: int) -> None:
         super().__init__()
         self.weight = weight  # (V_padded, C): the head's own Parameter object, resized
@@ -88,7 +92,7 @@ class PaddedHead(nn.Module):
         return F.linear(x, self.weight).masked_fill(self.pad, float("-inf"))  # (B, T, V_padded)
 
 
-def _pad_rows(p: nn.Parameter, rows: int) -> None:
+def _pad_rows(p: torch.Tensor, rows: int) -> None:
     """Grow a parameter to `rows` rows in place, zeros below: the same Parameter object, so references hold."""
     with torch.no_grad():
         grown = torch.zeros(rows, *p.shape[1:], dtype=p.dtype, device=p.device)
@@ -101,7 +105,7 @@ def pad_vocab(model: GPT) -> GPT:
     rows = padded_vocab(vocab)
     if rows == vocab:
         return model
-    head = model.lm_head.weight
+    head = cast(nn.Parameter, model.lm_head.weight)  # a Linear's weight; nn.Module types attributes Tensor | Module
     _pad_rows(head, rows)
     if not model.cfg.tie_embeddings:
         _pad_rows(model.wte.weight, rows)

@@ -19,7 +19,7 @@ from speedladder.rungs.api import RUNGS, declaring
 _LOADED: dict[str, str] = {}  # where -> its hash, for what this process has loaded
 
 
-def where_of(entry: str) -> tuple[Path | None, str]:
+def where_of(entry: str) -> tuple[Path, str]:
     """A --rung-file entry as (the file, its canonical name): a path ending in .py, else an importable module."""
     if entry.endswith(".py"):
         path = Path(entry).expanduser().resolve()
@@ -38,7 +38,7 @@ def where_of(entry: str) -> tuple[Path | None, str]:
 def content_hash(entry: str) -> str:
     """sha256 of a rung file's content (a module: of its source file)."""
     path, _ = where_of(entry)
-    return hashlib.sha256(path.read_bytes()).hexdigest()  # type: ignore[union-attr]
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def hashes(entries: tuple[str, ...]) -> dict[str, str]:

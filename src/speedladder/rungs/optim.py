@@ -54,7 +54,7 @@ class Muon(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps})
 
     @torch.no_grad()
-    def step(self, closure=None) -> None:  # closure: the Optimizer signature; not used
+    def step(self, closure=None) -> None:  # type: ignore[override]  # closure never called: no loss to return
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:

@@ -123,7 +123,7 @@ def worst_grad(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> 
 
 
 def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
-              rows: int, vocab: int) -> dict:
+              rows: int, vocab: int) -> Causality:
     """Change every token after the middle position; the logits up to it must stay within the noise."""
     x, y = batch
     t = x.shape[1] // 2
