@@ -25,7 +25,7 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -204,7 +204,7 @@ def _value(tp: Any, value: Any, where: str, unknown: Unknown) -> Any:
         except ValueError:
             known = ", ".join(str(m.value) for m in base)
             raise UsageError(f"{where}: unknown value {value!r} (known: {known})") from None
-    if origin in (tuple, list):
+    if origin in (tuple, list, Sequence):  # a Sequence (a record's read-only list) is read as a list
         if not isinstance(value, (list, tuple)):
             raise UsageError(f"{where}: expected a list, got {value!r}")
         items = _args(base)

@@ -7,6 +7,7 @@ the rung (its `detail` says why): it passes, and measures nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -94,8 +95,8 @@ class LossBand(Check):
     steps: int = 0
     band: float | None = None
     max_rel_diff: float | None = None
-    losses: list[float | None] = field(default_factory=list)
-    ref_losses: list[float | None] = field(default_factory=list)
+    losses: Sequence[float | None] = field(default_factory=list)
+    ref_losses: Sequence[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -108,8 +109,8 @@ class TokensToTarget(Check):
     tokens: int | None = None
     adamw_tokens: int | None = None
     token_ratio: float | None = None
-    losses: list[float | None] = field(default_factory=list)
-    adamw_losses: list[float | None] = field(default_factory=list)
+    losses: Sequence[float | None] = field(default_factory=list)
+    adamw_losses: Sequence[float | None] = field(default_factory=list)
 
 
 @dataclass
@@ -161,8 +162,8 @@ class LearnsCheck(Check):
     band: float | None = None
     unigram_entropy: float | None = None
     drop: float | None = None
-    losses: list[float | None] = field(default_factory=list)
-    eager_losses: list[float | None] = field(default_factory=list)
+    losses: Sequence[float | None] = field(default_factory=list)
+    eager_losses: Sequence[float | None] = field(default_factory=list)
 
 
 def not_applicable(cls: type[Check], why: str) -> Any:
