@@ -92,8 +92,8 @@ def test_every_old_name_is_the_moved_module_itself():
 
     import speedladder
 
-    assert speedladder.MOVED
-    for old, new in speedladder.MOVED.items():
+    assert speedladder.meta.MOVED
+    for old, new in speedladder.meta.MOVED.items():
         module = importlib.import_module(old)
         assert module is importlib.import_module(new) is sys.modules[old], old
         assert module.__spec__.name == new and module.__name__ == new

@@ -10,9 +10,10 @@ import torch
 from conftest import resolved
 from torch import nn
 
-from speedladder import memory
 from speedladder.cli import main
+from speedladder.climbing import meters
 from speedladder.config.run import MemoryConfig
+from speedladder.measure import memory
 from speedladder.records import Results, RungResult
 from speedladder.report.memory import bar_label, memory_notes, peak_cell, short_bytes
 from speedladder.rungs import Checkpointed, compose
@@ -61,17 +62,17 @@ def test_views_of_one_tensor_count_once_and_a_checkpoint_keeps_its_input_only():
 def test_prediction_from_shapes_is_what_eager_autograd_saves(tiny, names):
     spec = compose(names, tiny.base_spec, tiny.env)
     x, y = next(tiny.stream(spec))
-    measured = memory.step_saved(tiny.step(spec), x, y).activation_bytes
-    predicted, why = memory.predicted_activation_bytes(tiny.cfg.model, spec)
+    measured = meters.step_saved(tiny.step(spec), x, y).activation_bytes
+    predicted, why = meters.predicted_activation_bytes(tiny.cfg.model, spec)
     assert predicted == measured, why
 
 
 def test_prediction_says_checkpointing_keeps_several_times_less(tiny):
-    eager, _ = memory.predicted_activation_bytes(tiny.cfg.model, tiny.base_spec)
-    ckpt, _ = memory.predicted_activation_bytes(tiny.cfg.model, compose(("ckpt",), tiny.base_spec, tiny.env))
-    fp8, why = memory.predicted_activation_bytes(tiny.cfg.model, compose(("fp8",), tiny.base_spec, tiny.env))
+    eager, _ = meters.predicted_activation_bytes(tiny.cfg.model, tiny.base_spec)
+    ckpt, _ = meters.predicted_activation_bytes(tiny.cfg.model, compose(("ckpt",), tiny.base_spec, tiny.env))
+    fp8, why = meters.predicted_activation_bytes(tiny.cfg.model, compose(("fp8",), tiny.base_spec, tiny.env))
     assert eager > 3 * ckpt and fp8 is None and why
-    assert memory.predicted_activation_bytes(None, tiny.base_spec)[0] is None  # not our GPT: no account
+    assert meters.predicted_activation_bytes(None, tiny.base_spec)[0] is None  # not our GPT: no account
 
 
 @pytest.mark.slow
@@ -84,7 +85,7 @@ def test_the_counter_sees_a_compiled_step_without_recompiling(tiny):
     for _ in range(2):
         step(*next(stream))
     before = measure.compile_count()
-    saved = memory.step_saved(step, *next(stream))
+    saved = meters.step_saved(step, *next(stream))
     assert measure.compile_count() == before
     assert saved.activation_bytes > 0  # inductor's partitioner saves its own choice, counted the same way
 
@@ -145,11 +146,11 @@ def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the memory process exited with 1")
 
-    monkeypatch.setattr(memory, "peaks_in_child", broken)
-    monkeypatch.setattr(memory, "process_peak_unsupported", lambda: None)
+    monkeypatch.setattr(meters, "peaks_in_child", broken)
+    monkeypatch.setattr(meters, "process_peak_unsupported", lambda: None)
     r = RungResult(name="eager", rung="eager", role="rung", reason="", kind="speed", built_on=None, spec={},
                    precision="fp32", requirement={}, status="ok")
-    memory.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
+    meters.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
     assert r.process_peak_bytes is None and r.resident_rise is None and peak_cell(r) == "n/a"
     assert r.saved_activation_bytes == r.predicted_activation_bytes > 0  # the other meters stand
     res = Results(schema="", status="complete", created="", command=[], config=resolved(), environment={}, model={},

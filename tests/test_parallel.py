@@ -128,7 +128,7 @@ def _fsdp_rank(rank: int, world: int, store: str, out: str) -> None:
     import torch.distributed as dist
 
     from speedladder.config import RunConfig
-    from speedladder.parallel.config import ParallelConfig
+    from speedladder.config.parallel import ParallelConfig
     from speedladder.parallel.worker import full_tensor, wrapper
     from speedladder.workload import prepare
 
@@ -297,7 +297,7 @@ def test_more_processes_than_cuda_devices_is_a_usage_error(monkeypatch):
 
 
 def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
-    from speedladder.parallel.config import ParallelConfig
+    from speedladder.config.parallel import ParallelConfig
 
     cmd = launch.torchrun_command(ParallelConfig(nnodes="2", rdzv_endpoint="node0:29400", rdzv_id="job7"), 8,
                                     tmp_path / "job.json")

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-import speedladder
 from speedladder.errors import UsageError
 from speedladder.measure import processor
+from speedladder.meta import __version__
 from speedladder.records import Results, from_dict, to_dict
 from speedladder.rungs.optim import ns_dtype_for
 
@@ -44,7 +44,7 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 def git_commit() -> str | None:
     """The commit of the speedladder source tree, with '-dirty' if it has changes; None if not a checkout."""
-    src = Path(speedladder.__file__).resolve().parent
+    src = Path(__file__).resolve().parent  # the package's folder
     top = _run(["git", "rev-parse", "--show-toplevel"], cwd=src)
     # An installed copy inside some other repository (a venv in a project) is not a speedladder checkout.
     if top is None or Path(top).resolve() / "src" / "speedladder" != src:
@@ -90,7 +90,7 @@ def environment(device: torch.device) -> dict:
         "cpu_threads": torch.get_num_threads(),
         **processor.cpu().to_dict(),  # the vector ISA and whether bf16 is native: what a CPU verdict rests on
         "muon": ns_dtype_for(device)[1],  # how the muon rung iterates here
-        "speedladder": speedladder.__version__,
+        "speedladder": __version__,
         "git_commit": git_commit(),
     }
     if device.type == "cuda":

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from speedladder import __version__
 from speedladder.cli import check, commands, compare, parallel, race, sweep
 from speedladder.cli.gen import Command, Parser, add_command, to_settings
 from speedladder.errors import UsageError
+from speedladder.meta import __version__
 from speedladder.parallel.launch import JobFailed
 from speedladder.rungs.load import load as load_rungs
 

@@ -37,7 +37,7 @@ def markdown() -> str:
     assert isinstance(sub.choices, dict)  # the subcommands' parsers, by name
     out = ["# Every flag", "",
            ("Generated from the configuration dataclasses (`src/speedladder/config/run.py` for the run, "
-           "`src/speedladder/config/commands.py` for each command's own, `src/speedladder/parallel/config.py` for data "
+           "`src/speedladder/config/commands.py` for each command's own, `src/speedladder/config/parallel.py` for data "
            "parallelism) by `bash docs/examples/make.sh`; `speedladder COMMAND --help` prints the same. The last "
            "column is the key a config file (`--config FILE.toml`) sets it with ([usage.md](../usage.md#config-files))."),
            ""]

@@ -18,10 +18,11 @@ from pathlib import Path
 from torch import nn
 
 from speedladder import results
+from speedladder.climbing import meters
 from speedladder.config.commands import CONFIG_FILE, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import judging, memory, peakflops
+from speedladder.measure import judging, peakflops
 from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
@@ -57,7 +58,7 @@ class Ladder:
         # Each passing rung's outputs at the probe weights: what a rung built on it is checked against (probes.py).
         self.probes: dict[str, Probe] = {}
         self.finalists: list[str] | None = None  # set by tune: the learns-check tries these, in this order
-        self.peaks = memory.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
+        self.peaks = meters.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
         self.save()
         # config.toml beside results.json: the resolved run, which `speedladder run --config` repeats.
         s = dataclasses.replace(settings or Settings(), run=work.cfg.run)
@@ -115,7 +116,7 @@ class Ladder:
             if m.base_timing is not None:
                 r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
                 r.verdict, r.verdict_detail = judging.judge(m.timing, m.base_timing)
-            memory.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
+            meters.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
             fpt = w.flops_per_token(spec)
             peak, r.peak_basis = self._peak(spec, step.model, fpt)
             r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak

@@ -4,6 +4,6 @@ turns the dataclasses into flags, data and TOML.
 `from speedladder.config import RunConfig` still works, for one release: the package hands on `run`'s names.
 """
 
-from speedladder import hand_on
+from speedladder.meta import hand_on
 
 hand_on(__name__, "run", "resolved")

@@ -14,10 +14,10 @@ from typing import Any
 
 from speedladder.config import codec
 from speedladder.config.codec import Group, at_least, int_list, option, positive, rungs_option
+from speedladder.config.parallel import ParallelConfig
 from speedladder.config.resolved import RESOLVED_EXTRAS
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
-from speedladder.parallel.config import ParallelConfig
 
 # compare and check warn about a run whose base, re-timed beside a rung, moved more than this from its own measurement.
 DRIFT_LIMIT = 0.10

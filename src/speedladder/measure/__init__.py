@@ -7,6 +7,6 @@ natively (`processor`).
 names of the old measure module, and a patch of one on the package reaches the module that reads it.
 """
 
-from speedladder import hand_on
+from speedladder.meta import hand_on
 
 hand_on(__name__, "devicemem", "counters", "timer", "peakflops", "judging")

@@ -28,10 +28,10 @@ import torch
 
 from speedladder import results, subproc
 from speedladder.config.codec import to_data
+from speedladder.config.parallel import ParallelConfig
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
-from speedladder.parallel.config import ParallelConfig
 from speedladder.parallel.section import new_section, price, single_prediction
 from speedladder.progress import Progress
 from speedladder.records import Results

@@ -11,9 +11,9 @@ import statistics
 
 import torch
 
+from speedladder.config.parallel import ParallelConfig
 from speedladder.measure import judging
 from speedladder.parallel import costmodel
-from speedladder.parallel.config import ParallelConfig
 from speedladder.records import ParallelSection, Results
 from speedladder.rungs import StepSpec
 from speedladder.workload import Workload

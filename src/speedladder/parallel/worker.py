@@ -27,10 +27,10 @@ from torch import nn
 
 from speedladder import results
 from speedladder.config.commands import run_from_results
+from speedladder.config.parallel import ParallelConfig
 from speedladder.errors import one_line
 from speedladder.measure import counters, devicemem
 from speedladder.parallel import costmodel, section
-from speedladder.parallel.config import ParallelConfig
 from speedladder.rungs import StepSpec
 from speedladder.step import matmul_precision
 from speedladder.workload import measure_spec, prepare

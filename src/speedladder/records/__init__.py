@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from speedladder.config.codec import EXTRA, from_data, to_data
+from speedladder.config.parallel import ParallelConfig
 from speedladder.config.resolved import Resolved
 from speedladder.measure.judging import Spread
-from speedladder.parallel.config import ParallelConfig
 from speedladder.records.checks import (
     Causality,
     Check,
@@ -147,7 +147,7 @@ class RungResult:
     # ladder.pays); empty when they do, or when it did not pass.
     not_built_upon: str = ""
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
-    # Memory (memory.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the
+    # Memory (climbing/meters.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the
     # resident set before the step and its high-water mark during it (a child process); how, or why not.
     saved_activation_bytes: int | None = None
     predicted_activation_bytes: int | None = None

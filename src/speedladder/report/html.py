@@ -38,8 +38,7 @@ from speedladder.report.htmlkit import (
 )
 from speedladder.report.memory import explanation_html, field_of, memory_chart, memory_fields
 from speedladder.report.profile import roofline_line
-from speedladder.report.race import race_html
-from speedladder.report.race_charts import race_figure
+from speedladder.report.race_charts import race_figure, race_html
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
 from speedladder.report.tune import tune_lines

@@ -283,28 +283,3 @@ def print_race(results: Results, out: Console | None = None, section: RaceSectio
     out.print(race_table(results, section))
     for line in race_lines(results, section):
         out.print(escape(line), soft_wrap=True)
-
-
-def race_html(results: Results, section: RaceSection | None = None) -> str:
-    """report.html's race section: the table with its p-values, the val-loss curves, the notes."""
-    from speedladder.report.htmlkit import missing, notes, svg, table
-    from speedladder.report.race_charts import curves_figure
-
-    s = section or results.race
-    if s is None:
-        return missing("no race in this run: `speedladder race` trains each configuration to a target val loss over "
-                       "seeds and judges it by the time to get there, with a p-value.")
-    rows = race_rows(s)
-    headers = list(rows[0]) if rows else ["config"]
-    attrs, classes = [], []
-    for e, row in zip(s.entries, rows):
-        colour = RACE_COLOURS.get(e.verdict or "") if e.ok else None
-        attrs.append({headers.index("verdict"): ("verdict", f"background:{colour}")} if colour else {})
-        classes.append(" ".join(c for c in ("fastest" if e.name == s.fastest else "", "" if e.ok else "not-run")
-                                if c))
-    parts = [table(headers, [list(r.values()) for r in rows], left=("config", "verdict"), row_classes=classes,
-                   cell_attrs=attrs)]
-    if any(e.runs for e in s.entries):
-        parts.append(svg(curves_figure(results, s), "race-curves"))
-    parts.append(notes(race_lines(results, s)))
-    return "\n".join(parts)

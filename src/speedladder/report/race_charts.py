@@ -1,5 +1,5 @@
-"""A race's charts, drawn from its saved section alone: the two waterfalls (tokens/s beside × faster to the
-target) and the val-loss curves of every run."""
+"""A race's charts and its report.html section, drawn from its saved section alone: the two waterfalls (tokens/s
+beside × faster to the target), the val-loss curves of every run, and the section's table and notes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import model_label
-from speedladder.report.race import BOUND_MARK, RACE_COLOURS, TOKENS_COLOUR, verdict_cell
+from speedladder.report.htmlkit import missing, notes, svg, table
+from speedladder.report.race import BOUND_MARK, RACE_COLOURS, TOKENS_COLOUR, race_lines, race_rows, verdict_cell
 
 
 def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of, tag: str) -> float:
@@ -123,3 +124,25 @@ def curves_figure(results: Results, section: RaceSection | None = None):
     ax.legend(fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def race_html(results: Results, section: RaceSection | None = None) -> str:
+    """report.html's race section: the table with its p-values, the val-loss curves, the notes."""
+    s = section or results.race
+    if s is None:
+        return missing("no race in this run: `speedladder race` trains each configuration to a target val loss over "
+                       "seeds and judges it by the time to get there, with a p-value.")
+    rows = race_rows(s)
+    headers = list(rows[0]) if rows else ["config"]
+    attrs, classes = [], []
+    for e, row in zip(s.entries, rows):
+        colour = RACE_COLOURS.get(e.verdict or "") if e.ok else None
+        attrs.append({headers.index("verdict"): ("verdict", f"background:{colour}")} if colour else {})
+        classes.append(" ".join(c for c in ("fastest" if e.name == s.fastest else "", "" if e.ok else "not-run")
+                                if c))
+    parts = [table(headers, [list(r.values()) for r in rows], left=("config", "verdict"), row_classes=classes,
+                   cell_attrs=attrs)]
+    if any(e.runs for e in s.entries):
+        parts.append(svg(curves_figure(results, s), "race-curves"))
+    parts.append(notes(race_lines(results, s)))
+    return "\n".join(parts)

@@ -5,6 +5,6 @@ probe weights (`probes`) and the fp64 truth (`truth`).
 names (and a patch of one reaches `correctness`).
 """
 
-from speedladder import hand_on
+from speedladder.meta import hand_on
 
 hand_on(__name__, "correctness")
