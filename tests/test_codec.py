@@ -1,0 +1,102 @@
+"""The one codec (config/codec.py): configs and results records go to plain data and back under one rule set:
+types checked, an unknown key named (or skipped in a saved file, or kept in a record's `extra`), non-finite
+numbers null in JSON, the resolved config's decided fields never None and never apart from its run."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from speedladder import results
+from speedladder.config.codec import from_data, to_data
+from speedladder.config.commands import RaceConfig, Settings
+from speedladder.config.resolved import Resolved, resolve
+from speedladder.config.run import RunConfig, TimingConfig
+from speedladder.errors import UsageError
+from speedladder.records import Results, Role, RungResult, from_dict, to_dict
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs"
+
+
+@pytest.mark.parametrize("name", ["example-cpu-results.json", "example-race-results.json"])
+def test_a_saved_results_file_reads_as_typed_records_and_writes_back_unchanged(name):
+    raw = json.loads((EXAMPLES / name).read_text())
+    saved = from_dict(Results, raw)
+    assert isinstance(saved.config, Resolved) and isinstance(saved.config.run, RunConfig)
+    assert saved.config.batch_size == raw["config"]["batch_size"] and saved.config.rungs == tuple(raw["config"]["rungs"])
+    assert all(isinstance(r, RungResult) and isinstance(r.role, Role) for r in saved.rungs)
+    if saved.race is not None:
+        assert isinstance(saved.race.config, RaceConfig) and saved.race.config.seeds == raw["race"]["config"]["seeds"]
+    assert _within(raw, to_dict(saved))  # every field read is written back, the flat config included
+
+
+def _within(part, whole) -> bool:
+    """Every key and value of `part` is in `whole` (a file of an older version gains the fields added since)."""
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(k in whole and _within(v, whole[k]) for k, v in part.items())
+    if isinstance(part, list):
+        return isinstance(whole, list) and len(part) == len(whole) and all(map(_within, part, whole))
+    return part == whole
+
+
+def _bad(tmp_path: Path, change) -> str:
+    raw = json.loads((EXAMPLES / "example-cpu-results.json").read_text())
+    change(raw)
+    (tmp_path / "results.json").write_text(json.dumps(raw))
+    with pytest.raises(UsageError) as e:
+        results.load(tmp_path)
+    return str(e.value)
+
+
+def test_a_wrong_type_in_a_saved_file_is_one_line_naming_the_field(tmp_path):
+    assert "Results.rungs[0].status: expected a string, got 5" in _bad(tmp_path, lambda r: r["rungs"][0].update(status=5))
+    assert "Results.rungs[1].role: unknown value 'rung?'" in _bad(tmp_path, lambda r: r["rungs"][1].update(role="rung?"))
+    assert "config.batch_size: expected a whole number, got 'x'" in _bad(
+        tmp_path, lambda r: r["config"].update(batch_size="x"))
+    assert "the resolved config has no seq_len" in _bad(tmp_path, lambda r: r["config"].update(seq_len=None))
+
+
+def test_unknown_keys_are_named_in_a_users_file_kept_in_a_record_and_skipped_in_a_saved_config():
+    with pytest.raises(UsageError, match=r"unknown key 'run.timing.stepz' \(known in run.timing: steps, windows"):
+        from_data(Settings, {"run": {"timing": {"stepz": 3}}})
+    raw = json.loads((EXAMPLES / "example-cpu-results.json").read_text())
+    newer = copy.deepcopy(raw)
+    newer["rungs"][0]["from_a_later_version"] = {"kept": [1, 2]}
+    newer["config"]["a_removed_flag"] = True
+    saved = from_dict(Results, newer)
+    assert saved.rungs[0].extra == {"from_a_later_version": {"kept": [1, 2]}}
+    back = to_dict(saved)
+    assert back["rungs"][0]["from_a_later_version"] == {"kept": [1, 2]} and "a_removed_flag" not in back["config"]
+
+
+def test_json_has_no_infinity_toml_has_it():
+    r = RungResult(name="x", rung="x", role=Role.RUNG, reason="", kind="speed", built_on=None, spec={},
+                   precision="fp32", requirement={}, mfu=math.inf, step_ms=math.nan)
+    data = to_data(r, json=True)
+    assert data["mfu"] is None and data["step_ms"] is None and data["role"] == "rung"
+    assert to_data({"x": math.inf})["x"] == math.inf  # TOML has inf: written as given
+
+
+def test_a_list_in_a_file_becomes_the_annotated_tuple_and_a_dataclass_is_made_with_its_own_checks():
+    t = from_data(RunConfig, {"rungs": ["eager", "bf16"], "timing": {"steps": 3}})
+    assert t.rungs == ("eager", "bf16") and t.timing == TimingConfig(steps=3)
+    with pytest.raises(UsageError, match="at least 3 timed windows"):
+        from_data(RunConfig, {"timing": {"windows": 2}})
+
+
+def test_the_resolved_configs_decided_fields_are_its_run_and_never_none():
+    r = resolve(RunConfig(), torch.device("cpu"))
+    assert (r.preset, r.batch_size, r.steps) == (r.run.preset, r.run.batch_size, r.run.timing.steps)
+    assert None not in (r.preset, r.data, r.tokenizer, r.batch_size, r.seq_len, r.batch_multiplier, r.steps, r.warmup)
+    with pytest.raises(ValueError, match="disagree with its run"):  # a run replaced alone cannot drift from them
+        dataclasses.replace(r, run=dataclasses.replace(r.run, batch_size=r.batch_size + 1))
+    assert r.with_run(dataclasses.replace(r.run, batch_size=3)).batch_size == 3
+    with pytest.raises(UsageError, match="the resolved config has no preset"):
+        Resolved.of(RunConfig(), None, None)  # an unresolved RunConfig is not a Resolved
+    assert from_data(Resolved, to_data(r, json=True)) == r
