@@ -126,7 +126,7 @@ def cmd_profile(s: Settings, _: argparse.Namespace) -> int:
 
 def cmd_tune(s: Settings, _: argparse.Namespace) -> int:
     t = s.tune
-    progress, work, run_dir = start(s, dataclasses.replace(s.run, ladder="full", rungs=None, beside=None))
+    progress, work, run_dir = start(s, s.run.with_ladder("full"))
     progress(f"tune: the full ladder, then its survivors together, within {t.budget_minutes:g} min; "
              f"writing {run_dir}")
     ladder = Ladder(work, run_dir, progress, settings=s, sections=("run", "tune", "quiet"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from speedladder import results
@@ -18,7 +17,7 @@ from speedladder.progress import show_on_stderr
 def cmd_sweep(s: Settings, _: argparse.Namespace) -> int:
     cfg = s.sweep
     axis, values = cfg.axis()
-    run = dataclasses.replace(s.run, rungs=None)
+    run = s.run.with_ladder(None)
     progress = show_on_stderr(s.quiet)
     run_dir = results.new_run_dir(run.out)
     progress(f"sweep of {axis} over {','.join(map(str, values))}: {','.join(cfg.rungs)}, within "

@@ -270,6 +270,11 @@ class RunConfig:
         flags name the rungs (train, race, tune, sweep, a profile's or a meter's child) hands them to the run."""
         return dataclasses.replace(self, ladder=None, rungs=rungs, beside=beside)
 
+    def with_ladder(self, name: str | None) -> RunConfig:
+        """This run with a named ladder's rungs and beside rungs (None: the default, source), none given one by
+        one: tune climbs the full ladder, a sweep sets each point's rungs itself."""
+        return dataclasses.replace(self, ladder=name, rungs=None, beside=None)
+
 
 def default(cls: type[Any], name: str) -> Any:
     """The default of a dataclass field, for code that shows it (the field itself is the one place it lives)."""

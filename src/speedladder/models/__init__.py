@@ -49,7 +49,7 @@ def define(cfg: Resolved, vocab: int | None, obj: Any = None) -> tuple[Resolved,
     `obj` is a model given to the Python API as an object (an nn.Module, a class, a function).
     """
     run = cfg.run
-    cfg = dataclasses.replace(cfg, run=dataclasses.replace(run, model_source=source_of(run)))
+    cfg = cfg.with_run(dataclasses.replace(run, model_source=source_of(run)))
     run = cfg.run
     vocab = run.vocab_size or vocab
     if run.hf:
