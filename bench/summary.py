@@ -41,7 +41,7 @@ def aligned(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> list
 
 def header(saved: Results, path: Path) -> str:
     c, e = saved.config, saved.environment
-    return (f"{c.get('preset')} B={c.get('batch_size')} T={c.get('seq_len')} on {e.get('device_name')}, torch "
+    return (f"{c.preset} B={c.batch_size} T={c.seq_len} on {e.get('device_name')}, torch "
             f"{e.get('torch')} ({saved.status}): {path.parent.parent.name}/{path.parent.name}")
 
 

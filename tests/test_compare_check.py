@@ -197,7 +197,7 @@ def test_the_rerun_resolves_to_the_saved_config(runs, tmp_path):
         read = codec.from_data(settings.Settings, settings.read(path))
         assert command == "run" and read == again
         resolved = resolve(read.run, torch.device("cpu"), tuple(RUNGS)).with_vocab(config["model"]["vocab_size"])
-        assert json.loads(json.dumps(resolved.to_dict())) == config
+        assert json.loads(json.dumps(codec.to_data(resolved, json=True))) == config
 
 
 @pytest.mark.slow

@@ -233,7 +233,8 @@ def cmd_report(_: Settings, ns: argparse.Namespace) -> int:
     given = Path(ns.run_dir)
     if given.is_dir() and not (given / results.FILENAME).exists() and (given / child.FILENAME).exists():
         given = given / child.FILENAME  # a `speedladder profile` folder
-    report.show(results.load(given), given if given.is_dir() else given.parent)  # the view the file's kind has
+    run_dir, source = (given, None) if given.is_dir() else (given.parent, given)
+    report.show(results.load(given), run_dir, source=source)  # the view the file's kind has
     return 0
 
 

@@ -24,11 +24,11 @@ def draw(saved: Results, run_dir: Path) -> Path:
 
 
 def files(saved: Results, run_dir: Path) -> dict[str, Path]:
-    """The files a result of this kind has beside it, drawn from it: its plot and report.html, by name. A
-    profile folder's are its profile.json and the trace, which the profile itself wrote."""
+    """The files a result of this kind has beside it, drawn from it: its plot and report.html, by name (a
+    profile has none: its trace is the profiler's own)."""
     run_dir = Path(run_dir)
     if saved.kind == "profile":
-        return {"profile": run_dir / child.FILENAME, "trace": run_dir / child.TRACE}
+        return {}
     if saved.sweep is not None:
         page = run_dir / html.FILENAME
         page.write_text(sweep.html(saved), encoding="utf-8")
@@ -54,14 +54,20 @@ def print_view(saved: Results) -> None:
         print_tune(saved)  # nothing unless it is a tune's
 
 
-def show(saved: Results, run_dir: Path, quiet: bool = False) -> dict[str, Path]:
+def show(saved: Results, run_dir: Path, quiet: bool = False, source: Path | None = None) -> dict[str, Path]:
     """Draw a saved result's files and, unless quiet, print its view and name its files: how every command ends
-    (run, tune, race, sweep, predict, ddp, profile and report alike), so the table, the plot and the page agree."""
+    (run, tune, race, sweep, predict, ddp, profile and report alike), so the table, the plot and the page agree.
+    source: the file it was read from, when not the folder's own results.json (or profile.json)."""
     run_dir = Path(run_dir)
     written = files(saved, run_dir)
     if not quiet:
         print_view(saved)
-        named = written if saved.kind == "profile" else {"results": run_dir / results.FILENAME, **written}
+        if saved.kind == "profile":
+            named = {"profile": source or run_dir / child.FILENAME}
+            if (run_dir / child.TRACE).exists():
+                named["trace"] = run_dir / child.TRACE
+        else:
+            named = {"results": source or run_dir / results.FILENAME, **written}
         print("\n".join(f"{name}: {path}" for name, path in named.items()))
     return written
 
