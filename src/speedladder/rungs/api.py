@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from speedladder.config import codec
 from speedladder.errors import UsageError, one_line
 from speedladder.gpt import GPTConfig
 
@@ -93,15 +94,14 @@ class StepSpec:
             parts.append(f"its learning rate is {self.lr_scale:.3g}x eager's")
         return " and ".join(parts)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        return codec.to_data(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> StepSpec:
-        """A spec saved in results.json (lists for tuples; fields added later take their defaults)."""
-        known: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()
-                                 if k in cls.__dataclass_fields__}
-        return cls(**known)
+    def from_dict(cls, d: Mapping[str, Any]) -> StepSpec:
+        """A spec saved in results.json or a winner.toml, through the one codec: lists become the tuples, types are
+        checked, a field added later takes its default, one a later version added is skipped."""
+        return codec.from_data(cls, d, "spec", unknown="skip")
 
 
 ADAMW_VARIANTS = ("adamw", "adamw-fused", "adamw-foreach")
