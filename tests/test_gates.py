@@ -163,7 +163,7 @@ def test_fused_adamw_passes_and_a_precision_change_is_judged_on_its_own_precisio
     gate, _ = gates.check(tiny.step(bench[2]), ref, fp32_base, "eager", lambda m: None)
     d = gate.differential
     # bf16's distance from fp64 is judged against eager bf16's, not against fp32's 1e-7: the base is no scale here.
-    assert d.applies and d.rule == "fp64" and d.base is None and d.fp64.scale == "eager bf16"
+    assert d.applies and d.rule == "fp64" and d.base is None and d.fp64.scale == "eager bf16 (emulated)"
     assert d.fp64.grad.base is None and d.fp64.grad.eager > 1e3 * ref.probe.errors[1].grads[d.fp64.grad.name]
 
 
@@ -352,7 +352,7 @@ def test_an_fp8_rung_with_rowwise_scales_passes_its_gates_and_tensorwise_fails_c
     assert gate.passed, gate.detail
     assert gate.causality.past_max_abs == 0.0  # a token's scale is its own
     # Judged against eager at fp8 (the same casts, nothing else changed), not against bf16's smaller error.
-    assert gate.equivalence.precision == "fp8" and gate.differential.fp64.scale == "eager fp8"
+    assert gate.equivalence.precision == "fp8" and gate.differential.fp64.scale == "eager fp8 (emulated)"
     assert gate.differential.base is None  # bf16 -> fp8: the base's distance is no scale for it
     monkeypatch.setitem(MODEL_TRANSFORMS, "float8", _float8("tensorwise"))
     gate = check_after_bf16(bench, tiny.step(spec))

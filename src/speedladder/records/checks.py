@@ -50,6 +50,27 @@ class Distance:
 
 
 @dataclass
+class Kinks:
+    """Where the function has kinks and ties near one check's probe (verify/kinks.py): elements within rounding
+    of a ReLU's zero, a clamp's bound, a tie of max or top-k, a comparison's threshold. 0 is a census that found
+    none; `ran` False says why none was taken (the gate then judges as if there were none, and says so)."""
+
+    ran: bool = True
+    detail: str = ""  # why the census could not run, or what it could not do (the probe not moved)
+    band: str = ""  # what "within rounding" means: BAND_K x eager's RMS deviation from fp64 at the op's input
+    ops: int = 0  # kink ops the forward ran (relu, clamp, max, comparisons, ...)
+    elements: int = 0  # their input elements
+    near_first: int = 0  # elements within the band in the first gate batch, before the probe was moved
+    near: int = 0  # elements within the band at the probe used: 0 is a probe no rounding can cross
+    by_op: dict[str, int] = field(default_factory=dict)  # near_first by op
+    probe: str = ""  # which sequences the probe is made of, in words
+    rows: list[list[int]] = field(default_factory=list)  # [gate batch, row] per probe row; [] for gate batch 0
+    precision: str = "fp32"  # the check's precision
+    near_at_precision: int | None = None  # within eager's band at a lower precision: crossed by eager there too
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Fp64(Check):
     """A rung's error judged against fp64 truth: per quantity, rung <= k x max(eager, base) + floor (truth.py)."""
 
@@ -61,6 +82,7 @@ class Fp64(Check):
     grad: Distance | None = None  # the worst gradient tensor, by its distance over what it is allowed
     curve: Distance | None = None  # the loss curve over the gate batches (the differential's only)
     tensors: int = 0  # gradient tensors judged
+    kinks: Kinks | None = None  # the census at this check's weights and probe; None in files from before it
 
 
 @dataclass
@@ -123,6 +145,7 @@ class Causality(Check):
     noise_max_abs: float | None = None
     allowed: float | None = None
     how: str = ""
+    runs: int = 1  # each logit the mean of this many runs: a rung whose runs differ (probes.CAUSAL_MAX_RUNS)
 
 
 @dataclass

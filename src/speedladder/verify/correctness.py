@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +27,7 @@ from speedladder.records.checks import (
     Causality,
     Equivalence,
     Fp64,
+    Kinks,
     LearnsCheck,
     LossBand,
     TokensToTarget,
@@ -71,13 +72,18 @@ HAND_BACK_EVERY = 5
 _PROBE_LOGITS = 1 << 24
 
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+# Chooses the probe batch at the trained weights (kinks.choose_probe): the batch, and the census per weights.
+ProbeChooser = Callable[[dict[str, torch.Tensor]], tuple[Batch, dict[str, Kinks]]]
+
+
 @dataclass
 class Reference:
     """Eager fp32 at one batch shape, from the initial weights, on the host."""
 
-    batches: list[tuple[torch.Tensor, torch.Tensor]]  # the first K gate batches
+    batches: list[Batch]  # the first K gate batches
     weights: dict[str, torch.Tensor]  # eager fp32's after training over those batches
-    probe_rows: int  # sequences of the first batch whose logits are compared
+    probe_rows: int  # sequences of the probe batch whose logits are compared
     logits: torch.Tensor  # (probe_rows, T, V)
     loss: float
     grads: dict[str, torch.Tensor]
@@ -86,10 +92,19 @@ class Reference:
     micro: int | None = None  # the micro-batch its steps were accumulated over, if any
     fp64: truth.Truth | None = None  # eager in float64 at the same weights and batches (with_truth)
     fp64_why: str = ""  # why there is none: the gates then fall back on the per-precision table
+    # The batch every output is compared on: the first gate batch, or its sequences that hold no element within
+    # rounding of a kink (verify/kinks.py); and the census that chose it, at the trained and at the probe weights.
+    probe_batch: Batch | None = None
+    kinks: dict[str, Kinks] = field(default_factory=dict)
 
     @property
     def probe_weights(self) -> dict[str, torch.Tensor]:
         return probes.amplified(self.weights)
+
+    @property
+    def batch(self) -> Batch:
+        """The probe batch (the first gate batch where no census moved it)."""
+        return self.probe_batch if self.probe_batch is not None else self.batches[0]
 
 
 def train_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | None = None) -> torch.Tensor:
@@ -116,9 +131,10 @@ def loss_curve(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]]
     return torch.stack(losses).float().cpu().tolist()
 
 
-def reference(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]],
-              micro: int | None = None) -> Reference:
-    """Eager fp32 at the batches' shape: its loss curve over them, then its outputs at the weights they gave.
+def reference(step: TrainStep, batches: list[Batch], micro: int | None = None,
+              choose: ProbeChooser | None = None) -> Reference:
+    """Eager fp32 at the batches' shape: its loss curve over them, then its outputs at the weights they gave, on the
+    probe batch `choose` picks at those weights (the first gate batch without one).
 
     `micro`: every forward and backward over micro-batches of that many sequences (gradient accumulation), so a
     big batch's reference needs the memory of a micro-batch; the loss and gradients are the whole batch's.
@@ -128,10 +144,12 @@ def reference(step: TrainStep, batches: list[tuple[torch.Tensor, torch.Tensor]],
     with matmul_precision(step.spec):
         curve = loss_curve(step, batches, micro)
         weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
-        logits, loss, grads = probes.outputs(step, weights, batches[0], rows, micro)
-        p_logits, p_loss, p_grads = probes.outputs(step, probes.amplified(weights), batches[0], rows, micro)
+        batch, kinks = choose(weights) if choose is not None else (batches[0], {})
+        logits, loss, grads = probes.outputs(step, weights, batch, rows, micro)
+        p_logits, p_loss, p_grads = probes.outputs(step, probes.amplified(weights), batch, rows, micro)
     probe = probes.Probe(p_logits, p_grads, curve, "fp32", (batch_size, seq_len), p_loss)
-    return Reference(batches, weights, rows, logits, loss, grads, curve, probe, micro)
+    return Reference(batches, weights, rows, logits, loss, grads, curve, probe, micro, probe_batch=batch,
+                     kinks=kinks)
 
 
 def with_truth(ref: Reference, step64: TrainStep) -> Reference:
@@ -139,9 +157,8 @@ def with_truth(ref: Reference, step64: TrainStep) -> Reference:
     the same initial weights, and its outputs at the reference's trained and probe weights on the probe batch;
     eager fp32's own distances from it go on the reference's probe (the scale of every fp32 rung)."""
     curve = loss_curve(step64, ref.batches, ref.micro)
-    batch = ref.batches[0]
-    trained = probes.outputs(step64, ref.weights, batch, ref.probe_rows, ref.micro, keep=torch.float64)
-    at_probe = probes.outputs(step64, ref.probe_weights, batch, ref.probe_rows, ref.micro, keep=torch.float64)
+    trained = probes.outputs(step64, ref.weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
+    at_probe = probes.outputs(step64, ref.probe_weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
     ref.fp64 = truth.Truth(trained, at_probe, curve)
     ref.probe.errors = (truth.errors((ref.logits, ref.loss, ref.grads), trained),
                         truth.errors((ref.probe.logits, ref.probe.loss, ref.probe.grads), at_probe, ref.curve, curve))
@@ -150,12 +167,12 @@ def with_truth(ref: Reference, step64: TrainStep) -> Reference:
 
 def probe(step: TrainStep, ref: Reference, curve: list[float] | None) -> probes.Probe:
     """A rung's outputs at the probe weights: what the rungs built on it are checked against."""
-    logits, loss, grads = probes.outputs(step, ref.probe_weights, ref.batches[0], ref.probe_rows)
+    logits, loss, grads = probes.outputs(step, ref.probe_weights, ref.batch, ref.probe_rows)
     return probes.Probe(logits, grads, curve, step.spec.precision, (step.spec.batch_size, step.spec.seq_len), loss)
 
 
 def causality(step: TrainStep, ref: Reference) -> Causality:
-    return probes.causality(step, ref.probe_weights, ref.batches[0], ref.probe_rows, step.vocab_size)
+    return probes.causality(step, ref.probe_weights, ref.batch, ref.probe_rows, step.vocab_size)
 
 
 def equivalence(step: TrainStep, ref: Reference, trained: truth.Outputs | None = None,
@@ -164,7 +181,7 @@ def equivalence(step: TrainStep, ref: Reference, trained: truth.Outputs | None =
     not given) against eager fp32's, same weights, same batch. With `fp64` (the rung's distances from fp64 judged
     against eager's, truth.judge) that verdict is the check's; without it, the per-precision table's."""
     tol = TOLERANCES[step.spec.precision]
-    logits, loss, grads = trained or probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
+    logits, loss, grads = trained or probes.outputs(step, ref.weights, ref.batch, ref.probe_rows)
     grad_name, grad_err = probes.worst_grad(grads, ref.grads)
     seen = ref.logits.numel() > 0  # False: the model returns no logits; its loss and gradients are compared
     atol = tol.atol_rms * float(ref.logits.pow(2).mean().sqrt()) if seen else 0.0

@@ -16,10 +16,10 @@ import torch
 from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
-from speedladder.records import Differential, Fp64, Gate, LearnsCheck, not_applicable
-from speedladder.rungs import StepSpec
+from speedladder.records import Differential, Fp64, Gate, Kinks, LearnsCheck, not_applicable
+from speedladder.rungs import StepSpec, float8_eligible
 from speedladder.step import TrainStep, matmul_precision
-from speedladder.verify import correctness, probes, truth
+from speedladder.verify import correctness, emulate, kinks, probes, truth
 from speedladder.verify.truth import Errors
 from speedladder.workload import Workload, free_device_memory
 
@@ -44,6 +44,8 @@ class Gates:
         self.references: dict[StepSpec, correctness.Reference | str] = {}  # by reference_spec
         # Eager at each precision other than fp32, per shape: its distances from fp64 (eager_at).
         self.precision_refs: dict[StepSpec, tuple[str, Errors, Errors]] = {}
+        # Elements within rounding of a kink at each lower precision's band (eager_at), per weights.
+        self.near_at: dict[StepSpec, dict[str, int | None]] = {}
         self.eager_curves: dict[tuple[int, int], list[float]] = {}  # the learns-check's baseline, per shape
         self.entropy = unigram_entropy(work.corpus)
 
@@ -61,7 +63,8 @@ class Gates:
         return base if batch_size > base and batch_size % base == 0 else None
 
     def reference(self, spec: StepSpec) -> correctness.Reference | str:
-        """Eager fp32 at the spec's shape (with its architecture rungs), once per shape; a string says why it
+        """Eager fp32 at the spec's shape (with its architecture rungs), once per shape, compared on a probe batch
+        where no element lies within rounding of a kink (kinks.py), with its float64 truth; a string says why it
         could not be made."""
         eager = reference_spec(spec)
         if eager not in self.references:
@@ -71,8 +74,17 @@ class Gates:
             self.progress(f"eager fp32{arch} reference at B={eager.batch_size}, T={eager.seq_len} ({k} steps"
                           + (f", gradients accumulated over micro-batches of {micro})" if micro else ")"), "gates")
             try:
-                ref = correctness.reference(self.work.step(eager), self.work.gate_batches(eager, k), micro)
-                self.references[eager] = self._with_truth(ref, eager)
+                step = self.work.step(eager)
+                step64, why = self._fp64_step(eager)
+                batches = self.work.gate_batches(eager, k)
+                choose = None if step64 is None else self._chooser(step64, step, batches, micro)
+                ref = correctness.reference(step, batches, micro, choose)
+                if step64 is None:
+                    ref.fp64_why = why
+                else:
+                    self.references[eager] = ref  # kept if the truth fails below: judged by the table, as said
+                    ref = self._with_truth(ref, step64)
+                self.references[eager] = ref
             except Exception as e:  # noqa: BLE001 -- recorded in each gate that needed it; the ladder goes on
                 why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
                 self.references[eager] = f"the eager fp32{arch} reference at B={eager.batch_size} {why}: not verified"
@@ -80,14 +92,35 @@ class Gates:
                 free_device_memory(self.work.device)
         return self.references[eager]
 
-    def _with_truth(self, ref: correctness.Reference, eager: StepSpec) -> correctness.Reference:
+    def _fp64_step(self, eager: StepSpec) -> tuple[TrainStep | None, str]:
+        """The float64 step the truth and the kink census run, or why there is none (the gates then judge by the
+        per-precision table against eager fp32, and say so)."""
+        if self.work.device.type == "mps":
+            return None, "float64 does not run on MPS: judged by the per-precision tolerances against eager fp32"
+        try:
+            return self.work.step(eager, dtype=torch.float64), ""
+        except Exception as e:  # noqa: BLE001 -- a model that will not run in float64: the table's rule, said
+            why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
+            return None, f"the float64 reference {why}: judged by the per-precision tolerances against eager fp32"
+
+    def _chooser(self, step64: TrainStep, step: TrainStep, batches: list[kinks.Batch],
+                 micro: int | None) -> correctness.ProbeChooser:
+        """The probe batch at the trained weights: kinks.choose_probe, or the first gate batch with the reason
+        where the census cannot run."""
+        def choose(weights: dict[str, torch.Tensor]) -> tuple[kinks.Batch, dict[str, Kinks]]:
+            named = {"trained": weights, "probe": probes.amplified(weights)}
+            try:
+                return kinks.choose_probe(step64, step, named, batches, micro)
+            except Exception as e:  # noqa: BLE001 -- the gate then judges as before, and the record says why
+                why = f"the kink census failed ({one_line(e)}): the probe is the first gate batch, unexamined"
+                return batches[0], {k: Kinks(ran=False, detail=why, band=kinks.BAND) for k in named}
+        return choose
+
+    def _with_truth(self, ref: correctness.Reference, step64: TrainStep) -> correctness.Reference:
         """The reference with its float64 truth (truth.py), or the reason there is none: then the gates judge by
         the per-precision table, as the record says."""
-        if self.work.device.type == "mps":
-            ref.fp64_why = "float64 does not run on MPS: judged by the per-precision tolerances against eager fp32"
-            return ref
         try:
-            return correctness.with_truth(ref, self.work.step(eager, dtype=torch.float64))
+            return correctness.with_truth(ref, step64)
         except Exception as e:  # noqa: BLE001 -- a model that will not run in float64: the table's rule, said
             why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
             ref.fp64, ref.fp64_why = None, (f"the float64 reference {why}: judged by the per-precision tolerances "
@@ -96,27 +129,64 @@ class Gates:
         finally:
             free_device_memory(self.work.device)
 
+    def arithmetic(self, spec: StepSpec, step: TrainStep) -> emulate.Arithmetic:
+        """Eager fp32's arithmetic at the spec's precision, emulated (emulate.py): never the rung's own path."""
+        fp8 = None
+        if spec.precision == "fp8":
+            prefix = self.work.model.blocks_prefix or "blocks."
+            fp8 = emulate.fp8_weights(step.model, lambda m, name: float8_eligible(m, name, prefix))
+        return emulate.arithmetic(spec.precision, fp8, bf16_rest=spec.autocast == "bf16")
+
     def eager_at(self, spec: StepSpec, ref: correctness.Reference) -> tuple[str, Errors, Errors]:
-        """Eager at the spec's precision (its autocast, TF32 and fp8 casts; nothing compiled or transformed
-        otherwise) and its distances from fp64 at the trained and the probe weights: the scale a rung at that
-        precision is judged on. Eager fp32's are the reference's own; the others are measured once per shape."""
+        """Eager at the spec's precision and its distances from fp64 at the trained and the probe weights: the
+        scale a rung at that precision is judged on. Eager fp32's are the reference's own; at a lower precision it
+        is eager fp32 (with the spec's architecture rungs) with that precision's rounding emulated, never autocast
+        or the rung's own code (emulate.py), measured once per shape."""
         p = precision_spec(spec)
         if self.is_reference(p):
             assert ref.probe.errors is not None
             return "eager fp32", *ref.probe.errors
         if p not in self.precision_refs:
             assert ref.fp64 is not None
-            step = self.work.step(p)
+            step = self.work.step(reference_spec(spec))
+            emulated = self.arithmetic(p, step)
             try:
-                with matmul_precision(p):
-                    trained = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
-                    at_probe = probes.outputs(step, ref.probe_weights, ref.batches[0], ref.probe_rows)
+                with matmul_precision(reference_spec(spec)), emulated():
+                    trained = probes.outputs(step, ref.weights, ref.batch, ref.probe_rows)
+                    at_probe = probes.outputs(step, ref.probe_weights, ref.batch, ref.probe_rows)
                     curve = correctness.loss_curve(step, ref.batches)
+                near = self._near_at(step, ref, emulated)
             finally:
                 free_device_memory(self.work.device)
-            self.precision_refs[p] = (f"eager {p.precision}", truth.errors(trained, ref.fp64.trained),
+            self.precision_refs[p] = (f"eager {p.precision} (emulated)", truth.errors(trained, ref.fp64.trained),
                                       truth.errors(at_probe, ref.fp64.probe, curve, ref.fp64.curve))
+            self.near_at[p] = near
         return self.precision_refs[p]
+
+    def census_of(self, spec: StepSpec, ref: correctness.Reference, weights: str) -> Kinks | None:
+        """One check's kink census: the reference's at these weights, with the count at the spec's own precision's
+        band where that is lower than fp32's."""
+        found = ref.kinks.get(weights)
+        if found is None:
+            return None
+        out = dataclasses.replace(found, precision=spec.precision, by_op=dict(found.by_op), rows=list(found.rows))
+        if spec.precision != "fp32":
+            out.near_at_precision = self.near_at.get(precision_spec(spec), {}).get(weights)
+        return out
+
+    def _near_at(self, step: TrainStep, ref: correctness.Reference,
+                 emulated: emulate.Arithmetic) -> dict[str, int | None]:
+        """Elements within rounding of a kink at a lower precision's band, at the trained and the probe weights:
+        eager at that precision crosses such kinks as the rung does, so its distance carries them (recorded)."""
+        step64 = self._fp64_step(reference_spec(step.spec))[0]
+        out: dict[str, int | None] = {}
+        for k, w in (("trained", ref.weights), ("probe", ref.probe_weights)):
+            try:
+                c = kinks.census(step64, step, w, ref.batch, ref.micro, emulated) if step64 else None
+                out[k] = None if c is None or c.why else c.near
+            except Exception:  # noqa: BLE001 -- a count, not a verdict: left out, as None says
+                out[k] = None
+        return out
 
     def check(self, step: TrainStep, ref: correctness.Reference | str | None, base: probes.Probe | None,
               base_name: str | None, say: Callable[[str], None]) -> tuple[Gate, probes.Probe | None]:
@@ -148,7 +218,7 @@ class Gates:
     def _checks(self, step: TrainStep, ref: correctness.Reference, base: probes.Probe | None,
                 base_name: str | None) -> tuple[Gate, probes.Probe]:
         spec, gates = step.spec, self.work.cfg.run.gates
-        trained = probes.outputs(step, ref.weights, ref.batches[0], ref.probe_rows)
+        trained = probes.outputs(step, ref.weights, ref.batch, ref.probe_rows)
         target, curve = None, None
         if spec.same_update:
             curve = correctness.loss_curve(step, ref.batches)
@@ -186,6 +256,7 @@ class Gates:
         same = below[0] is not None
         eq = truth.judge(mine.errors[0], (name, eager_trained), below[0], spec.precision)
         at_probe = truth.judge(mine.errors[1], (name, eager_probe), below[1], spec.precision)
+        eq.kinks, at_probe.kinks = self.census_of(spec, ref, "trained"), self.census_of(spec, ref, "probe")
         d = at_probe
         diff = Differential(
             base=base_name if same else None, precision=spec.precision, rule="fp64", fp64=at_probe,

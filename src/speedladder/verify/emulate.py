@@ -1,0 +1,185 @@
+"""Eager fp32 with a lower precision's rounding emulated: the scale a precision rung is judged on (rule 12).
+
+A rung that changes the precision cannot be judged against eager at that precision built by the same path as
+the rung: a bug in autocast's handling would then set its own allowance (a bf16 rung whose step dropped one
+parameter's gradient under autocast passed every gate that way, being 3x as far from fp64 as itself). So eager
+at a lower precision is eager fp32 under a TorchFunctionMode that rounds as that precision's kernels would: not
+autocast, not torchao, not the rung's code.
+
+- bf16, autocast's policy written out: the inputs and output of every matmul (linear, matmul, mm, bmm, addmm,
+  baddbmm, einsum, scaled_dot_product_attention) are rounded to bf16; an op whose every floating input holds bf16
+  values rounds its own output (autocast would run it in bf16), except the ops autocast runs in fp32 (softmax,
+  norms, losses, exp, log, pow, sums); a view of bf16 values holds bf16 values. Each rounding rounds the gradient
+  that flows back through it too, as bf16 kernels' gradients are bf16. On the tiny preset and d2l-cpu every
+  gradient's distance from fp64 came within 0.96-1.06x of eager under autocast's.
+- tf32: matmul inputs rounded to tf32's 10-bit mantissa; products and sums in fp32.
+- fp8: bf16's, and each linear the fp8 rung converts runs torchao's rowwise recipe: both operands of each of its
+  three matmuls (the output, the input's gradient, the weight's gradient) scaled along the contraction by a power
+  of two to e4m3's range, rounded to e4m3, and multiplied in fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+MATMULS: set[Callable[..., Any]] = {
+    F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.Tensor.mm, torch.bmm,
+    torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm, torch.Tensor.baddbmm, torch.einsum,
+    F.scaled_dot_product_attention}
+# What autocast runs in fp32 whatever its inputs (its fp32 and promote lists, as far as language models use them).
+FP32_OPS: set[Callable[..., Any]] = {
+    F.softmax, torch.softmax, torch.Tensor.softmax, F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax,
+    F.layer_norm, F.group_norm, F.rms_norm, F.cross_entropy, F.nll_loss, F.mse_loss, torch.exp, torch.Tensor.exp,
+    torch.log, torch.Tensor.log, torch.pow, torch.Tensor.pow, torch.rsqrt, torch.Tensor.rsqrt, torch.sum,
+    torch.Tensor.sum, torch.cumsum, torch.Tensor.cumsum, torch.logsumexp, torch.Tensor.logsumexp, torch.norm,
+    torch.Tensor.norm}
+E4M3_MAX = 448.0
+
+
+def round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded to tf32's 10 explicit mantissa bits (to nearest, ties away from zero)."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32).to(x.dtype)
+
+
+def _to(x: torch.Tensor, fmt: torch.dtype | str) -> torch.Tensor:
+    return round_tf32(x) if isinstance(fmt, str) else x.to(fmt).to(x.dtype)
+
+
+class Rounded(torch.autograd.Function):
+    """A tensor rounded to a narrower format, and its gradient rounded on the way back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, fmt: torch.dtype | str) -> torch.Tensor:
+        ctx.fmt = fmt
+        return _to(x, fmt)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _to(g, ctx.fmt), None
+
+
+def e4m3_rowwise(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """x scaled along `dim` by a power of two to e4m3's range, rounded to e4m3, scaled back (torchao's rowwise
+    cast, its scales rounded down to powers of two)."""
+    amax = x.abs().amax(dim=dim, keepdim=True).float().clamp_min(1e-12)
+    scale = torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax)))
+    return ((x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() / scale).to(x.dtype)
+
+
+class Float8Linear(torch.autograd.Function):
+    """y = x W^T + b with each matmul's operands cast rowwise to e4m3 along its contraction, products in fp32."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        ctx.save_for_backward(x2, w)
+        ctx.shape, ctx.bias = x.shape, b is not None
+        y = e4m3_rowwise(x2, -1) @ e4m3_rowwise(w, -1).t()
+        if b is not None:
+            y = y + b
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        x2, w = ctx.saved_tensors
+        g2 = g.reshape(-1, g.shape[-1])
+        grad_x = e4m3_rowwise(g2, -1) @ e4m3_rowwise(w, 0)  # contracted over the outputs
+        grad_w = e4m3_rowwise(g2, 0).t() @ e4m3_rowwise(x2, 0)  # contracted over the tokens
+        return grad_x.reshape(ctx.shape), grad_w, (g2.sum(0) if ctx.bias else None)
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out += [t for t in a if isinstance(t, torch.Tensor)]
+    return out
+
+
+class Emulated(TorchFunctionMode):
+    """Eager fp32 that rounds as a lower precision would (the module's docstring)."""
+
+    def __init__(self, precision: str, fp8_weights: set[int] | None = None, bf16_rest: bool = True) -> None:
+        super().__init__()
+        # fp8 without autocast (a user's rung): the other matmuls stay fp32.
+        self.precision = precision if bf16_rest or precision != "fp8" else "fp8-fp32"
+        self.fmt: torch.dtype | str = "tf32" if precision == "tf32" else torch.bfloat16
+        self.fp8 = fp8_weights or set()
+        self.low: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors that hold values of the narrow format
+
+    def _holds(self, t: torch.Tensor) -> bool:
+        ref = self.low.get(id(t))
+        return ref is not None and ref() is t
+
+    def _round(self, out: Any) -> Any:
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            r = Rounded.apply(out, self.fmt)
+            self.low[id(r)] = weakref.ref(r)
+            return r
+        if isinstance(out, (tuple, list)):
+            return type(out)(self._round(o) for o in out)
+        return out
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear and self.fp8 and len(args) > 1 and id(args[1]) in self.fp8:
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            if self.precision == "fp8-fp32":
+                return Float8Linear.apply(args[0], args[1], bias)
+            x = Rounded.apply(args[0], self.fmt)  # the fp8 rung's linears see autocast's bf16 input
+            return self._round(Float8Linear.apply(x, args[1], bias))
+        if self.precision == "fp8-fp32":
+            return func(*args, **kwargs)
+        if func in MATMULS:
+            if self.precision == "tf32":  # inputs rounded, products and output in fp32
+                return func(*(Rounded.apply(a, self.fmt) if _floating(a) else a for a in args), **kwargs)
+            args = tuple(Rounded.apply(a, self.fmt) if _floating(a) else a for a in args)
+            kwargs = {k: Rounded.apply(v, self.fmt) if _floating(v) else v for k, v in kwargs.items()}
+            return self._round(func(*args, **kwargs))
+        out = func(*args, **kwargs)
+        if self.precision == "tf32" or func in FP32_OPS or not isinstance(out, torch.Tensor):
+            return out
+        inputs = [t for t in _tensors(args, kwargs) if t.is_floating_point()]
+        if not out.is_floating_point() or not inputs or not all(self._holds(t) for t in inputs):
+            return out
+        if out._is_view() or getattr(func, "__name__", "").endswith("_"):
+            self.low[id(out)] = weakref.ref(out)  # a view, or an in-place result: rounded where it came from
+            return out
+        return self._round(out)
+
+
+def _floating(a: Any) -> bool:
+    return isinstance(a, torch.Tensor) and a.is_floating_point()
+
+
+def fp8_weights(model: nn.Module, eligible: Callable[[nn.Module, str], bool]) -> set[int]:
+    """The ids of the weights whose linears the fp8 rung converts (rungs.float8_eligible)."""
+    return {id(m.weight) for name, m in model.named_modules() if eligible(m, name)}
+
+
+Arithmetic = Callable[[], contextlib.AbstractContextManager[Any]]
+
+
+def arithmetic(precision: str, fp8: set[int] | None = None, bf16_rest: bool = True) -> Arithmetic:
+    """A context factory: eager fp32 as it is (fp32), or with `precision`'s rounding emulated (`bf16_rest`: an
+    fp8 step's other matmuls in bf16, as under autocast)."""
+    @contextlib.contextmanager
+    def emulated() -> Iterator[None]:
+        if precision == "fp32":
+            yield
+            return
+        with Emulated(precision, fp8 if precision == "fp8" else None, bf16_rest):
+            yield
+    return emulated

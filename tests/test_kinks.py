@@ -1,0 +1,336 @@
+"""Gates that no rounding can fool (docs/measurement.md, rule 12): the kink census sees ReLU's zero, a clamp's
+bounds and a max's ties in any model; the probe lies where no rounding can cross one; a rung that only re-rounds
+(the rounding fuzz) passes at every seed, there and at a planted kink; and a precision rung is judged on a scale
+its own code path did not compute."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import cli
+from speedladder.config import RunConfig
+from speedladder.progress import Progress
+from speedladder.rungs import MODEL_TRANSFORMS, RungError, SDPAttention, rounding_fuzz
+from speedladder.step import TrainStep
+from speedladder.verify import correctness, kinks, probes
+from speedladder.verify.gates import Gates
+from speedladder.workload import prepare
+from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
+
+# A verdict that must hold on any processor: run again in .ci/run with AVX2 forced.
+pytestmark = pytest.mark.isa
+
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def bench(tiny):
+    """The tiny preset's reference and bf16 gated on it: what the fuzz and the planted rungs build on."""
+    gates = Gates(tiny, Progress(quiet=True))
+    ref = gates.reference(tiny.base_spec)
+    assert ref.fp64 is not None, ref.fp64_why
+    bf16 = dataclasses.replace(tiny.base_spec, autocast="bf16")
+    gate, probe = gates.check(tiny.step(bf16), ref, ref.probe, "eager", lambda m: None)
+    assert gate.passed, gate.detail
+    return gates, ref, bf16, probe
+
+
+def _check(work, bench, position: str, transforms: tuple[str, ...] = (), **change):
+    gates, ref, bf16, bf16_probe = bench
+    spec, base, name = ((work.base_spec, ref.probe, "eager") if position == "eager" else (bf16, bf16_probe, "bf16"))
+    spec = dataclasses.replace(spec, transforms=transforms, **change)
+    gate, _ = gates.check(work.step(spec), ref, base, name, lambda m: None)
+    return gate
+
+
+# -- the census ------------------------------------------------------------------------------------------------
+
+class Kinky(nn.Module):
+    """relu, clamp, abs, a max over a dimension, a comparison of two activations, top-k; and a constant compared
+    with 0 (a mask), which rounding cannot move."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(x.shape[-1]) == 0
+        y = F.relu(x) + x.clamp(-0.5, 0.5) + x.abs() + x.amax(-1, keepdim=True) + (x > x.flip(-1)).float()
+        return y.masked_fill(mask, 0.0) + x.topk(2, dim=-1).values.sum(-1, keepdim=True)
+
+
+def _seen(x: torch.Tensor) -> kinks._Seen:
+    seen = kinks._Seen()
+    with torch.no_grad(), kinks._Census(seen):
+        Kinky()(x)
+    return seen
+
+
+def test_the_census_sees_every_kink_and_tie_and_counts_those_within_rounding():
+    torch.manual_seed(0)
+    x64 = torch.randn(4, 3, 8, dtype=torch.float64)
+    x64[1, 2, 5] = 1e-9  # within rounding of ReLU's and abs's zero
+    x64[2, 0, 3] = 0.5 + 1e-9  # within rounding of the clamp's upper bound
+    seen64 = _seen(x64)
+    ops = [name for name, _ in seen64.ops]
+    for op in ("relu", "clamp", "abs", "amax", "gt", "topk"):
+        assert op in ops, ops
+    assert "eq" in ops  # the constant mask is seen ...
+    c = kinks.count(seen64, _seen(x64.float().double() * (1 + 1e-7)), rows=4)
+    assert c.why == "" and c.ops == len(ops)
+    assert c.by_op.get("relu") == 1 and c.by_op.get("abs") == 1 and c.by_op.get("clamp") == 1, c.by_op
+    assert "eq" not in c.by_op  # ... and never counted: it deviates by nothing at any precision
+    assert c.rows == {1, 2} and c.unplaced == 0  # the sequences the near elements lie in
+
+
+def test_two_runs_that_do_not_pair_are_refused_not_guessed():
+    seen = _seen(torch.randn(2, 8, dtype=torch.float64))
+    fewer = kinks._Seen(seen.ops[:-1])
+    c = kinks.count(seen, fewer, rows=2)
+    assert c.why and "cannot pair" in c.why and c.near == 0
+
+
+def test_a_model_without_kinks_has_a_census_of_zero_written_as_such(tmp_path):
+    """GELU everywhere and a causal mask from a comparison of constants: a census of 0, recorded as 0."""
+    (tmp_path / "gelu.py").write_text(GELU_MODEL)
+    work = prepare(RunConfig(preset="tiny", device="cpu", model_source=f"{tmp_path / 'gelu.py'}:GeluLM"))
+    gates = Gates(work, Progress(quiet=True))
+    ref = gates.reference(work.base_spec)
+    for k in ("trained", "probe"):
+        census = ref.kinks[k]
+        assert census.ran and census.near == 0 and census.near_first == 0 and census.probe == "gate batch 0"
+    gate, _ = gates.check(work.step(dataclasses.replace(work.base_spec, optimizer="adamw-foreach")), ref,
+                          ref.probe, "eager", lambda m: None)
+    assert gate.passed, gate.detail
+    assert gate.equivalence.fp64.kinks.near == 0 and gate.differential.fp64.kinks.near == 0
+
+
+GELU_MODEL = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class GeluLM(nn.Module):
+    def __init__(self, vocab_size, block_size, width=32):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab_size, width), nn.Embedding(block_size, width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.fc, self.out = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, vocab_size)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)), persistent=False)
+
+    def forward(self, idx):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        q, k, v = self.qkv(x).split(x.shape[-1], dim=-1)
+        att = (q @ k.transpose(-2, -1)) / x.shape[-1] ** 0.5
+        att = att.masked_fill(self.bias[:T, :T] == 0, float("-inf")).softmax(-1)  # nanoGPT's mask
+        x = x + self.proj(att @ v)
+        x = x + self.out(F.gelu(self.fc(self.ln(x))))
+        return self.head(x)
+"""
+
+
+# -- the rounding fuzz: the clean control ---------------------------------------------------------------------
+
+@pytest.fixture
+def fuzz(monkeypatch):
+    def use(seed: int, scale: float = 1.0) -> None:
+        monkeypatch.setitem(MODEL_TRANSFORMS, "fuzz", rounding_fuzz(scale=scale, seed=seed))
+    return use
+
+
+@pytest.mark.parametrize("position", ["eager", "bf16"])
+def test_the_rounding_fuzz_passes_every_gate_at_every_seed(tiny, bench, fuzz, position):
+    for seed in SEEDS:
+        fuzz(seed)
+        gate = _check(tiny, bench, position, ("fuzz",))
+        assert gate.passed, f"seed {seed}: {gate.detail}"
+
+
+def test_the_fuzz_rerounds_by_the_unit_roundoff_of_each_format():
+    """(1 + u) with u ~ 2^-24 in fp32 and 2^-8 in bf16: measured, not assumed."""
+    x = torch.full((1 << 16,), 3.0)
+    model = rounding_fuzz(seed=7)(nn.Identity())
+    for dtype, unit in ((torch.float32, 2.0 ** -24), (torch.bfloat16, 2.0 ** -8)):
+        rel = (model(x.to(dtype).requires_grad_()).detach().double() / 3.0 - 1)
+        assert 0.3 * unit < float(rel.std()) < 3 * unit, (dtype, float(rel.std()))
+    again = rounding_fuzz(seed=7)(nn.Identity())
+    torch.testing.assert_close(again(x), rounding_fuzz(seed=7)(nn.Identity())(x), rtol=0, atol=0)  # seeded
+
+
+@pytest.mark.parametrize("scale", [0, -1, math.nan, "1"])
+def test_a_fuzz_magnitude_that_is_not_a_positive_number_is_refused(scale):
+    with pytest.raises(RungError, match="positive number"):
+        rounding_fuzz(scale=scale)
+
+
+def test_the_example_rung_file_refuses_a_bad_magnitude_in_one_line(monkeypatch):
+    monkeypatch.setenv("FUZZ_SCALE", "-2")
+    rc, out, err = cli("run", "--preset", "tiny", "--device", "cpu", "--rung-file", "docs/examples/rounding_fuzz.py",
+                       "--rungs", "eager,fuzz", "--quiet")
+    assert rc == 2 and "positive number" in err and "Traceback" not in err + out
+    assert len(err.strip().splitlines()) == 1, err
+
+
+# -- a planted kink: one ReLU input exactly at zero in fp64, at the probe ---------------------------------------
+
+KINK_AT = ("blocks.0.mlp.fc", 0, 5, 3)  # the layer, and the (sequence, position, unit) of gate batch 0 put at 0
+
+
+def _plant_kink(work):
+    """After the reference trains, move block 0's fc bias so one pre-activation is 0 in float64 at the probe
+    weights (biases are not amplified): an element exactly at ReLU's kink in the probe batch."""
+    original = correctness.loss_curve
+    layer, row, pos, unit = KINK_AT
+
+    def loss_curve(step: TrainStep, batches, micro=None):
+        curve = original(step, batches, micro)
+        if step.spec == work.base_spec and next(iter(step.params.values())).dtype == torch.float32 \
+                and not getattr(loss_curve, "done", False):
+            loss_curve.done = True  # type: ignore[attr-defined]
+            weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
+            probe64 = work.step(work.base_spec, dtype=torch.float64)
+            probe64.reset(probes.amplified(weights))
+            seen = {}
+            module = dict(probe64.model.named_modules())[layer]
+            handle = module.register_forward_hook(lambda m, a, out: seen.setdefault("z", out.detach()))
+            with torch.no_grad():
+                probe64.forward(batches[0][0][row:row + 1], batches[0][1][row:row + 1])
+            handle.remove()
+            with torch.no_grad():
+                step.params[layer + ".bias"][unit] -= float(seen["z"][0, pos, unit])
+        return curve
+    return loss_curve
+
+
+@pytest.fixture(scope="module")
+def kinked(tiny):
+    """The tiny reference with a planted kink, and bf16 gated on it."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(correctness, "loss_curve", _plant_kink(tiny))
+    try:
+        gates = Gates(tiny, Progress(quiet=True))
+        ref = gates.reference(tiny.base_spec)
+    finally:
+        mp.undo()
+    bf16 = dataclasses.replace(tiny.base_spec, autocast="bf16")
+    gate, probe = gates.check(tiny.step(bf16), ref, ref.probe, "eager", lambda m: None)
+    assert gate.passed, gate.detail
+    return gates, ref, bf16, probe
+
+
+def test_a_planted_kink_is_seen_and_the_probe_moves_off_it(kinked):
+    _, ref, _, _ = kinked
+    census = ref.kinks["probe"]
+    assert census.ran and census.near_first >= 1 and census.by_op.get("relu", 0) >= 1, census
+    assert census.near == 0 and census.rows, census  # the sequence holding it was replaced
+    assert census.rows[KINK_AT[1]][0] != 0, census.rows  # ... by a clean one of a later gate batch
+
+
+@pytest.mark.parametrize("position", ["eager", "bf16"])
+def test_at_a_planted_kink_the_fuzz_passes_and_wrong_rungs_are_still_caught(tiny, kinked, fuzz, monkeypatch,
+                                                                                position):
+    for seed in SEEDS:
+        fuzz(seed)
+        gate = _check(tiny, kinked, position, ("fuzz",))
+        assert gate.passed, f"seed {seed}: {gate.detail}"
+    for name, fn in {"no-causal-mask": _attention(NoCausalMask), "wrong-scale": _attention(WrongScale),
+                     "skip-block": _skip_last_block}.items():
+        monkeypatch.setitem(MODEL_TRANSFORMS, name, fn)
+        assert not _check(tiny, kinked, position, (name,)).passed, name
+
+
+def test_without_the_census_the_planted_kink_fails_the_fuzz(tiny, fuzz, monkeypatch):
+    """The control of the control: the same plant with the probe left on gate batch 0 fails a rung that only
+    re-rounds at some seed (the element sits at 0 in fp64: a rounding puts it above half the time)."""
+    monkeypatch.setattr(correctness, "loss_curve", _plant_kink(tiny))
+    monkeypatch.setattr(kinks, "choose_probe", lambda truth, eager, weights, batches, micro=None: (batches[0], {}))
+    gates = Gates(tiny, Progress(quiet=True))
+    ref = gates.reference(tiny.base_spec)
+    monkeypatch.undo()
+    failed = []
+    for seed in range(8):
+        fuzz(seed)
+        gate, _ = gates.check(tiny.step(dataclasses.replace(tiny.base_spec, transforms=("fuzz",))), ref, ref.probe,
+                              "eager", lambda m: None)
+        failed += [seed] if not gate.passed else []
+    assert failed, "the planted kink never moved a gradient: the plant tests nothing"
+
+
+def test_a_census_that_cannot_run_says_why_and_the_gate_judges_as_before(tiny, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no dispatch here")
+    monkeypatch.setattr(kinks, "choose_probe", broken)
+    gates = Gates(tiny, Progress(quiet=True))
+    ref = gates.reference(tiny.base_spec)
+    assert not ref.kinks["probe"].ran and "census failed" in ref.kinks["probe"].detail
+    gate, _ = gates.check(tiny.step(dataclasses.replace(tiny.base_spec, transforms=("sdpa",))), ref, ref.probe,
+                          "eager", lambda m: None)
+    assert gate.passed and gate.differential.fp64.kinks is not None and not gate.differential.fp64.kinks.ran
+
+
+# -- a precision rung is not the scale of itself ----------------------------------------------------------------
+
+def _drop_grad_under_autocast(monkeypatch, name: str = "blocks.0.attn.qkv.weight") -> None:
+    """A fault in the autocast path itself: every step under bf16 autocast loses one parameter's gradient, so eager
+    at bf16 built through autocast would carry it too."""
+    original = TrainStep.forward_backward
+
+    def forward_backward(self, x, y):
+        logits, loss = original(self, x, y)
+        if self.spec.autocast == "bf16" and self.params[name].grad is not None:
+            self.params[name].grad.zero_()
+        return logits, loss
+    monkeypatch.setattr(TrainStep, "forward_backward", forward_backward)
+
+
+def test_a_bf16_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
+    gates = Gates(tiny, Progress(quiet=True))
+    ref = gates.reference(tiny.base_spec)
+    _drop_grad_under_autocast(monkeypatch)
+    gate, _ = gates.check(tiny.step(dataclasses.replace(tiny.base_spec, autocast="bf16")), ref, ref.probe, "eager",
+                          lambda m: None)
+    assert not gate.passed and "qkv.weight" in gate.detail, gate.detail
+    assert gate.equivalence.fp64.scale == "eager bf16 (emulated)"
+
+
+class MaskOnlyInFp32(SDPAttention):
+    """Attention that drops its causal mask under autocast alone."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from speedladder.gpt import merge_heads, split_heads
+
+        q, k, v = split_heads(self.qkv(x), self.n_head)
+        causal = not torch.is_autocast_enabled(x.device.type)
+        return self.proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=causal)))
+
+
+def test_a_bf16_rung_whose_attention_sees_the_future_under_autocast_fails(tiny, bench, monkeypatch):
+    monkeypatch.setitem(MODEL_TRANSFORMS, "leaky-bf16", _attention(MaskOnlyInFp32))
+    gates, ref, _, _ = bench
+    spec = dataclasses.replace(tiny.base_spec, autocast="bf16", transforms=("leaky-bf16",))
+    gate, _ = gates.check(tiny.step(spec), ref, ref.probe, "eager", lambda m: None)
+    assert not gate.passed and not gate.causality.passed, gate.detail
+
+
+def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
+    pytest.importorskip("torchao.float8")
+    import functools
+
+    from speedladder.rungs import float8_linears
+
+    monkeypatch.setitem(MODEL_TRANSFORMS, "float8", functools.partial(float8_linears, emulate=True))
+    gates = Gates(tiny, Progress(quiet=True))
+    ref = gates.reference(tiny.base_spec)
+    bf16 = dataclasses.replace(tiny.base_spec, autocast="bf16")
+    _, bf16_probe = gates.check(tiny.step(bf16), ref, ref.probe, "eager", lambda m: None)
+    fp8 = dataclasses.replace(bf16, transforms=("float8",))
+    gate, _ = gates.check(tiny.step(fp8), ref, bf16_probe, "bf16", lambda m: None)
+    assert gate.passed, gate.detail  # torchao's rowwise fp8 against the emulated scale: a clean fp8 rung passes
+    _drop_grad_under_autocast(monkeypatch, "blocks.1.mlp.fc.weight")
+    gate, _ = gates.check(tiny.step(fp8), ref, bf16_probe, "bf16", lambda m: None)
+    assert not gate.passed and "mlp.fc.weight" in gate.detail, gate.detail
