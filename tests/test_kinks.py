@@ -11,9 +11,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import cli
+from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
 from torch import nn
 
-from conftest import cli
 from speedladder.config import RunConfig
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, RungError, SDPAttention, rounding_fuzz
@@ -21,7 +22,6 @@ from speedladder.step import TrainStep
 from speedladder.verify import correctness, kinks, probes
 from speedladder.verify.gates import Gates
 from speedladder.workload import prepare
-from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
 
 # A verdict that must hold on any processor: run again in .ci/run with AVX2 forced.
 pytestmark = pytest.mark.isa
@@ -280,8 +280,8 @@ def _drop_grad_under_autocast(monkeypatch, name: str = "blocks.0.attn.qkv.weight
     at bf16 built through autocast would carry it too."""
     original = TrainStep.forward_backward
 
-    def forward_backward(self, x, y):
-        logits, loss = original(self, x, y)
+    def forward_backward(self, x, y, compiled=True):
+        logits, loss = original(self, x, y, compiled)
         if self.spec.autocast == "bf16" and self.params[name].grad is not None:
             self.params[name].grad.zero_()
         return logits, loss
@@ -334,3 +334,79 @@ def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
     _drop_grad_under_autocast(monkeypatch, "blocks.1.mlp.fc.weight")
     gate, _ = gates.check(tiny.step(fp8), ref, bf16_probe, "bf16", lambda m: None)
     assert not gate.passed and "mlp.fc.weight" in gate.detail, gate.detail
+
+
+# -- a failed gate explains itself -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("transform, check, module", [
+    ("wrong-scale", "equivalence", "blocks.0.attn"),
+    ("skip-block", "equivalence", "blocks.1"),
+    ("no-causal-mask", "causality", "blocks.0.attn"),
+])
+def test_a_failed_gate_names_where_the_divergence_starts(tiny, bench, monkeypatch, transform, check, module):
+    monkeypatch.setitem(MODEL_TRANSFORMS, transform, {"no-causal-mask": _attention(NoCausalMask),
+                                                      "wrong-scale": _attention(WrongScale),
+                                                      "skip-block": _skip_last_block}[transform])
+    gate = _check(tiny, bench, "eager", (transform,))
+    e = gate.explanation
+    assert not gate.passed and e is not None and e.check == check, gate
+    assert e.module is not None and e.module.startswith(module), e
+    if check != "causality":  # a wrong function is wrong at a second probe too
+        assert e.kind == "function" and "fails too" in e.second_probe, e
+        assert e.rung > e.allowed, e
+    assert e.module in e.summary
+
+
+def test_a_fault_after_the_modules_is_named_as_such(tiny, monkeypatch):
+    """A gradient dropped after the backward: every module stays in the band; the parameter is named."""
+    gates = Gates(tiny, Progress(quiet=True))
+    ref = gates.reference(tiny.base_spec)
+    _drop_grad_under_autocast(monkeypatch)
+    gate, _ = gates.check(tiny.step(dataclasses.replace(tiny.base_spec, autocast="bf16")), ref, ref.probe, "eager",
+                          lambda m: None)
+    e = gate.explanation
+    assert e is not None and e.module is None and "blocks.0.attn.qkv.weight itself" in e.summary, e
+
+
+@pytest.mark.slow
+def test_the_gates_command_reruns_one_rung_alone_and_the_page_shows_why(tmp_path):
+    """A user's wrong rung fails in a run; the run's notes, results.json and report.html name where its divergence
+    starts and the command; that command re-runs its gates alone: exit 1 for it, 0 for a rung that passed."""
+    (tmp_path / "off.py").write_text(SCALE_OFF_RUNG)
+    rc, out, err = cli("run", "--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps",
+                       "4", "--learns-steps", "0", "--rung-file", str(tmp_path / "off.py"), "--rungs",
+                       "eager,scale-off,sdpa", "--out", str(tmp_path / "runs"), "--quiet")
+    assert rc == 0, err
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    command = f"speedladder gates {run_dir} --rung scale-off"
+    assert "scale-off: why — the divergence starts at blocks.0.attn" in out and command in out, out
+    page = (run_dir / "report.html").read_text()
+    assert "divergence starts at" in page and command in page and "kink census" in page
+    rc, out, _ = cli("gates", str(run_dir), "--rung", "scale-off", "--quiet")
+    assert rc == 1 and "FAILED" in out and "again, alone: " + command in out, out
+    rc, out, _ = cli("gates", str(run_dir), "--rung", "sdpa", "--quiet")
+    assert rc == 0 and "sdpa: gate passed" in out, out
+    rc, _, err = cli("gates", str(run_dir), "--rung", "nope", "--quiet")
+    assert rc == 2 and "no rung 'nope'" in err
+
+
+SCALE_OFF_RUNG = """
+import torch.nn.functional as F
+import speedladder
+from speedladder.gpt import merge_heads, split_heads
+from speedladder.rungs import SDPAttention
+
+
+class Off(SDPAttention):
+    def forward(self, x):
+        q, k, v = split_heads(self.qkv(x), self.n_head)
+        scale = 1.001 / q.size(-1) ** 0.5  # off by 1e-3
+        return self.proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)))
+
+
+@speedladder.rung("scale-off", "attention's scale off by 1e-3: wrong everywhere, a little", kind="speed")
+def off(model):
+    for b in model.blocks:
+        b.attn = Off(b.attn)
+    return model
+"""

@@ -209,14 +209,16 @@ class TrainStep:
                 p.grad = None
         self.optimizer = self._new_optimizer()
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
+                         compiled: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Logits (None from a model whose forward returns a loss only) and loss of one batch, gradients left in
-        .grad; no update."""
-        if self.spec.cudagraphs:
+        .grad; no update. compiled=False: through the uncompiled model (a failed gate's explanation hooks its
+        modules)."""
+        if self.spec.cudagraphs and compiled:
             # A new iteration for CUDA graph trees: the previous step's graph outputs may be overwritten now.
             torch.compiler.cudagraph_mark_step_begin()
         with self._autocast:
-            logits, loss = self.forward(x, y)
+            logits, loss = (self.forward if compiled else self.eager_forward)(x, y)
         loss.backward()
         return logits, loss
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from speedladder.cli import check, commands, compare, parallel, race, sweep
+from speedladder.cli import check, commands, compare, gates, parallel, race, sweep
 from speedladder.cli.gen import Command, Parser, add_command, to_settings
 from speedladder.errors import UsageError
 from speedladder.meta import __version__
@@ -13,7 +13,7 @@ from speedladder.parallel.launch import JobFailed
 from speedladder.rungs.load import load as load_rungs
 
 ALL: tuple[Command, ...] = (*commands.COMMANDS[:3], *race.COMMANDS, *commands.COMMANDS[3:], *parallel.COMMANDS,
-                            *compare.COMMANDS, *check.COMMANDS, *sweep.COMMANDS)
+                            *compare.COMMANDS, *check.COMMANDS, *gates.COMMANDS, *sweep.COMMANDS)
 
 
 def build_parser() -> Parser:

@@ -18,7 +18,7 @@ from pathlib import Path
 from torch import nn
 
 from speedladder import results
-from speedladder.climbing import meters
+from speedladder.climbing import meters, regate
 from speedladder.config.commands import CONFIG_FILE, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
@@ -124,6 +124,9 @@ class Ladder:
             r.status = "ok"
             r.gate, probe = self.gates.check(step, ref, self.probes.get(base.name) if base else None,
                                              base.name if base else None, say)
+            if r.gate.explanation is not None:
+                r.gate.explanation.command = regate.command(self.run_dir, r.name)
+                say(f"why: {r.gate.explanation.summary}")
             if r.gate.passed and probe is not None:
                 self.probes[r.name] = probe
         t = m.tokens_per_s

@@ -22,6 +22,7 @@ from speedladder.records.checks import (
     Differential,
     Distance,
     Equivalence,
+    Explanation,
     Fp64,
     Kinks,
     LearnsCheck,
@@ -42,9 +43,10 @@ __all__ = [
     "Distance",
     "EqualTokens",
     "Equivalence",
+    "Explanation",
     "Fp64",
-    "Kinks",
     "Gate",
+    "Kinks",
     "LearnsCheck",
     "LossBand",
     "PairedTest",
@@ -92,6 +94,7 @@ class Gate:
     tokens_to_target: TokensToTarget | None = None  # a rung that changes the update: tokens to AdamW's loss
     causality: Causality | None = None  # the future tokens changed: the past logits must not move
     differential: Differential | None = None  # against the rung it built on, at the same precision
+    explanation: Explanation | None = None  # a failed gate's: where the divergence starts (verify/bisect.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

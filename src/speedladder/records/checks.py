@@ -189,6 +189,25 @@ class LearnsCheck(Check):
     eager_losses: Sequence[float | None] = field(default_factory=list)
 
 
+@dataclass
+class Explanation:
+    """Why a gate failed, found after it failed (verify/bisect.py): where the difference from fp64 begins, whether
+    it looks like a change of function or a flip at a kink, and the command that re-runs the gates alone."""
+
+    check: str = ""  # the check it explains: equivalence, differential, causality
+    module: str | None = None  # the first module whose output or input gradient leaves the rounding band
+    where: str = ""  # "output" or "gradient" (or "past positions" for causality)
+    rung: float | None = None  # that module's distance from fp64
+    eager: float | None = None  # eager's there, at the rung's precision
+    allowed: float | None = None
+    compiled: bool = False  # the uncompiled model stays in the band: the divergence is in torch.compile's code
+    kind: str = ""  # "function": fails at a second probe too; "kink": passes there; "" not told
+    second_probe: str = ""  # what the second probe was and showed
+    summary: str = ""  # one line, for the console and the report
+    command: str = ""  # re-runs this rung's gates alone on the saved run
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 def not_applicable(cls: type[Check], why: str) -> Any:
     """A check that does not apply to this rung: it passes, measures nothing, and says why."""
     return cls(applies=False, passed=True, detail=f"not applicable: {why}")

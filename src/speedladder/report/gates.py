@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from speedladder.records import Fp64, Results, RungResult
+from speedladder.records import Fp64, Gate, Kinks, Results, RungResult
 from speedladder.report.htmlkit import esc, missing, notes, table
 
 
@@ -73,6 +73,7 @@ def gates_html(results: Results) -> str:
     else:
         parts.append(missing("no check went by the fp64 rule here (fp64 could not run: see the checks below)."))
     parts.append(notes(line for r in results.rungs for line in _other(r)))
+    parts.append(notes(census_notes(results)))
     return "\n".join(parts)
 
 
@@ -91,3 +92,66 @@ def _rule_line(k: float) -> str:
 
 
 
+
+
+def census_line(check: str, k: Kinks | None) -> str:
+    """One check's kink census in words: how many elements lay within rounding of a kink, where the probe is."""
+    if k is None:
+        return f"{check}: no kink census (a file from before it)"
+    if not k.ran:
+        return f"{check}: kink census not taken: {k.detail}"
+    at = (f"; {k.near_at_precision:,} within {k.precision}'s own band (eager at {k.precision} crosses such kinks "
+          "too)" if k.near_at_precision is not None else "")
+    if k.ops == 0:
+        return f"{check}: kink census 0: the model has no kink or tie (no relu, clamp, max, comparison, top-k)"
+    ops = ", ".join(f"{op} {n}" for op, n in sorted(k.by_op.items()))
+    moved = (f"; {k.near_first} in gate batch 0 ({ops}), so the probe is {k.probe}" if k.near_first and k.rows
+             else f"; {k.near_first} in gate batch 0 ({ops}), the probe kept there" if k.near_first else "")
+    return (f"{check}: kink census {k.near} of {k.elements:,} elements within rounding of a kink at the probe "
+            f"({k.ops} kink ops){moved}{at}" + (f" ({k.detail})" if k.detail else ""))
+
+
+def gate_lines(name: str, g: Gate, run_dir: str | None = None) -> list[str]:
+    """A rung's gate in a few lines: the verdict, each numerical check's census, and a failure's explanation."""
+    out = [f"{name}: gate " + ("passed" if g.passed else f"FAILED: {g.detail}")]
+    for label, c in (("equivalence", g.equivalence), ("differential", g.differential)):
+        if c is not None and c.fp64 is not None:
+            out.append("  " + census_line(label, c.fp64.kinks))
+    e = g.explanation
+    if e is not None:
+        out.append(f"  why: {e.summary}")
+        if e.second_probe:
+            out.append(f"  second probe: {e.second_probe}")
+        cmd = f"speedladder gates {run_dir} --rung {name}" if run_dir else e.command
+        if cmd:
+            out.append(f"  again, alone: {cmd}")
+    return out
+
+
+def divergence_html(results: Results, run_dir: str | None = None) -> str:
+    """Each failed gate's explanation, for report.html: where the divergence starts and the command that re-runs
+    the gates alone."""
+    rows = []
+    for r in results.rungs:
+        e = r.gate.explanation if r.gate is not None else None
+        if e is None:
+            continue
+        cmd = f"speedladder gates {run_dir} --rung {r.name}" if run_dir else e.command
+        rows.append([r.name, e.check or "—", e.module or "—", e.kind or "—", e.summary, cmd or "—"])
+    if not rows:
+        return ""
+    return table(["rung", "check", "divergence starts at", "looks like", "why", "re-run its gates alone"], rows,
+                 left=("rung", "check", "divergence starts at", "looks like", "why", "re-run its gates alone"))
+
+
+def census_notes(results: Results) -> list[str]:
+    """Every gated rung's kink census, one line per check."""
+    out = []
+    for r in results.rungs:
+        g = r.gate
+        if g is None or g.reference:
+            continue
+        for label, c in (("equivalence", g.equivalence), ("differential", g.differential)):
+            if c is not None and c.fp64 is not None:
+                out.append(f"{r.name}: " + census_line(label, c.fp64.kinks))
+    return out

@@ -20,7 +20,7 @@ from speedladder.records import Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
 from speedladder.report import summary
 from speedladder.report.common import label, model_label
-from speedladder.report.gates import gates_html
+from speedladder.report.gates import divergence_html, gates_html
 from speedladder.report.htmlkit import (
     _figure,
     esc,
@@ -357,7 +357,7 @@ def environment_section(results: dict) -> str:
 
 BUILDERS = {"rungs": rungs_section, "waterfall": waterfall_section,
             "race": lambda results: _race(_typed(results)), "loss-curves": loss_section,
-            "gates": lambda results: gates_html(_typed(results)),
+            "gates": lambda results: divergence_html(_typed(results)) + gates_html(_typed(results)),
             "memory": memory_section, "profile": profile_section, "parallel": parallel_section,
             "environment": environment_section}
 

@@ -197,6 +197,9 @@ def notes(results: Results) -> list[str]:
             out.append(f"{r.name}: {STATUS_LABEL.get(r.status, r.status)} — {r.detail}")
         elif r.gate is not None and not r.gate.passed:
             out.append(f"{r.name}: gate failed — {r.gate.detail}")
+            e = r.gate.explanation
+            if e is not None:
+                out.append(f"{r.name}: why — {e.summary}" + (f"; again, alone: {e.command}" if e.command else ""))
         out.extend(f"{r.name}: warning — {w}" for w in r.warnings)
         if r.verdict == "inconclusive":
             out.append(f"{r.name}: verdict inconclusive — {r.verdict_detail}")

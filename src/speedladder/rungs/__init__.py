@@ -27,7 +27,6 @@ from speedladder.rungs.api import (
     rung,
     unregister,
 )
-from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
 from speedladder.rungs.builtin import (
     FLOAT8_RECIPE,
     VOCAB_MULTIPLE,
@@ -42,10 +41,41 @@ from speedladder.rungs.builtin import (
     padded_vocab,
     use_sdpa,
 )
+from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
 
-__all__ = ["ADAMW_VARIANTS", "BUILT_IN", "CHANGES_FUNCTION", "FLOAT8_RECIPE", "KINDS", "MODEL_TRANSFORMS",
-           "NEW_PARAMS", "OPTIMIZERS", "RUNGS", "TRANSFORM_KINDS", "VOCAB_MULTIPLE", "Checkpointed", "Env",
-           "PaddedHead", "Requirement", "Rung", "RungError", "SDPAttention", "StepSpec", "UNIT_ROUNDOFF",
-           "checkpoint_blocks",
-           "compose", "env_for", "float8_eligible", "float8_linears", "float8_matmul_params", "kind_of",
-           "lr_factor", "pad_vocab", "padded_vocab", "rounding_fuzz", "rung", "unregister", "use_sdpa"]
+__all__ = [
+    "ADAMW_VARIANTS",
+    "BUILT_IN",
+    "CHANGES_FUNCTION",
+    "FLOAT8_RECIPE",
+    "KINDS",
+    "MODEL_TRANSFORMS",
+    "NEW_PARAMS",
+    "OPTIMIZERS",
+    "RUNGS",
+    "TRANSFORM_KINDS",
+    "UNIT_ROUNDOFF",
+    "VOCAB_MULTIPLE",
+    "Checkpointed",
+    "Env",
+    "PaddedHead",
+    "Requirement",
+    "Rung",
+    "RungError",
+    "SDPAttention",
+    "StepSpec",
+    "checkpoint_blocks",
+    "compose",
+    "env_for",
+    "float8_eligible",
+    "float8_linears",
+    "float8_matmul_params",
+    "kind_of",
+    "lr_factor",
+    "pad_vocab",
+    "padded_vocab",
+    "rounding_fuzz",
+    "rung",
+    "unregister",
+    "use_sdpa",
+]

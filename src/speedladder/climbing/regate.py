@@ -1,0 +1,68 @@
+"""One rung's gates again, alone, on a saved run: `speedladder gates RUN_DIR --rung NAME`.
+
+The saved run's configuration rebuilds the workload (its model, corpus, seed and rung files, checked against their
+recorded hashes); the rungs below the named one are gated again in order, as the ladder gated them, so that it is
+judged against the same base; then the named rung's gates run, with the explanation of a failure
+(verify/bisect.py). Nothing is timed and nothing in the run folder is changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from speedladder import results
+from speedladder.config.commands import run_from_results
+from speedladder.errors import UsageError
+from speedladder.progress import Progress
+from speedladder.records import Gate, Results, RungResult, to_dict
+from speedladder.rungs import StepSpec
+from speedladder.step import matmul_precision
+from speedladder.verify.gates import Gates
+from speedladder.workload import free_device_memory, prepare
+
+
+def command(run_dir: str | Path, rung: str) -> str:
+    """The one line that re-runs a rung's gates on a saved run."""
+    return f"speedladder gates {run_dir} --rung {rung}"
+
+
+def _chain(saved: Results, name: str) -> list[RungResult]:
+    """The named rung and the rungs it built on, bottom first."""
+    by_name = {r.name: r for r in saved.rungs}
+    if name not in by_name:
+        known = ", ".join(r.name for r in saved.rungs if r.spec) or "none"
+        raise UsageError(f"no rung {name!r} in this run (its rungs: {known})")
+    chain, r = [], by_name.get(name)
+    while r is not None:
+        if not r.spec:
+            raise UsageError(f"rung {r.name} was not measured in this run ({r.status}): it has no gates to run")
+        chain.append(r)
+        r = by_name.get(r.built_on) if r.built_on else None
+    return chain[::-1]
+
+
+def regate(run_dir: str | Path, name: str, device: str | None = None, progress: Progress | None = None) -> Gate:
+    """The named rung's gate, run again on the saved run's workload (the module's docstring)."""
+    saved = results.load(run_dir)
+    if saved.config is None or not saved.rungs:
+        raise UsageError(f"{run_dir} holds no ladder whose gates can run again")
+    chain = _chain(saved, name)
+    work = prepare(run_from_results(to_dict(saved.config), device))
+    gates = Gates(work, progress or Progress())
+    probe, base_name = None, None
+    gate = Gate(passed=False, detail="not run")
+    for r in chain:
+        spec = StepSpec.from_dict(r.spec)
+        say = (progress or Progress()).scoped(r.name)
+        with matmul_precision(spec):
+            ref = None if gates.is_reference(spec) else gates.reference(spec)
+            step = work.step(spec)
+            gate, mine = gates.check(step, ref, probe, base_name, say)
+        free_device_memory(work.device)
+        if r.name != name and not gate.passed:
+            say(f"the rung below, {r.name}, fails its gate here: {gate.detail}")
+        probe, base_name = mine, r.name
+    if gate.explanation is not None:
+        gate.explanation = dataclasses.replace(gate.explanation, command=command(run_dir, name))
+    return gate

@@ -1,0 +1,198 @@
+"""A failed gate explains itself: where the difference from float64 begins (docs/measurement.md, rule 12).
+
+A gate says that a rung's gradient of wpe.weight is 8e-4 from fp64; a user wants to know which part of the model
+made it so. This is the "bisect to the op at fault" that one does by hand with per-module activations (torchtitan's
+numerics debugging) or with dynamo's minifier: here it runs by itself when a gate fails.
+
+- The float64 model, eager at the rung's precision (emulated, emulate.py) and the rung's own model (uncompiled,
+  with its transforms and autocast) each run one forward and backward at the failing check's weights, on its probe
+  batch, with hooks on every module: each module's output, and the gradient it passes back to its input.
+- A module leaves the rounding band where its output's (or its input gradient's) distance from fp64 exceeds
+  FP64_K x eager's there + the precision's floor, the gates' own rule. The first in forward order is named; if no
+  output leaves, the first in backward order whose gradient does. Module names are matched with the plain model's
+  (a wrapper such as checkpointing's `block` is looked through).
+- A compiled rung whose uncompiled model stays in the band everywhere is said to diverge inside torch.compile.
+- For a causality failure: the first module whose output at the positions before the change moves.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from speedladder.step import TrainStep
+from speedladder.verify.truth import FP64_FLOOR, FP64_K
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+Context = AbstractContextManager[Any]
+# At most this many elements of a module's output are kept per run (the first sequences'): enough to see where a
+# difference begins, bounded for a big model.
+KEEP = 1 << 20
+
+
+def _first(out: Any) -> torch.Tensor | None:
+    """The first floating tensor of a module's output (a tensor, a tuple, a Hugging Face ModelOutput)."""
+    if isinstance(out, torch.Tensor):
+        return out if out.is_floating_point() else None
+    if isinstance(out, (tuple, list)):
+        return next((t for t in map(_first, out) if t is not None), None)
+    if isinstance(out, dict):
+        return next((t for t in map(_first, out.values()) if t is not None), None)
+    return None
+
+
+def _kept(t: torch.Tensor) -> torch.Tensor:
+    """The first whole sequences of an output laid out batch first (as many as KEEP elements hold), else its
+    first KEEP elements; on the host in float64."""
+    t = t.detach()
+    if t.dim() >= 2 and t.numel() > KEEP:
+        t = t[:max(1, KEEP // (t.numel() // t.shape[0]))]
+    if t.numel() > KEEP:
+        t = t.reshape(-1)[:KEEP]
+    return t.double().cpu()
+
+
+@dataclass
+class Trace:
+    """One run's module outputs and input gradients by module name (a second call: name#2), in the order they
+    came."""
+
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    grads_ran: bool = True  # False: backward hooks could not be set on this model (outputs only)
+
+
+@contextmanager
+def _hooked(model: nn.Module, trace: Trace, backward: bool = True) -> Iterator[None]:
+    calls: dict[str, int] = {}
+    handles = []
+
+    def key(name: str, seen: dict[str, int]) -> str:
+        seen[name] = seen.get(name, 0) + 1
+        return name if seen[name] == 1 else f"{name}#{seen[name]}"
+
+    back: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if not name:
+            continue
+
+        def fwd(_m: nn.Module, _args: Any, out: Any, name: str = name) -> None:
+            t = _first(out)
+            if t is not None:
+                trace.outputs[key(name, calls)] = _kept(t)
+
+        def bwd(_m: nn.Module, grad_in: Any, _grad_out: Any, name: str = name) -> None:
+            t = _first(grad_in)
+            if t is not None:
+                trace.grads[key(name, back)] = _kept(t)
+
+        handles.append(module.register_forward_hook(fwd))
+        if backward:
+            handles.append(module.register_full_backward_hook(bwd))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def trace(step: TrainStep, weights: dict[str, torch.Tensor], batch: Batch,
+          arithmetic: Context | None = None) -> Trace:
+    """One uncompiled forward and backward of the step (its transforms and autocast) at the weights, hooked."""
+    step.reset(weights)
+    x, y = (t.to(step.device) for t in batch)
+    out = Trace()
+    for backward in (True, False):
+        try:
+            with warnings.catch_warnings(), arithmetic or nullcontext(), _hooked(step.model, out, backward):
+                # An embedding's input is token ids: its backward hook fires without input gradients, and says so.
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                step.forward_backward(x, y, compiled=False)
+            out.grads_ran = backward
+            return out
+        except Exception:
+            step.reset(weights)
+            out = Trace()
+            if not backward:
+                raise
+    return out
+
+
+def _rel(a: torch.Tensor, truth: torch.Tensor) -> float:
+    if a.shape != truth.shape:
+        return math.inf
+    scale = float(truth.norm())
+    diff = float((a - truth).norm())
+    return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+
+
+def _plain(name: str, known: dict[str, torch.Tensor]) -> str | None:
+    """A rung's module name as the plain model names it: as is, or with a wrapper's segment left out."""
+    if name in known:
+        return name
+    base, _, call = name.partition("#")
+    parts = base.split(".")
+    for i in range(len(parts)):
+        candidate = ".".join(parts[:i] + parts[i + 1:]) + (f"#{call}" if call else "")
+        if candidate in known:
+            return candidate
+    return None
+
+
+@dataclass
+class Leaving:
+    """The first module whose output or input gradient leaves the rounding band."""
+
+    module: str
+    where: str  # "output" or "gradient"
+    rung: float
+    eager: float
+    allowed: float
+
+
+def first_leaving(rung: Trace, eager: Trace, truth: Trace, precision: str) -> Leaving | None:
+    """The first module in forward order whose output leaves FP64_K x eager's distance + the floor; else the first
+    in backward order whose input gradient does; None when every module stays in the band."""
+    floor = FP64_FLOOR[precision]
+    for where, mine, theirs, true in (("output", rung.outputs, eager.outputs, truth.outputs),
+                                      ("gradient", rung.grads, eager.grads, truth.grads)):
+        for name, t in mine.items():
+            plain = _plain(name, true)
+            if plain is None or plain not in theirs:
+                continue
+            r, e = _rel(t, true[plain]), _rel(theirs[plain], true[plain])
+            allowed = FP64_K * e + floor
+            if not r <= allowed:
+                return Leaving(plain, where, r, e, allowed)
+    return None
+
+
+def first_leak(step: TrainStep, weights: dict[str, torch.Tensor], batch: Batch, position: int) -> str | None:
+    """The first module (forward order) whose output at positions up to `position` moves when the tokens after it
+    change, beyond its own run-to-run difference; None if none does or no output is laid out by position."""
+    x, y = batch
+    changed = x.clone()
+    changed[:, position + 1:] = (changed[:, position + 1:] + 1) % step.vocab_size
+    runs = []
+    for tokens in (x, x, changed):
+        t = Trace()
+        step.reset(weights)
+        with torch.no_grad(), step._autocast, _hooked(step.model, t, backward=False):
+            step.eager_forward(tokens.to(step.device), y.to(step.device))
+        runs.append(t)
+    a, again, b = runs
+    for name, out in a.outputs.items():
+        if name not in b.outputs or out.dim() < 2 or out.shape[1] != x.shape[1]:
+            continue  # only outputs laid out (batch, position, ...) say which positions moved
+        noise = float((out - again.outputs[name]).abs().max())
+        moved = float((out[:, :position + 1] - b.outputs[name][:, :position + 1]).abs().max())
+        if moved > max(4 * noise, 1e-6 * float(out.abs().max())):
+            return name
+    return None
