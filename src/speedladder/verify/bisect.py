@@ -27,7 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from speedladder.step import TrainStep
+from speedladder.records import Distance, Explanation, Fp64, Gate
+from speedladder.step import TrainStep, matmul_precision
+from speedladder.verify import correctness, probes, truth
+from speedladder.verify.emulate import Arithmetic
 from speedladder.verify.truth import FP64_FLOOR, FP64_K
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -196,3 +199,85 @@ def first_leak(step: TrainStep, weights: dict[str, torch.Tensor], batch: Batch, 
         if moved > max(4 * noise, 1e-6 * float(out.abs().max())):
             return name
     return None
+
+
+def _within(d: Distance | None) -> bool:
+    return d is None or (d.rung is not None and d.allowed is not None and d.rung <= d.allowed)
+
+
+def explain(step: TrainStep, ref: correctness.Reference, gate: Gate, plain: TrainStep, step64: TrainStep | None,
+            emulated: Arithmetic) -> Explanation:
+    """Why a gate failed: for causality, the first module whose past moves; for equivalence or the differential
+    check, the first module that leaves the rounding band (first_leaving), or the update when only the loss curve
+    strays; and whether a second probe fails too. `plain` is eager fp32 with the rung's architecture, `emulated`
+    its arithmetic at the rung's precision."""
+    spec = step.spec
+    causal = gate.causality
+    if causal is not None and not causal.passed and causal.position is not None:
+        module = first_leak(step, ref.probe_weights, ref.batch, causal.position)
+        return Explanation(check="causality", module=module, where="past positions", summary=(
+            f"the logits before position {causal.position} move when later tokens change; the first module "
+            f"whose output there moves is {module}" if module else
+            "the past moves at the logits, but no module's output laid out by position shows where first"))
+    numeric = [c for c in (gate.equivalence, gate.differential)
+               if c is not None and not c.passed and c.fp64 is not None]
+    update = ("the outputs and gradients at fixed weights stay within rounding while the loss curve strays: the "
+              "update itself differs (the optimizer, or what it is given)")
+    if not numeric or step64 is None:
+        band = gate.loss_band
+        failed_band = band is not None and not band.passed
+        return Explanation(check="loss band" if failed_band else "",
+                           summary=update if failed_band else "no module-level explanation for this check")
+    check = numeric[0]
+    name = "equivalence" if check is gate.equivalence else "differential"
+    f = check.fp64
+    assert f is not None
+    if f.curve is not None and all(_within(d) for d in (f.logits, f.loss, f.grad)):
+        return Explanation(check=name, summary=update)
+    weights = ref.weights if name == "equivalence" else ref.probe_weights
+    with matmul_precision(plain.spec):
+        truth_trace = trace(step64, weights, ref.batch)
+        eager_trace = trace(plain, weights, ref.batch, emulated())
+    with matmul_precision(spec):
+        mine = trace(step, weights, ref.batch)
+    leaving = first_leaving(mine, eager_trace, truth_trace, spec.precision)
+    out = Explanation(check=name)
+    if leaving is not None:
+        out.module, out.where = leaving.module, leaving.where
+        out.rung, out.eager, out.allowed = leaving.rung, leaving.eager, leaving.allowed
+        head = (f"the divergence starts at {leaving.module}'s {leaving.where} ({leaving.rung:.2e} from fp64, "
+                f"allowed {leaving.allowed:.2e}: eager's {leaving.eager:.2e})")
+    elif spec.compile:
+        out.compiled = True
+        head = ("the uncompiled model with the same transforms stays within rounding at every module: the "
+                "divergence is in torch.compile's code (TORCHDYNAMO_REPRO_AFTER=aot narrows it to a graph)")
+    else:
+        worst = f.grad.name if f.grad is not None else "a parameter"
+        head = (f"every module's output and input gradient stays within rounding: the fault is in the gradient "
+                f"of {worst} itself, after the backward through the modules")
+    out.kind, out.second_probe = second_probe(step, plain, step64, emulated, ref, weights, f)
+    tail = {"function": "it fails at a second probe too: a change of function",
+            "kink": "it passes at a second probe: it looks like a flip at a kink",
+            "probe": "it passes at a second probe: the failure depends on where it is probed"}.get(out.kind, "")
+    out.summary = head + (f"; {tail}" if tail else "")
+    return out
+
+
+def second_probe(step: TrainStep, plain: TrainStep, step64: TrainStep, emulated: Arithmetic,
+                 ref: correctness.Reference, weights: dict[str, torch.Tensor], first: Fp64) -> tuple[str, str]:
+    """The same outputs judged at the last gate batch: a wrong function is wrong there too; a flip at a kink
+    happens at one probe. ("function" | "kink" | "probe", what it showed.)"""
+    batch, rows = ref.batches[-1], ref.probe_rows
+    with matmul_precision(plain.spec):
+        truth64 = probes.outputs(step64, weights, batch, rows, keep=torch.float64)
+        with emulated():
+            eager = probes.outputs(plain, weights, batch, rows)
+    with matmul_precision(step.spec):
+        mine = probes.outputs(step, weights, batch, rows)
+    judged = truth.judge(truth.errors(mine, truth64), ("eager", truth.errors(eager, truth64)), None,
+                         step.spec.precision)
+    where = f"gate batch {len(ref.batches) - 1}, the same weights"
+    if not judged.passed:
+        return "function", f"{where}: fails too ({judged.detail})"
+    near = first.kinks.near if first.kinks is not None else 0
+    return ("kink" if near else "probe"), f"{where}: passes"

@@ -16,16 +16,12 @@ import torch
 from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
-from speedladder.records import Differential, Distance, Explanation, Fp64, Gate, Kinks, LearnsCheck, not_applicable
+from speedladder.records import Differential, Explanation, Fp64, Gate, Kinks, LearnsCheck, not_applicable
 from speedladder.rungs import StepSpec, float8_eligible
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import bisect, correctness, emulate, kinks, probes, truth
 from speedladder.verify.truth import Errors
 from speedladder.workload import Workload, free_device_memory
-
-
-def _within(d: Distance) -> bool:
-    return d.rung is not None and d.allowed is not None and d.rung <= d.allowed
 
 
 def reference_spec(spec: StepSpec) -> StepSpec:
@@ -234,82 +230,10 @@ class Gates:
             free_device_memory(self.work.device)
 
     def _explain(self, step: TrainStep, ref: correctness.Reference, gate: Gate) -> Explanation:
-        spec = step.spec
-        causal = gate.causality
-        if causal is not None and not causal.passed and causal.position is not None:
-            module = bisect.first_leak(step, ref.probe_weights, ref.batch, causal.position)
-            return Explanation(check="causality", module=module, where="past positions", summary=(
-                f"the logits before position {causal.position} move when later tokens change; the first module "
-                f"whose output there moves is {module}" if module else
-                "the past moves at the logits, but no module's output laid out by position shows where first"))
-        numeric = [c for c in (gate.equivalence, gate.differential)
-                   if c is not None and not c.passed and c.fp64 is not None]
-        if not numeric or ref.fp64 is None:
-            band = gate.loss_band
-            if band is not None and not band.passed:
-                return Explanation(check="loss band", summary=(
-                    "the outputs at fixed weights stay within rounding while the loss curve strays: the update "
-                    "itself differs (the optimizer, or what it is given)"))
-            return Explanation(summary="no module-level explanation for this check")
-        check = numeric[0]
-        name = "equivalence" if check is gate.equivalence else "differential"
-        assert check.fp64 is not None
-        if check.fp64.grad is not None and check.fp64.curve is not None and all(
-                d is None or _within(d) for d in (check.fp64.logits, check.fp64.loss, check.fp64.grad)):
-            return Explanation(check=name, summary=(
-                "the outputs and gradients at fixed weights stay within rounding while the loss curve strays from "
-                "fp64's: the update itself differs (the optimizer, or what it is given)"))
-        weights = ref.weights if name == "equivalence" else ref.probe_weights
-        plain = self.work.step(reference_spec(spec))
-        step64 = self._fp64_step(reference_spec(spec))[0]
-        assert step64 is not None
-        emulated = self.arithmetic(spec, plain)
-        with matmul_precision(reference_spec(spec)):
-            truth_trace = bisect.trace(step64, weights, ref.batch)
-            eager_trace = bisect.trace(plain, weights, ref.batch, emulated())
-        with matmul_precision(spec):
-            mine = bisect.trace(step, weights, ref.batch)
-        leaving = bisect.first_leaving(mine, eager_trace, truth_trace, spec.precision)
-        out = Explanation(check=name)
-        if leaving is not None:
-            out.module, out.where = leaving.module, leaving.where
-            out.rung, out.eager, out.allowed = leaving.rung, leaving.eager, leaving.allowed
-            head = (f"the divergence starts at {leaving.module}'s {leaving.where} ({leaving.rung:.2e} from fp64, "
-                    f"allowed {leaving.allowed:.2e}: eager's {leaving.eager:.2e})")
-        elif spec.compile:
-            out.compiled = True
-            head = ("the uncompiled model with the same transforms stays within rounding at every module: the "
-                    "divergence is in torch.compile's code (TORCHDYNAMO_REPRO_AFTER=aot narrows it to a graph)")
-        else:
-            worst = check.fp64.grad.name if check.fp64.grad is not None else "a parameter"
-            head = (f"every module's output and input gradient stays within rounding: the fault is in the gradient "
-                    f"of {worst} itself, after the backward through the modules")
-        out.kind, out.second_probe = self._second_probe(step, plain, step64, emulated, ref, weights, check.fp64)
-        tail = {"function": "it fails at a second probe too: a change of function",
-                "kink": "it passes at a second probe: it looks like a flip at a kink",
-                "probe": "it passes at a second probe: the failure depends on where it is probed"}.get(out.kind, "")
-        out.summary = head + (f"; {tail}" if tail else "")
-        return out
-
-    def _second_probe(self, step: TrainStep, plain: TrainStep, step64: TrainStep, emulated: emulate.Arithmetic,
-                      ref: correctness.Reference, weights: dict[str, torch.Tensor],
-                      first: Fp64) -> tuple[str, str]:
-        """The same check at the last gate batch: a wrong function is wrong there too; a flip happens at one."""
-        batch = ref.batches[-1]
-        rows = ref.probe_rows
-        with matmul_precision(reference_spec(step.spec)):
-            truth64 = probes.outputs(step64, weights, batch, rows, keep=torch.float64)
-            with emulated():
-                eager = probes.outputs(plain, weights, batch, rows)
-        with matmul_precision(step.spec):
-            mine = probes.outputs(step, weights, batch, rows)
-        judged = truth.judge(truth.errors(mine, truth64), ("eager", truth.errors(eager, truth64)), None,
-                             step.spec.precision)
-        where = f"gate batch {len(ref.batches) - 1}, the same weights"
-        if not judged.passed:
-            return "function", f"{where}: fails too ({judged.detail})"
-        near = first.kinks.near if first.kinks is not None else 0
-        return ("kink" if near else "probe"), f"{where}: passes"
+        """bisect.explain, given the float64 step and eager at the rung's precision (emulated)."""
+        plain = self.work.step(reference_spec(step.spec))
+        step64 = self._fp64_step(reference_spec(step.spec))[0]
+        return bisect.explain(step, ref, gate, plain, step64, self.arithmetic(step.spec, plain))
 
     def _checks(self, step: TrainStep, ref: correctness.Reference, base: probes.Probe | None,
                 base_name: str | None) -> tuple[Gate, probes.Probe]:
