@@ -262,7 +262,8 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
     peak, basis = ladder._peak(dataclasses.replace(bf16, transforms=("float8",)), gpt2, fpt)
     assert peak == pytest.approx(1409.35, abs=0.01)  # test_measure.py works the blend out by hand
     assert "60% of the FLOPs" in basis and "bf16's for the rest" in basis
-    assert ladder._peak(bf16, gpt2, fpt) == (989.4, "")
+    assert "both the peak given by --peak-tflops" in basis
+    assert ladder._peak(bf16, gpt2, fpt) == (989.4, "peak given by --peak-tflops")
 
 
 @pytest.mark.isa

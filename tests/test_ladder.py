@@ -58,9 +58,17 @@ def test_source_ladder_runs_every_rung(source_run):
         assert r["status"] == "ok", r["detail"]
         assert len(r["timing"]["windows"]) == 5 and all(w["seconds"] > 0 for w in r["timing"]["windows"])
         assert r["tokens_per_s"]["min"] <= r["tokens_per_s"]["median"] <= r["tokens_per_s"]["max"]
-        assert r["peak_memory_bytes"] is None and r["mfu"] is None  # a CPU: n/a, not invented
+        assert r["peak_memory_bytes"] is None  # a CPU: n/a, not invented
+        # No datasheet for a CPU: MFU against its own matmul ceiling at the rung's precision, measured here.
+        assert r["peak_basis"].startswith("measured peak, a 512×512×512 matmul") and r["peak_tflops"] > 0
+        assert r["mfu"] == pytest.approx(r["tflops"] / r["peak_tflops"])
         assert r["gate"]["passed"], r["gate"]["detail"]
         assert r["flops_per_token"] == measure.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
+    # Measured once per precision: every rung at a precision is taken against the same ceiling.
+    by_precision: dict[str, set[float]] = {}
+    for r in res["rungs"]:
+        by_precision.setdefault(r["precision"], set()).add(r["peak_tflops"])
+    assert set(by_precision) == {"fp32", "bf16"} and all(len(p) == 1 for p in by_precision.values())
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from conftest import CPU, run_windows
 from torch.utils.flop_counter import FlopCounterMode
 
 from speedladder import measure
-from speedladder.measure import Spread, Timing, Window
+from speedladder.measure import Spread, Timing, Window, peakflops
 
 
 class FakeCompiler:
@@ -138,48 +138,181 @@ def test_flops_per_token_against_counted_flops(tiny):
     assert counter.get_total_flops() == pytest.approx(predicted, rel=0.05)
 
 
-@pytest.mark.parametrize("name, model", [
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
-    ("NVIDIA H100 SXM5 80GB", "H100 SXM"),
-    ("NVIDIA H100 PCIe", "H100 PCIe"),
-    ("NVIDIA H100 NVL", "H100 NVL"),
-    ("NVIDIA H200", "H200 SXM"),
-    ("NVIDIA H200 NVL", "H200 NVL"),
-    ("NVIDIA A100-SXM4-40GB", "A100"),
-    ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA A100-PCIE-40GB", "A100"),
-    ("NVIDIA A100 80GB PCIe", "A100"),
-    ("NVIDIA L4", "L4"),
-    ("NVIDIA L40", "L40"),
-    ("NVIDIA L40S", "L40S"),
-    ("NVIDIA GeForce RTX 4090", None),
-    ("AMD EPYC 7B13", None),
-])
-def test_device_names_match_the_peak_table_exactly(name, model):
-    assert measure.device_model(name) == model
+# Every device name the peak table lists, as torch.cuda.get_device_name() spells it, and the model it is.
+LISTED = [
+    ("Tesla T4", "T4"),
+    ("Tesla V100-SXM2-16GB", "V100 SXM2"), ("Tesla V100-SXM2-32GB", "V100 SXM2"),
+    ("Tesla V100-PCIE-16GB", "V100 PCIe"), ("Tesla V100-PCIE-32GB", "V100 PCIe"),
+    ("Tesla V100S-PCIE-32GB", "V100S PCIe"),
+    ("NVIDIA A10", "A10"),
+    ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA A100-SXM4-80GB", "A100"),
+    ("NVIDIA A100-PCIE-40GB", "A100"), ("NVIDIA A100 80GB PCIe", "A100"),
+    ("NVIDIA L4", "L4"), ("NVIDIA L40", "L40"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA H100 80GB HBM3", "H100 SXM"), ("NVIDIA H100 SXM5 80GB", "H100 SXM"),
+    ("NVIDIA H100 PCIe", "H100 PCIe"), ("NVIDIA H100 NVL", "H100 NVL"),
+    ("NVIDIA H200", "H200 SXM"), ("NVIDIA H200 NVL", "H200 NVL"),
+    ("NVIDIA B200", "B200"),
+    ("NVIDIA GeForce RTX 3090", "RTX 3090"), ("NVIDIA GeForce RTX 4090", "RTX 4090"),
+    ("NVIDIA GeForce RTX 5090", "RTX 5090"),
+    ("AMD Instinct MI300X", "MI300X"), ("AMD Instinct MI300X VF", "MI300X"),
+]
+# Names a look-alike match would take for a listed device: each is another device, or one without a datasheet.
+NOT_LISTED = [
+    "NVIDIA A10G",  # AWS's board of the A10's chip, other clocks, no datasheet: not the A10, not the A100
+    "NVIDIA GeForce RTX 4090 D", "NVIDIA GeForce RTX 4080", "NVIDIA GeForce RTX 4080 SUPER",
+    "NVIDIA GeForce RTX 3090 Ti", "NVIDIA GeForce RTX 5090 D", "NVIDIA GeForce RTX 5080",
+    "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA RTX 6000 Ada Generation",
+    "NVIDIA H100", "NVIDIA H800", "NVIDIA GH200 480GB", "NVIDIA B100", "NVIDIA GB200",
+    "Tesla V100-SXM3-32GB", "Tesla P100-PCIE-16GB", "AMD Instinct MI300A", "AMD Instinct MI325X",
+    "AMD EPYC 7B13", "Intel(R) Xeon(R) CPU @ 2.20GHz", "Apple GPU (MPS)",
+]
+
+
+@pytest.mark.parametrize("name, model", LISTED)
+def test_every_listed_device_name_finds_its_own_datasheet(name, model):
+    sheet = peakflops.datasheet(name)
+    assert sheet is not None and sheet.model == model and name in sheet.names
+    assert peakflops.device_model(name, sheet.capability) == model  # its own capability: the same match
+
+
+def test_the_table_lists_each_name_once_and_a_test_feeds_every_one():
+    listed = [n for sheet in peakflops.DATASHEETS for n in sheet.names]
+    assert sorted(listed) == sorted(name for name, _ in LISTED)
+    claimed: dict[frozenset[str], set[str]] = {}
+    for sheet in peakflops.DATASHEETS:
+        for n in sheet.names:
+            claimed.setdefault(peakflops.name_words(n), set()).add(sheet.model)
+    # No two entries claim one device (the 16 and 32 GB names of one board are one): the table's order is moot.
+    assert all(len(models) == 1 for models in claimed.values())
+    assert len({sheet.model for sheet in peakflops.DATASHEETS}) == len(peakflops.DATASHEETS)
+
+
+@pytest.mark.parametrize("name", NOT_LISTED)
+def test_a_name_not_in_the_table_matches_nothing(name):
+    assert peakflops.datasheet(name) is None and peakflops.peak_tflops(name, "bf16") is None
+
+
+def test_look_alike_names_are_told_apart():
+    assert peakflops.device_model("NVIDIA L40") == "L40" and peakflops.device_model("NVIDIA L4") == "L4"
+    assert peakflops.peak_tflops("NVIDIA L40", "fp32") == 90.5  # not the L4's 30.3: MFU would be 3x too high
+    assert peakflops.device_model("NVIDIA H100 PCIe") == "H100 PCIe"
+    assert peakflops.device_model("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert peakflops.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0 != peakflops.peak_tflops("NVIDIA H100 80GB HBM3",
+                                                                                         "bf16")
+    assert peakflops.device_model("NVIDIA A10") == "A10" and peakflops.device_model("NVIDIA A10G") is None
+    assert peakflops.device_model("NVIDIA A100-SXM4-40GB") == "A100"
+    assert peakflops.device_model("NVIDIA GeForce RTX 4090 D") is None  # fewer cores than the 4090
+    assert peakflops.device_model("NVIDIA GeForce RTX 4080") is None
+    assert peakflops.device_model("nvidia geforce rtx 4090") == "RTX 4090"  # case is no part of a name
+    assert peakflops.name_words("NVIDIA A100-SXM4-80GB") == peakflops.name_words("NVIDIA A100_SXM4 40GB")
+
+
+def test_a_capability_that_is_not_the_devices_takes_no_datasheet():
+    assert peakflops.device_model("NVIDIA H100 80GB HBM3", (9, 0)) == "H100 SXM"
+    assert peakflops.device_model("NVIDIA H100 80GB HBM3", (8, 0)) is None
+    assert peakflops.device_model("AMD Instinct MI300X", (9, 4)) == "MI300X"  # ROCm's gfx942
+    assert peakflops.device_model("NVIDIA GeForce RTX 5090", (10, 0)) is None  # B200's, not the 5090's 12.0
+
+
+def test_a_precision_a_device_lacks_is_absent_not_guessed():
+    for name in ("Tesla T4", "Tesla V100-SXM2-16GB"):  # fp16 tensor cores; no bf16, no tf32, no fp8
+        assert peakflops.peak_tflops(name, "fp16") is not None and peakflops.peak_tflops(name, "fp32") is not None
+        assert [peakflops.peak_tflops(name, p) for p in ("bf16", "tf32", "fp8")] == [None, None, None]
+    for name in ("NVIDIA A100-SXM4-80GB", "NVIDIA A10", "NVIDIA GeForce RTX 3090"):  # Ampere: no fp8
+        assert peakflops.peak_tflops(name, "fp8") is None and peakflops.peak_tflops(name, "bf16") is not None
+    for sheet in peakflops.DATASHEETS:
+        assert set(sheet.tflops) <= {"fp32", "tf32", "bf16", "fp16", "fp8"} and "fp32" in sheet.tflops
+        assert sheet.source.startswith(("NVIDIA ", "AMD ")) and "https://" in sheet.source
+        # Tensor cores at least match the plain fp32 rate; a lower precision is never slower than a higher one.
+        rates = [sheet.tflops[p] for p in ("fp32", "tf32", "bf16", "fp8") if p in sheet.tflops]
+        assert rates == sorted(rates)
 
 
 def test_peak_table_and_mfu():
-    assert measure.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
-    assert measure.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
-    assert measure.peak_tflops("NVIDIA H100 NVL", "bf16") == 835.5  # not the SXM's figure
-    assert measure.peak_tflops("NVIDIA H200", "tf32") == 494.7
-    assert measure.peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5
-    assert measure.peak_tflops("NVIDIA H200", "fp8") == 1978.9
-    assert measure.peak_tflops("NVIDIA L40", "bf16") == 181.0 and measure.peak_tflops("NVIDIA L4", "bf16") == 121.0
-    assert measure.peak_tflops("NVIDIA L40", "fp32") == 90.5  # not the L4's 30.3: MFU would be 3x too high
-    assert measure.peak_tflops("NVIDIA A100-SXM4-80GB", "fp8") is None  # no float8 tensor cores
-    assert measure.peak_tflops("AMD EPYC", "bf16") is None  # unknown: no MFU rather than a guess
-    assert measure.mfu(100_000, 1_000_000_000, None) is None
-    assert measure.mfu(500_000, 855_166_464, 989.4) == pytest.approx(500_000 * 855_166_464 / 989.4e12)
+    assert peakflops.peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == 989.4
+    assert peakflops.peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.0
+    assert peakflops.peak_tflops("NVIDIA H100 NVL", "bf16") == 835.5  # not the SXM's figure
+    assert peakflops.peak_tflops("NVIDIA H200", "tf32") == 494.7
+    assert peakflops.peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5
+    assert peakflops.peak_tflops("NVIDIA H200", "fp8") == 1978.9
+    assert peakflops.peak_tflops("NVIDIA L40", "bf16") == 181.05 and peakflops.peak_tflops("NVIDIA L4", "bf16") == 121.0
+    assert peakflops.peak_tflops("Tesla T4", "fp16") == 65.0
+    assert peakflops.peak_tflops("Tesla V100-PCIE-32GB", "fp16") == 112.0
+    assert peakflops.peak_tflops("NVIDIA GeForce RTX 4090", "bf16") == 165.2  # fp32 accumulate: half the fp16-acc rate
+    assert peakflops.peak_tflops("NVIDIA B200", "bf16") == 2250.0
+    assert peakflops.peak_tflops("AMD Instinct MI300X", "bf16") == 1307.4  # its own, not a peak borrowed from another chip
+    assert peakflops.peak_tflops("NVIDIA A100-SXM4-80GB", "fp8") is None  # no float8 tensor cores
+    assert peakflops.peak_tflops("AMD EPYC", "bf16") is None  # not in the table: measured, not guessed
+    assert peakflops.mfu(100_000, 1_000_000_000, None) is None
+    assert peakflops.mfu(500_000, 855_166_464, 989.4) == pytest.approx(500_000 * 855_166_464 / 989.4e12)
 
 
-def test_a_given_peak_is_per_precision():
+def test_a_given_peak_is_per_precision_and_the_others_come_from_the_datasheet_or_a_measurement():
     given = {"bf16": 500.0, "fp32": 50.0}
-    assert measure.peak_for(given, "NVIDIA H100 80GB HBM3", "cuda", "bf16") == 500.0
-    assert measure.peak_for(given, "NVIDIA H100 80GB HBM3", "cuda", "tf32") is None  # not given: no MFU
-    assert measure.peak_for(None, "NVIDIA H100 80GB HBM3", "cuda", "tf32") == 494.7
-    assert measure.peak_for(None, "Intel Xeon", "cpu", "fp32") is None
+    h100 = ("NVIDIA H100 80GB HBM3", "cuda", (9, 0))
+    assert peakflops.known_peak(given, *h100, "bf16") == peakflops.Peak(500.0, peakflops.GIVEN)
+    assert peakflops.known_peak(given, *h100, "tf32") == peakflops.Peak(494.7, "datasheet peak of the H100 SXM")
+    assert peakflops.known_peak(None, *h100, "tf32") == peakflops.Peak(494.7, "datasheet peak of the H100 SXM")
+    # Known nowhere: None, and the ladder measures the device's ceiling (a CPU, an unknown GPU, a lacking precision).
+    assert peakflops.known_peak(None, "Intel Xeon", "cpu", None, "fp32") is None
+    assert peakflops.known_peak(None, "NVIDIA H100 80GB HBM3", "cpu", None, "fp32") is None  # a CPU's name is no GPU's
+    assert peakflops.known_peak(None, "NVIDIA GeForce RTX 4080", "cuda", (8, 9), "bf16") is None
+    assert peakflops.known_peak(None, "Tesla T4", "cuda", (7, 5), "bf16") is None
+    assert peakflops.known_peak(given, "Intel Xeon", "cpu", None, "fp32") == peakflops.Peak(50.0, peakflops.GIVEN)
+
+
+def test_a_measured_peak_says_so():
+    p = peakflops.measured_peak(0.25, 512)
+    assert p.tflops == 0.25 and peakflops.is_measured(p.basis) and "512×512×512" in p.basis
+    assert not peakflops.is_measured(peakflops.GIVEN) and not peakflops.is_measured("datasheet peak of the L4")
+
+
+def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_and_its_mfu_marked(
+        tmp_path, monkeypatch):
+    """A GPU missing from the table (mocked: a CUDA device named "NVIDIA GeForce RTX 4080" on this machine, whose
+    matmuls run on the CPU) is taken against its own ceiling measured on the spot, at each precision, once; a
+    listed GPU is taken against its datasheet with nothing measured. The MFU shows the basis in the cell and note."""
+    from speedladder.climbing import ladder as ladder_module
+    from speedladder.config import RunConfig
+    from speedladder.profile import facts
+    from speedladder.records import Role, RungResult
+    from speedladder.report.mfu import MEASURED_MARK, mfu_cell, mfu_notes
+    from speedladder.rungs import StepSpec
+    from speedladder.workload import prepare
+
+    work = prepare(RunConfig(preset="tiny", device="cpu"))
+    ladder = ladder_module.Ladder(work, tmp_path)
+    ladder.work = dataclasses.replace(work, device=torch.device("cuda"), env=dataclasses.replace(
+        work.env, device_type="cuda", cuda_capability=(8, 9)))
+    measured: list[tuple[str, int]] = []
+
+    def ceiling(device, precision, side, budget_s):  # the real product, on the CPU standing in for the GPU
+        measured.append((precision, side))
+        return facts.matmul_ceiling(CPU, precision, 256, 0.05)
+
+    monkeypatch.setattr(ladder_module, "matmul_ceiling", ceiling)
+    monkeypatch.setattr(ladder_module.results, "device_name", lambda device: "NVIDIA GeForce RTX 4080")
+    model, fpt = torch.nn.Linear(4, 4), 1_000_000
+    fp32, bf16 = StepSpec(2, 8), StepSpec(2, 8, autocast="bf16")
+    peaks = {spec.precision: ladder._peak(spec, model, fpt) for spec in (fp32, bf16, fp32)}
+    assert measured == [("fp32", 4096), ("bf16", 4096)]  # once per precision, at a GPU's size
+    for precision, (peak, basis) in peaks.items():
+        assert peak is not None and 0 < peak < float("inf") and peak == ladder.ceilings[precision]
+        assert basis.startswith("measured peak, a 4096×4096×4096 matmul's throughput on this device")
+    r = RungResult(name="eager", rung="eager", role=Role.RUNG, reason="", kind="speed", built_on=None, spec={},
+                   precision="fp32", requirement={}, peak_tflops=peaks["fp32"][0], peak_basis=peaks["fp32"][1],
+                   tflops=0.01, mfu=peakflops.mfu(10_000, fpt, peaks["fp32"][0]))
+    assert r.mfu == pytest.approx(0.01 / peaks["fp32"][0])  # 10,000 tokens/s x 1 MFLOP each: 0.01 TFLOP/s
+    assert mfu_cell(r) == f"{100 * r.mfu:.1f}%{MEASURED_MARK}"
+    (note,) = mfu_notes([r])
+    assert note.startswith(f"MFU marked{MEASURED_MARK}: against the measured peak") and "fp32 " in note
+    # A listed GPU: its datasheet, nothing measured.
+    monkeypatch.setattr(ladder_module.results, "device_name", lambda device: "NVIDIA GeForce RTX 4090")
+    assert ladder._peak(bf16, model, fpt) == (165.2, "datasheet peak of the RTX 4090")
+    assert len(measured) == 2
+    r.peak_tflops, r.peak_basis, r.mfu = 165.2, "datasheet peak of the RTX 4090", 0.4
+    assert mfu_cell(r) == "40.0%" and mfu_notes([r]) == ["MFU against the datasheet peak of the RTX 4090: fp32 165 "
+                                                         "TFLOP/s."]
 
 
 def test_peak_memory_is_none_without_cuda():

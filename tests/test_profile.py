@@ -278,3 +278,14 @@ def test_a_child_process_ignores_modules_in_the_working_directory(tmp_path, monk
     if sys.version_info >= (3, 11):  # PYTHONSAFEPATH is Python 3.11's
         safe = subprocess.run(cmd, check=False, capture_output=True, text=True, env=subproc.child_env())
         assert safe.returncode == 0 and safe.stdout.startswith("speedladder "), safe.stderr
+
+
+def test_the_matmul_ceiling_runs_at_every_precision_and_leaves_the_process_as_it_found_it():
+    """The ceiling an unlisted device is taken against: a real n x n x n product at each precision a rung runs
+    in (fp8 through torch._scaled_mm, which runs on a CPU too); TF32 is process-wide state, put back after."""
+    before = torch.get_float32_matmul_precision()
+    for precision in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+        tflops = facts.matmul_ceiling(CPU, precision, 64, 0.01)
+        assert 0 < tflops < float("inf"), precision
+        assert torch.get_float32_matmul_precision() == before
+    assert facts.ceiling_side(CPU) == 512 and facts.ceiling_side(torch.device("cuda")) == 4096

@@ -24,6 +24,7 @@ from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
 from speedladder.measure import judging, peakflops
 from speedladder.profile import child, explain
+from speedladder.profile.facts import ceiling_side, matmul_ceiling
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
@@ -34,6 +35,7 @@ from speedladder.verify.probes import Probe
 from speedladder.workload import Workload, free_device_memory, measure_spec, new_results
 
 AUTO = "auto"  # predict a ladder rung on the spec it builds on
+CEILING_BUDGET_S = 0.5  # seconds of back-to-back products behind each precision's measured matmul ceiling
 
 
 def pays(r: RungResult) -> bool:
@@ -59,6 +61,8 @@ class Ladder:
         self.probes: dict[str, Probe] = {}
         self.finalists: list[str] | None = None  # set by tune: the learns-check tries these, in this order
         self.peaks = meters.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
+        # Each precision's matmul ceiling (TFLOP/s), measured here where no peak is given or in the datasheets.
+        self.ceilings: dict[str, float] = {}
         self.save()
         # config.toml beside results.json: the resolved run, which `speedladder run --config` repeats.
         s = dataclasses.replace(settings or Settings(), run=work.cfg.run)
@@ -135,23 +139,40 @@ class Ladder:
             + "; gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}"))
 
     def _peak(self, spec: StepSpec, model: nn.Module, fpt: int) -> tuple[float | None, str]:
-        """The peak TFLOP/s a rung's MFU is taken against, and how it was had when it blends precisions.
+        """The peak TFLOP/s a rung's MFU is taken against, and how it was had (results.json's peak_basis).
 
-        An fp8 rung runs only the block linears in fp8; the head and attention stay at the precision below
-        (bf16): its peak is the FLOP-weighted harmonic blend of the two (peakflops.blended_peak).
+        Each precision's peak is --peak-tflops's, else the datasheet's, else this device's matmul ceiling at
+        that precision, measured here once (peakflops.known_peak, profile.facts.matmul_ceiling). An fp8 rung runs
+        only the block linears in fp8; the head and attention stay at the precision below (bf16): its peak is the
+        FLOP-weighted harmonic blend of the two (peakflops.blended_peak).
         """
-        w = self.work
-
-        def peak(precision: str) -> float | None:
-            return peakflops.peak_for(w.cfg.run.peak_tflops, results.device_name(w.device), w.device.type, precision)
-
         if spec.precision != "fp8":
-            return peak(spec.precision), ""
+            return self._precision_peak(spec.precision)
         rest = "bf16" if spec.autocast == "bf16" else "tf32" if spec.tf32 else "fp32"
-        fp8 = min(6 * float8_matmul_params(model, w.model.blocks_prefix or "blocks."), fpt)
-        blended = peakflops.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": peak("fp8"), rest: peak(rest)})
+        fp8 = min(6 * float8_matmul_params(model, self.work.model.blocks_prefix or "blocks."), fpt)
+        (p8, basis8), (p_rest, basis_rest) = self._precision_peak("fp8"), self._precision_peak(rest)
+        blended = peakflops.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": p8, rest: p_rest})
+        parts = f"both the {basis8}" if basis8 == basis_rest else f"fp8's the {basis8}, {rest}'s the {basis_rest}"
         return blended, (f"fp8's peak for the block linears' {fp8 / fpt:.0%} of the FLOPs, {rest}'s for the rest "
-                         "(head, attention), blended by FLOP share")
+                         f"(head, attention), blended by FLOP share; {parts}")
+
+    def _precision_peak(self, precision: str) -> tuple[float | None, str]:
+        """One precision's peak and its basis: given or from the datasheet, else the matmul ceiling measured on
+        this device, once per precision for the whole ladder (every rung at a precision is taken against one
+        figure). None, and why, only where that measurement failed."""
+        w = self.work
+        known = peakflops.known_peak(w.cfg.run.peak_tflops, results.device_name(w.device), w.device.type,
+                                     w.env.cuda_capability, precision)
+        if known is not None:
+            return known.tflops, known.basis
+        side = ceiling_side(w.device)
+        if precision not in self.ceilings:
+            try:
+                self.ceilings[precision] = matmul_ceiling(w.device, precision, side, CEILING_BUDGET_S)
+            except RuntimeError as e:  # out of memory beside the rung's step, or a product this build lacks
+                return None, f"no peak: measuring the {precision} matmul ceiling failed ({one_line(e)})"
+        measured = peakflops.measured_peak(self.ceilings[precision], side)
+        return measured.tflops, measured.basis
 
     def _derive(self, r: RungResult, base: RungResult | None) -> None:
         """Speed-ups against the rung built on (re-timed beside it) and, chained, against the baseline."""

@@ -232,8 +232,9 @@ class RunConfig:
     out: str = option("runs", help="parent folder of the run folder DIR/<timestamp>/", metavar="DIR",
                       group=Group.OUTPUT)
     peak_tflops: dict[str, float] | None = option(
-        None, help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67 (a measured ceiling); a precision not "
-                   "given has no MFU", shown="the vendor table for known GPUs, none (MFU n/a) elsewhere",
+        None, help="peak TFLOP/s for MFU per precision, e.g. bf16=989,fp32=67; a precision not given takes the "
+                   "datasheet's, else the one measured here", shown="the vendors' datasheets for the GPUs in the "
+                   "table; elsewhere each precision's matmul ceiling, measured on the spot",
         metavar="P=X,...", parse=peak_list, group=Group.CLIMB)
     muon: MuonConfig = option(factory=MuonConfig, help="the muon rung's optimizer")
     timing: TimingConfig = option(factory=TimingConfig, help="how each rung is timed")

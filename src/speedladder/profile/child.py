@@ -26,7 +26,7 @@ from speedladder.measure.devicemem import sync
 from speedladder.measure.timer import stepper
 from speedladder.models.user import LIVE
 from speedladder.profile.categories import STEP_MARK, breakdown, classify
-from speedladder.profile.facts import copy_gbps, matmul_facts, op_floor_us
+from speedladder.profile.facts import ceiling_side, copy_gbps, matmul_facts, op_floor_us
 from speedladder.rungs import StepSpec, compose
 from speedladder.step import matmul_precision
 from speedladder.workload import prepare
@@ -159,7 +159,7 @@ def _profile_spec(work, rungs: tuple[str, ...], trace_path: Path | None, facts: 
                  tokens_per_step=spec.tokens_per_step, params=work.params,
                  model=dataclasses.asdict(shapes) if shapes else None,
                  matmuls=matmul_facts(shapes, spec.batch_size, spec.seq_len, cfg.run.batch_multiplier,
-                                      work.device, ceiling_n=4096 if cuda else 512) if shapes and facts else {},
+                                      work.device, ceiling_n=ceiling_side(work.device)) if shapes and facts else {},
                  copy_gbps=copy_gbps(work.device, (1 << 30) if cuda else (1 << 26)) if facts else None)
     return b
 

@@ -14,15 +14,18 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 
-def _time(fn: Callable[[], object], budget_s: float = 0.5) -> float:
-    """Median seconds of one call of fn over blocks of back-to-back calls, as a training step runs its kernels.
+def _time(fn: Callable[[], object], budget_s: float = 0.5, fastest: bool = False) -> float:
+    """Seconds of one call of fn over blocks of back-to-back calls, as a training step runs its kernels: the
+    median block's, or with fastest the fastest block's (a ceiling: another process sharing the cores can only
+    slow a block down).
 
     torch.utils.benchmark.Timer synchronizes CUDA at block edges only and
     sizes the blocks itself; it is given this process's thread count (its
     default of one thread is not what the step runs with).
     """
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=budget_s).median
+    m = timer.blocked_autorange(min_run_time=budget_s)
+    return min(m.times) if fastest else m.median
 
 
 def op_floor_us(device: torch.device) -> float:
@@ -52,12 +55,43 @@ def matmul_shapes(cfg, batch_size: int, seq_len: int) -> list[tuple[str, int, in
     ]
 
 
-def _matmul_time(rows: int, inner: int, cols: int, device: torch.device, bf16: bool, budget_s: float) -> float:
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _matmul_time(rows: int, inner: int, cols: int, device: torch.device, precision: str, budget_s: float,
+                 fastest: bool = False) -> float:
+    """Seconds of one (rows x inner) @ (inner x cols) product (the median block's, or the fastest's: `_time`) at a
+    precision: fp32, tf32 (fp32 storage, tensor-core arithmetic), bf16 or fp16 (autocast, as in the rungs: the
+    casts of fp32 inputs are part of what they cost), or fp8 (e4m3 operands, one scale each, a bf16 product:
+    torch._scaled_mm, the product under torchao's float8 linears)."""
     x = torch.randn(rows, inner, device=device)
     w = torch.randn(cols, inner, device=device)
-    # Autocast as in the rung: the casts of fp32 inputs are part of what bf16 costs.
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        return _time(lambda: F.linear(x, w), budget_s=budget_s)
+    if precision == "fp8":
+        x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+        one = torch.ones((), device=device)
+        return _time(lambda: torch._scaled_mm(x8, w8.t(), one, one, out_dtype=torch.bfloat16), budget_s, fastest)
+    before = torch.get_float32_matmul_precision()  # process-wide: set for this product and put back
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    try:
+        with torch.autocast(device.type, dtype=AUTOCAST.get(precision, torch.bfloat16),
+                            enabled=precision in AUTOCAST):
+            return _time(lambda: F.linear(x, w), budget_s, fastest)
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def ceiling_side(device: torch.device) -> int:
+    """The side n of the n x n x n matmul whose throughput is taken as a device's ceiling: 4096 on a GPU, big
+    enough to fill one; 512 elsewhere, where a CPU reaches its rate well below that and a bigger product
+    takes seconds."""
+    return 4096 if device.type == "cuda" else 512
+
+
+def matmul_ceiling(device: torch.device, precision: str, side: int, budget_s: float) -> float:
+    """TFLOP/s of an n x n x n matmul at a precision, its fastest block of back-to-back products: the matmul
+    ceiling of this device, measured on the spot (the roofline's compute roof, and the MFU peak of a device
+    with no datasheet entry)."""
+    return 2 * side**3 / _matmul_time(side, side, side, device, precision, budget_s, fastest=True) / 1e12
 
 
 def matmul_facts(cfg, batch_size: int, seq_len: int, multiplier: int, device: torch.device,
@@ -71,10 +105,7 @@ def matmul_facts(cfg, batch_size: int, seq_len: int, multiplier: int, device: to
     shapes = matmul_shapes(cfg, batch_size, seq_len)
     padded = -cfg.vocab_size % 64  # what pad-vocab would add to the head
     per_call = budget_s / (4 * len(shapes) + 2 * bool(padded) + 2)
-    ceiling = {}
-    for prec in ("fp32", "bf16"):
-        t = _matmul_time(ceiling_n, ceiling_n, ceiling_n, device, prec == "bf16", per_call)
-        ceiling[prec] = 2 * ceiling_n**3 / t / 1e12
+    ceiling = {prec: matmul_ceiling(device, prec, ceiling_n, per_call) for prec in ("fp32", "bf16")}
     out: dict = {"ceiling_tflops": ceiling, "ceiling_n": ceiling_n, "shapes": [], "skipped": [],
                  "multiplier": multiplier}
     if padded:
@@ -84,11 +115,11 @@ def matmul_facts(cfg, batch_size: int, seq_len: int, multiplier: int, device: to
         if flops * multiplier / (min(ceiling.values()) * 1e12) > per_call:
             out["skipped"].append(name)
             continue
-        runs: tuple[tuple[str, int, bool], ...] = (("fp32", rows, False), ("bf16", rows, True))
+        runs: tuple[tuple[str, int, str], ...] = (("fp32", rows, "fp32"), ("bf16", rows, "bf16"))
         if name != "head-padded":
-            runs += (("fp32_k", rows * multiplier, False), ("bf16_k", rows * multiplier, True))
+            runs += (("fp32_k", rows * multiplier, "fp32"), ("bf16_k", rows * multiplier, "bf16"))
         try:
-            times = {key: _matmul_time(r, inner, cols, device, bf16, per_call) * count for key, r, bf16 in runs}
+            times = {key: _matmul_time(r, inner, cols, device, prec, per_call) * count for key, r, prec in runs}
         except RuntimeError as e:  # out of memory, e.g. GPT-2's head at the batch-up multiple on a smaller GPU
             if "out of memory" not in str(e).lower() and "can't allocate" not in str(e):
                 raise

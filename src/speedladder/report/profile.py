@@ -11,6 +11,7 @@ from rich.table import Table
 from speedladder.profile.spread import iqr
 from speedladder.records import ProfileSummary, Results, Role
 from speedladder.report.common import console, label, model_label, pct, times
+from speedladder.report.mfu import tflops_text
 
 
 def share_range(v: dict) -> str:
@@ -57,7 +58,8 @@ def spread_lines(b: ProfileSummary) -> list[str]:
 
 
 def roofline_line(results: Results) -> str | None:
-    """Each measured rung's achieved TFLOP/s against a peak: the datasheet's, else the ceiling measured here."""
+    """Each measured rung's achieved TFLOP/s against a peak: its MFU's (the datasheet's, the one given, or the
+    ceiling the ladder measured), else, in a file without one, the ceiling the profile measured."""
     b = results.profile or ProfileSummary()
     ceiling = b.matmuls.get("ceiling_tflops") or {}
     parts = []
@@ -66,12 +68,13 @@ def roofline_line(results: Results) -> str | None:
             continue
         prec = r.precision if r.precision != "tf32" else "fp32"  # TF32 keeps fp32 storage: its ceiling is fp32's
         if r.peak_tflops:
-            parts.append(f"{r.name} {r.tflops:.3g} of {r.peak_tflops:.0f} datasheet ({pct(r.mfu or 0.0)})")
+            parts.append(f"{r.name} {r.tflops:.3g} of {tflops_text(r.peak_tflops)} ({pct(r.mfu or 0.0)})")
         elif ceiling.get(prec):
             parts.append(f"{r.name} {r.tflops:.3g} of {ceiling[prec]:.3g} ({pct(r.tflops / ceiling[prec])})")
     if not parts:
         return None
-    source = ("datasheet peak" if any(r.peak_tflops for r in results.rungs) else
+    with_peak = any(r.peak_tflops for r in results.rungs)
+    source = ("the peak each MFU is taken against (named in the MFU note)" if with_peak else
               f"the {b.matmuls.get('ceiling_n')}³ matmul ceiling measured here at the rung's precision")
     return f"roofline, achieved TFLOP/s of {source}: " + "; ".join(parts) + "."
 

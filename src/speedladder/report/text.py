@@ -16,6 +16,7 @@ from speedladder.report.memory import (
     saved_cell,
     short_bytes,
 )
+from speedladder.report.mfu import mfu_cell, mfu_notes
 from speedladder.report.profile import profile_notes
 
 
@@ -51,7 +52,7 @@ def rows(results: Results) -> list[dict[str, str]]:
                 "err": "—" if r.prediction_error is None else f"{100 * r.prediction_error:+.0f}%",
                 "step ms": f"{r.step_ms:.1f}", "peak mem": peak_cell(r), "saved act": saved_cell(r),
                 "pred act": short_bytes(r.predicted_activation_bytes),
-                "MFU": "n/a" if r.mfu is None else f"{100 * r.mfu:.1f}%",
+                "MFU": mfu_cell(r),
                 "TFLOP/s": "—" if r.tflops is None else f"{r.tflops:.2f}" if r.tflops >= 0.1 else f"{r.tflops:.3f}",
                 "compile s": _compile(r),
                 "verdict": (r.verdict or "") if r.gate.passed else f"failed ({r.verdict})",
@@ -210,10 +211,7 @@ def notes(results: Results) -> list[str]:
     if any(r.compile_s is not None and (r.timing or {}).get("cache_hits") for r in ok):
         out.append("compile s marked (cache): graphs came from the compile caches of an earlier run; "
                    "a cold compile takes longer.")
-    if ok and all(r.mfu is None for r in ok):
-        out.append("MFU n/a: no peak FLOP/s is known for this device; --peak-tflops sets one.")
-    out.extend(f"{r.name}: MFU against {r.peak_tflops:,.0f} TFLOP/s, {r.peak_basis}." for r in ok
-               if r.peak_basis and r.peak_tflops)
+    out.extend(mfu_notes(ok))
     out.extend(_window_note(ok))
     out.extend(drift_lines(results))
     out.extend(_learns_note(results.learns_check))
