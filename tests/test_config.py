@@ -50,7 +50,8 @@ def test_every_flags_help_says_the_dataclass_default_and_no_flag_changes_a_defau
                 seen += 1
         # Nothing given: every value is the dataclass's (argparse's own defaults never reach the Settings).
         assert to_settings(build_parser().parse_args([name] + (["x", "y"] if name == "compare" else
-                                                              ["x"] if name == "report" else []))) == Settings()
+                                                              ["x"] if name == "report" else
+                                                              ["x", "y"] if name == "gates" else []))) == Settings()
     assert seen > 150
     assert shown_default(dataclasses.fields(TimingConfig)[1]) == "5"
 
@@ -66,7 +67,7 @@ def test_flag_spellings_users_have_keep_working():
                 "--log-every", "--sample-tokens", "--eval-every", "--time-cap", "--combos", "--config"):
         assert old in flags, old
     assert {c.name for c in ALL} == {"run", "profile", "tune", "race", "train", "report", "predict", "ddp",
-                                    "compare", "check", "sweep"}
+                                    "compare", "check", "gates", "sweep"}
 
 
 def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path):

@@ -378,15 +378,15 @@ def test_the_gates_command_reruns_one_rung_alone_and_the_page_shows_why(tmp_path
                        "eager,scale-off,sdpa", "--out", str(tmp_path / "runs"), "--quiet")
     assert rc == 0, err
     (run_dir,) = (tmp_path / "runs").iterdir()
-    command = f"speedladder gates {run_dir} --rung scale-off"
+    command = f"speedladder gates {run_dir} scale-off"
     assert "scale-off: why — the divergence starts at blocks.0.attn" in out and command in out, out
     page = (run_dir / "report.html").read_text()
     assert "divergence starts at" in page and command in page and "kink census" in page
-    rc, out, _ = cli("gates", str(run_dir), "--rung", "scale-off", "--quiet")
+    rc, out, _ = cli("gates", str(run_dir), "scale-off", "--quiet")
     assert rc == 1 and "FAILED" in out and "again, alone: " + command in out, out
-    rc, out, _ = cli("gates", str(run_dir), "--rung", "sdpa", "--quiet")
+    rc, out, _ = cli("gates", str(run_dir), "sdpa", "--quiet")
     assert rc == 0 and "sdpa: gate passed" in out, out
-    rc, _, err = cli("gates", str(run_dir), "--rung", "nope", "--quiet")
+    rc, _, err = cli("gates", str(run_dir), "nope", "--quiet")
     assert rc == 2 and "no rung 'nope'" in err
 
 

@@ -1,4 +1,4 @@
-"""`speedladder gates RUN_DIR --rung NAME`: one rung's gates again, alone, on a saved run (climbing/regate.py)."""
+"""`speedladder gates RUN_DIR RUNG`: one rung's gates again, alone, on a saved run (climbing/regate.py)."""
 
 from __future__ import annotations
 
@@ -13,22 +13,20 @@ from speedladder.report.gates import gate_lines
 
 
 def cmd_gates(s: Settings, ns: argparse.Namespace) -> int:
-    gate = regate(ns.run_dir, ns.rung, ns.device, show_on_stderr(s.quiet))
+    gate = regate(ns.run_dir, ns.rung, progress=show_on_stderr(s.quiet))
     print("\n".join(gate_lines(ns.rung, gate, ns.run_dir)))
     return 0 if gate.passed else 1
 
 
 def _inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (or its results.json)")
-    p.add_argument("--rung", required=True, metavar="NAME", help="the rung whose gates to run again")
-    p.add_argument("--device", default=None, metavar="DEVICE",
-                   help="where to run them (default: the device the run used)")
+    p.add_argument("rung", metavar="RUNG", help="the rung whose gates to run again, as the table names it")
 
 
 COMMANDS = (
     Command("gates", "run one rung's gates again, alone, on a saved run, and explain a failure",
             "Rebuild the saved run's workload from its configuration (model, data, seed, rung files by hash), gate "
-            "the rungs below NAME again in order, then NAME's gates: equivalence and the differential check against "
+            "the rungs below RUNG again in order, then RUNG's gates: equivalence and the differential check against "
             "fp64 on a probe off every kink, the loss band, causality; a failure names the module where the "
             "divergence starts and whether a second probe fails too. Nothing is timed or written. Exit 0 when the "
             "gate passes, 1 when it fails.", (Group.QUIET,), cmd_gates, _inputs),

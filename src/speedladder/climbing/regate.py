@@ -1,4 +1,4 @@
-"""One rung's gates again, alone, on a saved run: `speedladder gates RUN_DIR --rung NAME`.
+"""One rung's gates again, alone, on a saved run: `speedladder gates RUN_DIR RUNG`.
 
 The saved run's configuration rebuilds the workload (its model, corpus, seed and rung files, checked against their
 recorded hashes); the rungs below the named one are gated again in order, as the ladder gated them, so that it is
@@ -24,7 +24,7 @@ from speedladder.workload import free_device_memory, prepare
 
 def command(run_dir: str | Path, rung: str) -> str:
     """The one line that re-runs a rung's gates on a saved run."""
-    return f"speedladder gates {run_dir} --rung {rung}"
+    return f"speedladder gates {run_dir} {rung}"
 
 
 def _chain(saved: Results, name: str) -> list[RungResult]:

@@ -122,7 +122,7 @@ def gate_lines(name: str, g: Gate, run_dir: str | None = None) -> list[str]:
         out.append(f"  why: {e.summary}")
         if e.second_probe:
             out.append(f"  second probe: {e.second_probe}")
-        cmd = f"speedladder gates {run_dir} --rung {name}" if run_dir else e.command
+        cmd = f"speedladder gates {run_dir} {name}" if run_dir else e.command
         if cmd:
             out.append(f"  again, alone: {cmd}")
     return out
@@ -136,7 +136,7 @@ def divergence_html(results: Results, run_dir: str | None = None) -> str:
         e = r.gate.explanation if r.gate is not None else None
         if e is None:
             continue
-        cmd = f"speedladder gates {run_dir} --rung {r.name}" if run_dir else e.command
+        cmd = f"speedladder gates {run_dir} {r.name}" if run_dir else e.command
         rows.append([r.name, e.check or "—", e.module or "—", e.kind or "—", e.summary, cmd or "—"])
     if not rows:
         return ""
