@@ -145,7 +145,6 @@ class Causality(Check):
     noise_max_abs: float | None = None
     allowed: float | None = None
     how: str = ""
-    runs: int = 1  # each logit the mean of this many runs: a rung whose runs differ (probes.CAUSAL_MAX_RUNS)
 
 
 @dataclass

@@ -5,8 +5,13 @@ or a user's rung that reorders a sum computes the same function with other round
 rung on any machine: every module's output in the forward, every gradient it passes back and every parameter's
 gradient is multiplied by (1 + u), u drawn uniformly within +-(scale x the unit roundoff of the tensor's own
 format) (fp32 2^-24, bf16 2^-8, fp16 2^-11: under bf16 autocast a matmul's output is bf16 and is fuzzed at bf16's),
-afresh on each call from a generator seeded once. Uniform within one unit roundoff is what rounding to nearest does
-to a value: one more rounding of every module's output and gradient, at scale 1. Declared as a speed rung, it is the clean control every gate must pass
+afresh for each module call and each gradient. Uniform within one unit roundoff is what rounding to nearest does to
+a value: one more rounding of every module's output and gradient, at scale 1.
+
+Like a kernel on a processor, it is deterministic: the generator is seeded again at each call of the whole model,
+so the same batch at the same weights gives the same result twice, and a position's rounding does not depend on
+the tokens after it (a fuzz that drew new noise on every run would be a nondeterministic rung, and the causality
+probe could not tell its noise from a leak). Declared as a speed rung, it is the clean control every gate must pass
 (docs/examples/rounding_fuzz.py, tests/test_kinks.py).
 """
 
@@ -26,11 +31,15 @@ UNIT_ROUNDOFF = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.flo
 
 
 class _Draws:
-    """One seeded generator per device, drawn from afresh on every call."""
+    """One seeded generator per device, seeded again at each call of the whole model."""
 
     def __init__(self, seed: int, scale: float) -> None:
         self.seed, self.scale = seed, scale
         self.generators: dict[torch.device, torch.Generator] = {}
+
+    def reset(self) -> None:
+        for g in self.generators.values():
+            g.manual_seed(self.seed)
 
     def rerounded(self, t: torch.Tensor) -> torch.Tensor:
         """t x (1 + u), u uniform within +-scale x the unit roundoff, elementwise, in t's format."""
@@ -84,6 +93,7 @@ def rounding_fuzz(scale: float = 1.0, seed: int = 0) -> Callable[[nn.Module], nn
 
     def transform(model: nn.Module) -> nn.Module:
         draws = _Draws(seed, float(scale))
+        model.register_forward_pre_hook(lambda _m, _args: draws.reset())
         for module in model.modules():
             module.register_forward_hook(lambda _m, _args, out: _fuzz(out, draws))
         for p in model.parameters():

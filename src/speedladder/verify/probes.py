@@ -122,17 +122,6 @@ def worst_grad(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> 
     return name, errors[name]
 
 
-# A rung whose runs differ (a nondeterministic kernel, the rounding fuzz) hides a leak smaller than CAUSAL_NOISE_K
-# times its run-to-run noise: when that would hide one as large as the future's own effect, the probe averages this
-# many runs at most of each batch (the noise of a mean falls as its square root).
-CAUSAL_MAX_RUNS = 64
-
-
-def _mean_logits(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
-                 rows: int, runs: int) -> torch.Tensor:
-    return torch.stack([outputs(step, weights, batch, rows)[0] for _ in range(runs)]).mean(0)
-
-
 def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
               rows: int, vocab: int) -> Causality:
     """Change every token after the middle position; the logits up to it must stay within the noise."""
@@ -145,30 +134,19 @@ def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[to
         return not_applicable(Causality, "the forward returns a loss only: no logits per position to probe")
     again, _, _ = outputs(step, weights, (x, y), rows)
     b, _, _ = outputs(step, weights, (changed, y), rows)
-    precision = step.spec.precision
-    floor = CAUSAL_FLOOR[precision] * float(a.pow(2).mean().sqrt())
-    runs = 1
     noise = float((a - again).abs().max())
-    future = float((a[:, t + 1:] - b[:, t + 1:]).abs().max())
-    if CAUSAL_NOISE_K * noise > max(floor, future / 2) and noise > 0:
-        # Runs differ by so much that a leak as large as the future's effect could hide in them: average.
-        runs = min(CAUSAL_MAX_RUNS, math.ceil((2 * CAUSAL_NOISE_K * noise / max(future, floor)) ** 2))
-        a, again = (_mean_logits(step, weights, (x, y), rows, runs) for _ in range(2))
-        b = _mean_logits(step, weights, (changed, y), rows, runs)
-        noise = float((a - again).abs().max())
-        future = float((a[:, t + 1:] - b[:, t + 1:]).abs().max())
     past = float((a[:, :t + 1] - b[:, :t + 1]).abs().max())
-    allowed = max(CAUSAL_NOISE_K * noise, floor)
+    future = float((a[:, t + 1:] - b[:, t + 1:]).abs().max())
+    precision = step.spec.precision
+    allowed = max(CAUSAL_NOISE_K * noise, CAUSAL_FLOOR[precision] * float(a.pow(2).mean().sqrt()))
     passed = past <= allowed and future > allowed  # the probe must move the future, or it tested nothing
     detail = "" if passed else (
         f"causality: changing tokens after position {t} moved the logits before it by {past:.2e} "
         f"(allowed {allowed:.2e}): the rung lets a position see the future" if past > allowed else
         f"causality: changing tokens after position {t} did not move the later logits: the probe is blind here")
-    how = f"tokens after {t} changed; logits up to {t} compared, at weights x{PROBE_AMPLIFY:g}"
-    if runs > 1:
-        how += f"; each the mean of {runs} runs (this rung's runs differ)"
     return Causality(position=t, past_max_abs=past, future_max_abs=future, noise_max_abs=noise, allowed=allowed,
-                     passed=passed, detail=detail, how=how, runs=runs)
+                     passed=passed, detail=detail,
+                     how=f"tokens after {t} changed; logits up to {t} compared, at weights x{PROBE_AMPLIFY:g}")
 
 
 def differential(rung: Probe, base: Probe, eager: Probe, base_name: str) -> Differential:
