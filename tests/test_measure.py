@@ -311,8 +311,8 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     assert ladder._peak(bf16, model, fpt) == (165.2, "datasheet peak of the RTX 4090")
     assert len(measured) == 2
     r.peak_tflops, r.peak_basis, r.mfu = 165.2, "datasheet peak of the RTX 4090", 0.4
-    assert mfu_cell(r) == "40.0%" and mfu_notes([r]) == ["MFU against the datasheet peak of the RTX 4090: fp32 165 "
-                                                         "TFLOP/s."]
+    assert mfu_cell(r) == "40.0%"
+    assert mfu_notes([r]) == ["MFU against the datasheet peak of the RTX 4090: fp32 165 TFLOP/s."]
 
 
 def test_peak_memory_is_none_without_cuda():
