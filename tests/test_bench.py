@@ -48,7 +48,8 @@ def plan(mode: str) -> list[dict]:
 
 
 def rungs_of(args: list[str]) -> list[str]:
-    return args[args.index("--rungs") + 1].split(",") if "--rungs" in args else []
+    flag = next((f for f in ("--rungs", "--sweep-rungs") if f in args), None)  # a ladder, or a sweep's rungs
+    return args[args.index(flag) + 1].split(",") if flag else []
 
 
 def bench_module(name: str):

@@ -15,7 +15,7 @@ from speedladder.records import to_dict
 from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
 from speedladder.step import TrainStep
 
-FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
+FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--loss-steps", "8", "--learns-steps", "60",
         "--no-profile", "--no-process-peak"]
 
 
@@ -378,6 +378,6 @@ def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_s
         # × cum chains along what was built upon: sdpa's is its own ratio over eager, not slow's loss times it.
         assert sdpa["speedup_cum"] == pytest.approx(sdpa["speedup_prev"])
         ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-        assert "slow\n(not built upon)" in ticks
+        assert "slow\n(not built upon:\nslower)" in ticks
         lines = report.text.notes(results.load(run_dir(tmp_path)))
         assert any(line.startswith("slow: not built upon — a loss") for line in lines)

@@ -2,7 +2,7 @@
 
     python -m speedladder.cli.reference > docs/examples/flags.md   (docs/examples/make.sh does it)
 
-Each flag's config-file key is its field's path in settings.Settings: `--steps` is `[run.timing] steps`.
+Each flag's config-file key is its field's path in settings.Settings: `--window-steps` is `[run.timing] steps`.
 """
 
 from __future__ import annotations
