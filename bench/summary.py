@@ -20,9 +20,9 @@ from speedladder.report import race as race_report
 from speedladder.report import sweep as sweep_report
 
 SHORT = ("rung", "tokens/s", "× prev", "pred ×", "× cum", "step ms", "MFU", "peak mem", "compile s", "gate",
-         "verdict")
+         "verdict", "not built upon")
 FULL = ("rung", "tokens/s", "min–max", "× prev", "pred ×", "err", "× cum", "step ms", "MFU", "TFLOP/s", "peak mem",
-        "compile s", "gate", "verdict")
+        "compile s", "gate", "verdict", "not built upon")
 RACE = ("config", "s to target", "min–max", "× prev", "p win", "p loss", "× cum", "tok/s", "seeds", "compile s",
         "verdict")
 

@@ -33,7 +33,7 @@ def resolved(**run: object) -> Resolved:
 
 # The arguments of a quick CPU run shared by the files that compare, check and draw saved runs (a file whose run
 # differs keeps its own list).
-TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps", "4",
+TINY = ["--preset", "tiny", "--device", "cpu", "--no-profile", "--window-steps", "2", "--loss-steps", "4",
         "--learns-steps", "60", "--quiet"]
 
 

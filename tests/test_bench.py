@@ -48,7 +48,8 @@ def plan(mode: str) -> list[dict]:
 
 
 def rungs_of(args: list[str]) -> list[str]:
-    return args[args.index("--rungs") + 1].split(",") if "--rungs" in args else []
+    flag = next((f for f in ("--rungs", "--sweep-rungs") if f in args), None)  # a ladder, or a sweep's rungs
+    return args[args.index(flag) + 1].split(",") if flag else []
 
 
 def bench_module(name: str):
@@ -215,10 +216,10 @@ def test_gpu_script_smoke_mode_packs_within_the_devices_limits(tmp_path):
         next(line for line in tail if "gpt2/" in line))
 
 
-def test_the_plan_in_the_usage_guide_is_the_plan_file():
-    """docs/usage.md shows the GPU plan's estimates and caps: they are bench/plan.txt's, step for step."""
-    text = (ROOT / "docs" / "usage.md").read_text()
-    section = text[text.index("## On a GPU"):]
+def test_the_plan_in_the_harness_page_is_the_plan_file():
+    """docs/gpu-bench.md shows the GPU plan's estimates and caps: they are bench/plan.txt's, step for step."""
+    text = (ROOT / "docs" / "gpu-bench.md").read_text()
+    section = text[text.index("## The plan"):]
     shown = {m[0]: (int(m[1]), int(m[2])) for m in re.findall(r"^\| (\w+) \| .* \| (\d+) \| (\d+) \|$", section,
                                                                flags=re.MULTILINE)}
     assert shown == {r["step"]: (r["est"], r["cap"]) for r in plan("gpu")}

@@ -44,7 +44,7 @@ def test_help_shows_the_dataclass_defaults(capsys):
     (["--rungs", "compile,eager"], "eager is the baseline"),
     (["--batch-size", "0"], "batch size must be positive, got 0"),
     (["--seq-len", "-4"], "sequence length must be positive, got -4"),
-    (["--steps", "-1"], "steps per window must be positive"),
+    (["--window-steps", "-1"], "steps per window must be positive"),
     (["--windows", "2"], "at least 3 timed windows"),
     (["--batch-size", "many"], "invalid int value: 'many'"),
     (["--seq-len", "4096"], "exceeds preset tiny's context of 32"),
@@ -83,8 +83,8 @@ def test_bad_data_files_are_one_line(tmp_path, capsys):
 
 
 def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
-    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "2", "--no-profile",
-                 "--loss-steps", "4", "--learns-steps", "60", "--no-process-peak", "--quiet",
+    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--window-steps", "2",
+                 "--no-profile", "--loss-steps", "4", "--learns-steps", "60", "--no-process-peak", "--quiet",
                  "--out", str(tmp_path / "runs")]) == 0
     first = capsys.readouterr().out
     (run,) = (tmp_path / "runs").iterdir()
@@ -94,8 +94,75 @@ def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
     assert main(["report", str(moved)]) == 0
     again = capsys.readouterr().out
     assert (moved / "waterfall.png").stat().st_size > 10_000
-    table = lambda text: [ln for ln in text.splitlines() if ln.startswith("│")]
-    assert table(first) == table(again)
+    table = lambda text: [ln for ln in text.splitlines() if "│" in ln]
+    assert table(first) and table(first) == table(again)
+
+
+@pytest.mark.parametrize("command, args, says", [
+    # A flag that cannot change what the command does: one line naming the flag, the command and whose it is.
+    (["profile"], ["--stack-all"], "--stack-all does not apply to profile (a flag of run, race)"),
+    (["profile"], ["--batch-lr-scale", "sqrt"], "--batch-lr-scale does not apply to profile (a flag of run, tune, "
+                                                "race, train, sweep)"),
+    (["profile"], ["--window-steps", "3"], "--window-steps does not apply to profile"),
+    (["predict"], ["--stack-all"], "--stack-all does not apply to predict"),
+    (["predict"], ["--batch-lr-scale=sqrt"], "--batch-lr-scale does not apply to predict"),
+    (["predict"], ["--ladder", "full"], "--ladder does not apply to predict"),
+    (["ddp"], ["--beside", "ckpt"], "--beside does not apply to ddp"),
+    (["tune"], ["--rung-file", "x.py"], "--rung-file does not apply to tune"),
+    (["run"], ["--val-sequences", "8"], "--val-sequences does not apply to run (a flag of tune, race, train)"),
+    (["report", "x"], ["--rungs", "eager"], "--rungs does not apply to report"),
+    (["compare", "x", "y"], ["--quiet"], "--quiet does not apply to compare"),
+    # A spelling that now belongs to another command names this command's own.
+    (["run"], ["--steps", "2"], "--steps does not apply to run (it is train's); run's is --window-steps"),
+    (["predict"], ["--nproc", "2"], "--nproc does not apply to predict (it is ddp's); predict's is --nprocs"),
+    (["ddp"], ["--nprocs", "2,4"], "--nprocs does not apply to ddp (it is predict's)"),
+    (["race"], ["--eval-every", "5"], "--eval-every does not apply to race (it is train's); race's is "
+                                      "--eval-every-base-steps"),
+    (["train"], ["--rungs", "eager"], "--rungs does not apply to train (a flag of run, profile, race); train's is "
+                                      "--compose"),
+    (["sweep"], ["--rungs", "eager"], "sweep's is --sweep-rungs"),
+    (["predict"], ["--rungs", "eager"], "predict's is --compose"),
+    # No command has it, or an abbreviation: argparse's words, still one line.
+    (["run"], ["--nosuch"], "unrecognized arguments: --nosuch"),
+    (["race"], ["--eval-every-base", "5"], "unrecognized arguments: --eval-every-base 5"),
+])
+def test_a_flag_that_cannot_matter_to_the_command_is_refused_in_one_line(command, args, says, tmp_path, capsys,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a command that ran would write runs/ here
+    assert main([*command, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"speedladder {command[0]}: error: ") and says in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_each_flag_spelling_means_one_thing_in_every_command():
+    """A spelling that sets different fields in different commands is listed here with those fields, each of one
+    meaning; any other spelling sets one field everywhere it is taken."""
+    from speedladder.cli.gen import DEST, subcommands
+
+    shared = {
+        "--rungs": {"run.rungs", "race.rungs"},  # a ladder, each rung built on the best configuration so far
+        "--compose": {"train.rungs", "run.profile.rungs", "parallel.rungs"},  # one configuration, no gate between
+        "--ladder": {"run.ladder", "race.ladder"},  # a named ladder, climbed or raced
+        "--stack-all": {"run.stack_all", "race.stack_all"},  # build on every rung, losses too
+        "--run": {"train.run", "race.run"},  # that folder's winner, on its workload
+        "--out": {"run.out", "check.keep"},  # where the new run's folder goes
+        "--budget-minutes": {"tune.budget_minutes", "sweep.budget_minutes"},  # what is not started after it
+        "--drift-limit": {"check.drift_limit", "compare.drift_limit"},  # the same warning
+    }
+    fields: dict[str, set[str]] = {}
+    for p in subcommands(build_parser()).values():
+        for action in p._actions:
+            if action.dest.startswith(DEST):
+                for spelling in action.option_strings:
+                    fields.setdefault(spelling, set()).add(action.dest[len(DEST):])
+    assert {s: f for s, f in fields.items() if len(f) > 1} == shared
+    assert fields["--steps"] == {"train.steps"} and fields["--window-steps"] == {"run.timing.steps"}
+    assert fields["--eval-every"] == {"train.eval_every"}
+    assert fields["--eval-every-base-steps"] == {"race.eval_every"}
+    assert fields["--nproc"] == {"parallel.nproc"} and fields["--nprocs"] == {"parallel.predict_nproc"}
+    assert fields["--sweep-rungs"] == {"sweep.rungs"} and fields["--profile-rungs"] == {"run.profile.rungs"}
 
 
 def test_report_of_a_folder_without_results(tmp_path, capsys):

@@ -24,7 +24,7 @@ from speedladder.rungs import RUNGS, Env, StepSpec, compose
 from speedladder.settings import Settings
 from speedladder.workload import prepare
 
-QUICK = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "2", "--loss-steps", "2",
+QUICK = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--window-steps", "2", "--loss-steps", "2",
          "--learns-steps", "0", "--no-profile", "--no-process-peak", "--quiet"]
 
 
@@ -74,7 +74,7 @@ def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path):
     path = tmp_path / "job.toml"
     path.write_text('quiet = true\n[run]\npreset = "tiny"\nseed = 5\nrungs = ["eager", "bf16"]\n'
                     '[run.timing]\nwindows = 7\n[run.gates]\nlearns_steps = 0\n')
-    s = to_settings(build_parser().parse_args(["run", "--config", str(path), "--seed", "9", "--steps", "3"]))
+    s = to_settings(build_parser().parse_args(["run", "--config", str(path), "--seed", "9", "--window-steps", "3"]))
     assert (s.run.preset, s.run.seed, s.run.rungs, s.quiet) == ("tiny", 9, ("eager", "bf16"), True)
     assert (s.run.timing.windows, s.run.timing.steps, s.run.gates.learns_steps) == (7, 3, 0)
     assert s.run.gates.loss_steps == 20 and s.run.lr == 1e-3  # neither file nor flag: the dataclass's

@@ -82,9 +82,9 @@ def test_only_misses_beyond_the_limit_are_explained_and_chains_follow_the_ladder
 @pytest.mark.slow
 def test_a_run_with_a_miss_shows_the_side_by_side_table_and_names_the_part(tmp_path, capsys):
     # --explain-miss 0.0001: any prediction error explains the rung, so the tiny ladder's ckpt is profiled.
-    rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,ckpt", "--steps", "2", "--loss-steps",
-               "4", "--learns-steps", "0", "--no-process-peak", "--profile-steps", "2", "--explain-miss", "0.0001",
-               "--out", str(tmp_path)])
+    rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,ckpt", "--window-steps", "2",
+               "--loss-steps", "4", "--learns-steps", "0", "--no-process-peak", "--profile-steps", "2",
+               "--explain-miss", "0.0001", "--out", str(tmp_path)])
     assert rc == 0
     (folder,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
     ckpt = {r["name"]: r for r in json.loads((folder / "results.json").read_text())["rungs"]}["ckpt"]

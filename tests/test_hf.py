@@ -31,7 +31,7 @@ LLAMA_MLP = ["--hf-set", "intermediate_size=512"]
 pytestmark = pytest.mark.slow
 
 MODELS = {"gpt2": ["--hf", "gpt2", *SMALL], "llama": ["--hf", "llama", *SMALL, *LLAMA_MLP]}
-FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "2", "--loss-steps", "4", "--learns-steps", "60",
+FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "2", "--loss-steps", "4", "--learns-steps", "60",
         "--no-profile", "--no-process-peak", "--peak-tflops", "fp32=1,bf16=1"]
 
 
@@ -144,7 +144,7 @@ def test_without_transformers_hf_is_one_line(monkeypatch, capsys):
 
 
 def test_train_on_hf_saves_a_checkpoint_that_reloads(tmp_path):
-    rc, out, err = cli("train", "--preset", "tiny", "--device", "cpu", *MODELS["gpt2"], "--rungs",
+    rc, out, err = cli("train", "--preset", "tiny", "--device", "cpu", *MODELS["gpt2"], "--compose",
                        "eager,sdpa,pad-vocab,ckpt", "--steps", "10", "--log-every", "5", "--sample-tokens", "5",
                        "--out", str(tmp_path))
     assert rc == 0, err

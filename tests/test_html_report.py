@@ -30,8 +30,8 @@ def folders(tmp_path_factory, one_thread) -> dict[str, Path]:
     example.mkdir()
     shutil.copy(EXAMPLE, example / results.FILENAME)
     assert main(["report", str(example)]) == 0
-    assert main(["predict", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "2",
-                 "--bandwidth", "1", "--nproc", "2,4", "--quiet", "--out", str(base / "predict")]) == 0
+    assert main(["predict", "--preset", "tiny", "--device", "cpu", "--compose", "eager", "--window-steps", "2",
+                 "--bandwidth", "1", "--nprocs", "2,4", "--quiet", "--out", str(base / "predict")]) == 0
     assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--seeds", "2",
                  "--calibrate-steps", "20", "--quiet", "--out", str(base / "race")]) == 0
     (run,) = (base / "run").iterdir()
@@ -130,6 +130,11 @@ def test_the_header_and_rung_table_show_the_saved_values():
     rungs = section(page, "rungs")
     for r in saved["rungs"]:
         assert f"{r['tokens_per_s']['median']:,.0f}" in rungs
+    # Every column of the wide table, the gate and the speed's verdict apart, and why a rung is not built upon.
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", rungs)
+    assert headers[:3] == ["rung", "on", "tokens/s"] and headers[-3:] == ["gate", "verdict", "not built upon"]
+    assert {"pred ×", "err", "step ms", "peak mem", "MFU", "TFLOP/s", "compile s", "min–max"} <= set(headers)
+    assert "failed (" not in rungs and "✗" not in rungs
     # Every measured row's verdict cell is coloured as in the waterfall.
     assert len(re.findall(r'class="[^"]*\bverdict\b[^"]*" style="background:#', rungs)) == len(saved["rungs"])
     assert '<tr class="fastest">' in rungs

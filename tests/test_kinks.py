@@ -373,7 +373,7 @@ def test_the_gates_command_reruns_one_rung_alone_and_the_page_shows_why(tmp_path
     """A user's wrong rung fails in a run; the run's notes, results.json and report.html name where its divergence
     starts and the command; that command re-runs its gates alone: exit 1 for it, 0 for a rung that passed."""
     (tmp_path / "off.py").write_text(SCALE_OFF_RUNG)
-    rc, out, err = cli("run", "--preset", "tiny", "--device", "cpu", "--no-profile", "--steps", "2", "--loss-steps",
+    rc, out, err = cli("run", "--preset", "tiny", "--device", "cpu", "--no-profile", "--window-steps", "2", "--loss-steps",
                        "4", "--learns-steps", "0", "--rung-file", str(tmp_path / "off.py"), "--rungs",
                        "eager,scale-off,sdpa", "--out", str(tmp_path / "runs"), "--quiet")
     assert rc == 0, err

@@ -15,7 +15,7 @@ from speedladder.records import to_dict
 from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
 from speedladder.step import TrainStep
 
-FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "60",
+FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--loss-steps", "8", "--learns-steps", "60",
         "--no-profile", "--no-process-peak"]
 
 
@@ -144,7 +144,7 @@ def test_the_profile_predicts_every_rung_and_the_error_is_measured(source_run):
         assert r["predicted"]["speedup"] > 0 and r["predicted"]["reason"]
         assert r["prediction_error"] == pytest.approx(r["speedup_prev"] / r["predicted"]["speedup"] - 1)
     assert rungs["batch-fp32"]["predicted"] is None  # a control is compared with its rung, not predicted
-    assert "pred ×" in out and "regime: " in " ".join(out.split())
+    assert "predicted compile: " in out and "regime: " in " ".join(out.split())  # each prediction in the notes
     fig = report.waterfall_figure(source_run["typed"])
     marks = {ln.get_gid() for ln in fig.axes[0].lines if ln.get_gid()}
     assert {"predicted-compile", "predicted-bf16", "predicted-batch", "predicted-ckpt"} <= marks
@@ -197,7 +197,10 @@ def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs,
     assert rungs["ckpt"]["built_on"] == "eager"
     assert rungs["ckpt"]["spec"]["transforms"] == ["activation-checkpointing"]
     out = capsys.readouterr().out
-    assert "failed (" in out and "skipped" in out and "needs cuda; this device is cpu" in out
+    assert "wrong: gate failed, not built upon — " in out
+    assert "skipped" in out and "needs cuda; this device is cpu" in out
+    row = next(line for line in out.splitlines() if line.startswith("wrong "))
+    assert [c.strip() for c in row.split("│")][-3::2] == ["FAIL", "gate"]  # the gate, and why not built upon
     fig = report.waterfall_figure(results.load(run_dir(tmp_path)))
     bars = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
     assert bars["wrong"].get_hatch() == "///"  # failed: hatched
@@ -386,6 +389,6 @@ def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_s
         # × cum chains along what was built upon: sdpa's is its own ratio over eager, not slow's loss times it.
         assert sdpa["speedup_cum"] == pytest.approx(sdpa["speedup_prev"])
         ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-        assert "slow\n(not built upon)" in ticks
+        assert "slow\n(not built upon:\nslower)" in ticks
         lines = report.text.notes(results.load(run_dir(tmp_path)))
         assert any(line.startswith("slow: not built upon — a loss") for line in lines)

@@ -126,7 +126,8 @@ def test_default_run_shows_saved_activations_and_a_measured_peak_for_eager_and_c
     """The acceptance on the tiny preset: both rungs carry both figures; ckpt's saving shows in file, table, plot."""
     # B=64 so that activations, not the allocator's small change, dominate the step's resident rise.
     rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,ckpt", "--batch-size", "64",
-               "--steps", "2", "--loss-steps", "4", "--learns-steps", "0", "--no-profile", "--out", str(tmp_path)])
+               "--window-steps", "2", "--loss-steps", "4", "--learns-steps", "0", "--no-profile",
+               "--out", str(tmp_path)])
     assert rc == 0
     (folder,) = [p for p in Path(tmp_path).iterdir() if p.is_dir()]
     res = {r["name"]: r for r in json.loads((folder / "results.json").read_text())["rungs"]}

@@ -28,8 +28,8 @@ from speedladder.workload import prepare
 # MFU against a stated peak.
 # lr 3e-3: at 1e-3 the small user models end 60 learns-check steps within 0.001 of the unigram entropy (2.848
 # against 2.847), either side; at 3e-3 they end at 2.641.
-FAST = ["--preset", "tiny", "--device", "cpu", "--lr", "0.003", "--steps", "2", "--loss-steps", "4", "--learns-steps", "60",
-        "--no-profile", "--no-process-peak", "--peak-tflops", "fp32=1,bf16=1"]
+FAST = ["--preset", "tiny", "--device", "cpu", "--lr", "0.003", "--window-steps", "2", "--loss-steps", "4",
+        "--learns-steps", "60", "--no-profile", "--no-process-peak", "--peak-tflops", "fp32=1,bf16=1"]
 
 
 @pytest.fixture(scope="module")
@@ -276,7 +276,7 @@ def test_an_unknown_architecture_gets_no_invented_prediction():
 
 def test_train_saves_a_checkpoint_that_loads_into_the_users_model(model_dir, tmp_path):
     rc, out, err = cli("train", "--preset", "tiny", "--device", "cpu", "--model", str(model_dir / "nano.py:GPT"),
-                       "--rungs", "eager,bf16,ckpt", "--steps", "20", "--log-every", "10", "--sample-tokens", "8",
+                       "--compose", "eager,bf16,ckpt", "--steps", "20", "--log-every", "10", "--sample-tokens", "8",
                        "--out", str(tmp_path))
     assert rc == 0, err
     assert "forward(x, y) -> (logits, loss)" in out and "sample (8 tokens" in out
@@ -295,7 +295,7 @@ def test_train_saves_a_checkpoint_that_loads_into_the_users_model(model_dir, tmp
 @pytest.mark.slow
 def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
     spec = str(model_dir / "logits_only.py:make_lm")
-    rc, _, err = cli("tune", "--preset", "tiny", "--device", "cpu", "--model", spec, "--steps", "2",
+    rc, _, err = cli("tune", "--preset", "tiny", "--device", "cpu", "--model", spec, "--window-steps", "2",
                      "--budget-minutes", "0.01", "--out", str(tmp_path), "--quiet")
     assert rc == 0, err
     saved = results.load(next(tmp_path.iterdir()))
@@ -319,8 +319,8 @@ def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):
     preds = {p["rung"]: p for p in prof["predictions"]}
     assert preds["bf16"]["speedup"] is None and preds["bf16"]["reason"] == NO_MODEL
     assert preds["compile"]["speedup"] > 0
-    rc, _, err = cli("predict", "--preset", "tiny", "--device", "cpu", "--model", spec, "--rungs", "eager",
-                       "--steps", "2", "--nproc", "2", "--bandwidth", "10", "--out", str(tmp_path / "q"))
+    rc, _, err = cli("predict", "--preset", "tiny", "--device", "cpu", "--model", spec, "--compose", "eager",
+                       "--window-steps", "2", "--nprocs", "2", "--bandwidth", "10", "--out", str(tmp_path / "q"))
     assert rc == 0, err
     saved = json.loads(next((tmp_path / "q").glob("*/results.json")).read_text())
     section = saved["parallel"]
@@ -330,8 +330,8 @@ def test_profile_and_predict_take_a_user_model(model_dir, tmp_path):
 @pytest.mark.slow
 def test_ddp_shards_a_user_model_by_its_blocks(model_dir, tmp_path):
     rc, _, err = cli("ddp", "--preset", "tiny", "--device", "cpu", "--model", str(model_dir / "nano.py:GPT"),
-                     "--rungs", "eager", "--nproc", "2", "--steps", "2", "--strategy", "fsdp", "--master-port", "29631",
-                     "--quiet", "--out", str(tmp_path))
+                     "--compose", "eager", "--nproc", "2", "--window-steps", "2", "--strategy", "fsdp",
+                     "--master-port", "29631", "--quiet", "--out", str(tmp_path))
     assert rc == 0, err
     saved = json.loads(next(tmp_path.glob("*/results.json")).read_text())
     section = saved["parallel"]

@@ -20,7 +20,7 @@ from speedladder.errors import UsageError
 from speedladder.parallel import costmodel, launch
 from speedladder.parallel.worker import DIE_RANK_ENV, DRIFT_RANK_ENV, FAIL_RANK_ENV
 
-FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "2", "--warmup", "1", "--quiet"]
+FAST = ["--preset", "tiny", "--device", "cpu", "--compose", "eager", "--window-steps", "2", "--warmup", "1", "--quiet"]
 
 
 def free_port() -> int:
@@ -238,7 +238,7 @@ def test_the_job_probes_its_own_bucket_sizes(ddp_run):
 
 @pytest.mark.slow
 def test_predict_with_a_measured_bandwidth(tmp_path, capsys):
-    assert main(["predict", "--nproc", "2", "--measure-bandwidth", *FAST, "--master-port", str(free_port()),
+    assert main(["predict", "--nprocs", "2", "--measure-bandwidth", *FAST, "--master-port", str(free_port()),
                  "--out", str(tmp_path)]) == 0
     (run,) = tmp_path.iterdir()
     p = json.loads((run / "results.json").read_text())["parallel"]
@@ -249,7 +249,7 @@ def test_predict_with_a_measured_bandwidth(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_predict_with_a_given_bandwidth_states_its_latency(tmp_path, capsys):
-    assert main(["predict", "--nproc", "4,2", "--bandwidth", "2.5", *FAST, "--out", str(tmp_path)]) == 0
+    assert main(["predict", "--nprocs", "4,2", "--bandwidth", "2.5", *FAST, "--out", str(tmp_path)]) == 0
     (run,) = tmp_path.iterdir()
     p = json.loads((run / "results.json").read_text())["parallel"]
     assert p["bandwidth"]["source"] == "given" and "assumed 20 µs (not measured)" in p["bandwidth"]["note"]
@@ -262,10 +262,10 @@ def test_predict_with_a_given_bandwidth_states_its_latency(tmp_path, capsys):
     (["ddp", "--nproc", "0"], "invalid process count: 0"),
     (["ddp", "--nproc", "two"], "invalid process count: 'two'"),
     (["ddp", "--nproc", "-2"], "invalid process count: -2"),
-    (["predict", "--nproc", "2,x", "--bandwidth", "1"], "invalid process count: 'x'"),
-    (["predict", "--nproc", "2"], "no bandwidth known for"),
-    (["predict", "--nproc", "2", "--bandwidth", "0"], "--bandwidth must be positive"),
-    (["ddp", "--nproc", "2", "--rungs", "eager,warp"], "unknown rung 'warp'"),
+    (["predict", "--nprocs", "2,x", "--bandwidth", "1"], "invalid process count: 'x'"),
+    (["predict", "--nprocs", "2"], "no bandwidth known for"),
+    (["predict", "--nprocs", "2", "--bandwidth", "0"], "--bandwidth must be positive"),
+    (["ddp", "--nproc", "2", "--compose", "eager,warp"], "unknown rung 'warp'"),
     (["ddp", "--nproc", "2", "--strategy", "zero"], "invalid choice: 'zero'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys):

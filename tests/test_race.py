@@ -372,7 +372,8 @@ def raced(tmp_path_factory):
     out = tmp_path_factory.mktemp("race")
     # A generous cap: on a machine shared with other tests a tiny step's time can vary many times over.
     assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16,batch,muon",
-                 "--calibrate-steps", "60", "--eval-every", "10", "--time-cap", "60", "--quiet", "--out", str(out)]) == 0
+                 "--calibrate-steps", "60", "--eval-every-base-steps", "10", "--time-cap", "60", "--quiet",
+                 "--out", str(out)]) == 0
     (run_dir,) = out.iterdir()
     return run_dir
 
@@ -476,11 +477,12 @@ def test_races_on_different_rulers_are_refused_by_check_and_flagged_by_compare(r
 def test_target_from_races_on_a_saved_races_ruler(raced, tmp_path, capsys):
     saved = json.loads((raced / "results.json").read_text())["race"]
     # Its eval cadence is that race's (evaluations every 10): another is refused, as below.
-    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--seeds", "2", "--eval-every",
-                 "20", "--target-from", str(raced), "--out", str(tmp_path / "cadence")]) == 2
+    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--seeds", "2",
+                 "--eval-every-base-steps", "20", "--target-from", str(raced), "--out", str(tmp_path / "cadence")]) == 2
     assert "(eval every 1,280 tokens vs 2,560 tokens)" in capsys.readouterr().err
-    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--seeds", "2", "--eval-every",
-                 "10", "--target-from", str(raced), "--calibrate-steps", "20", "--quiet", "--out", str(tmp_path)]) == 0
+    assert main(["race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--seeds", "2",
+                 "--eval-every-base-steps", "10", "--target-from", str(raced), "--calibrate-steps", "20", "--quiet",
+                 "--out", str(tmp_path)]) == 0
     (run_dir,) = tmp_path.iterdir()
     again = json.loads((run_dir / "results.json").read_text())["race"]
     assert again["target_loss"] == saved["target_loss"] and again["calibration"] is None
@@ -488,8 +490,8 @@ def test_target_from_races_on_a_saved_races_ruler(raced, tmp_path, capsys):
     assert again["val_hash"] == saved["val_hash"] and again["config"]["target_loss"] == saved["target_loss"]
     capsys.readouterr()
     # Another val set (fewer windows): another ruler, refused before anything is measured.
-    assert main(["race", "--preset", "tiny", "--device", "cpu", "--val-sequences", "32", "--eval-every", "10",
-                 "--target-from", str(raced), "--out", str(tmp_path / "other")]) == 2
+    assert main(["race", "--preset", "tiny", "--device", "cpu", "--val-sequences", "32",
+                 "--eval-every-base-steps", "10", "--target-from", str(raced), "--out", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err.strip()
     assert "that race was measured on another ruler (val set" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "other").exists()

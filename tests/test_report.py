@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from conftest import resolved
+from rich.console import Console
 
 from speedladder import report, results
 from speedladder.cli import main
@@ -54,12 +61,169 @@ def example() -> Results:
 def test_rows_show_the_saved_numbers():
     rows = {r["rung"]: r for r in report.rows(example())}
     assert rows["compile"]["tokens/s"] == "130,000"
-    assert rows["compile"]["× prev"] == "1.30×" and rows["compile"]["× cum"] == "1.30×"
+    assert rows["compile"]["× prev"] == "1.30×" and rows["compile"]["× cum"] == "1.30×"  # no base beside: no range
     assert rows["compile"]["MFU"] == "50.0%" and rows["compile"]["peak mem"] == "1.00 GiB"
     assert rows["eager"]["× prev"] == "—" and rows["eager"]["compile s"] == "—"
-    assert rows["ckpt"]["gate"] == "FAIL" and rows["ckpt"]["verdict"] == "failed (loss)"
+    # The gate and the speed apart: ckpt failed a gate and was slower; neither word says the other.
+    assert rows["ckpt"]["gate"] == "FAIL" and rows["ckpt"]["verdict"] == "loss"
     assert rows["└ batch fp32 control"]["verdict"] == "OOM"
     assert rows["fp8"]["verdict"] == "skipped" and rows["fp8"]["tokens/s"] == "—"
+    # Why the rungs above do not build on a rung, in a word; nothing where they do (bf16's noise is built upon).
+    assert {name: row["not built upon"] for name, row in rows.items()} == {
+        "eager": "", "compile": "", "bf16": "", "batch": "", "└ batch fp32 control": "", "ckpt": "gate",
+        "fp8": "skipped"}
+    assert not any("failed (" in v or "✗" in v for row in rows.values() for v in row.values())
+
+
+def words() -> Results:
+    """Every reason a rung is not built upon: a passed loss, a failed gate (itself faster), a skip, an error; a
+    memory rung beside the top; and the rungs that are built upon."""
+    slower = rung("bf16", 90_000, built_on="eager", verdict="loss", prev=0.9, cum=0.9)
+    slower.not_built_upon = "a loss, 0.90x eager re-timed beside it: the rungs above build on eager"
+    return make([
+        rung("eager", 100_000, verdict="baseline"),
+        rung("compile", 120_000, built_on="eager", verdict="win", prev=1.2, cum=1.2, passed=False),
+        slower,
+        rung("sdpa", 110_000, built_on="eager", verdict="noise", prev=1.1, cum=1.1),
+        rung("fp8", 0, status="skipped", detail="needs cuda"),
+        rung("muon", 0, status="error", detail="boom", built_on="sdpa"),
+        rung("ckpt", 80_000, role="beside", built_on="sdpa", verdict="loss", prev=0.73, cum=0.8),
+    ], fastest="sdpa")
+
+
+def test_a_rung_not_built_upon_says_why_in_one_word_in_the_table_the_notes_and_the_waterfall():
+    res = words()
+    rows = {r["rung"]: r for r in report.rows(res)}
+    said = {name: (row["gate"], row["verdict"], row["not built upon"]) for name, row in rows.items()}
+    assert said == {"eager": ("pass", "baseline", ""), "compile": ("FAIL", "win", "gate"),
+                    "bf16": ("pass", "loss", "slower"), "sdpa": ("pass", "noise", ""),
+                    "fp8": ("—", "skipped", "skipped"), "muon": ("—", "error", "error"),
+                    "┊ ckpt beside sdpa": ("pass", "loss", "beside")}
+    notes = report.notes(res)
+    assert "compile: gate failed, not built upon — logits differ" in notes
+    assert any(n.startswith("bf16: not built upon — a loss") for n in notes)
+    ticks = [t.get_text() for t in report.waterfall_figure(res).axes[0].get_xticklabels()]
+    assert ticks == ["eager", "compile\n(not built upon:\ngate)", "bf16\n(not built upon:\nslower)", "sdpa",
+                     "fp8", "muon", "ckpt\n(beside)"]
+
+
+def test_x_prev_carries_the_range_its_windows_allow_which_is_what_the_verdict_reads():
+    from speedladder.measure.judging import verdict
+
+    res = example()
+    compile_ = res.rungs[1]
+    compile_.base_tokens_per_s = Spread(100_000, 98_000, 102_000)
+    assert report.rows(res)[1]["× prev"] == "1.30× (1.25–1.35)"  # 127,400 / 102,000 and 132,600 / 98,000
+    assert report.rows(res, spread=False)[1]["× prev"] == "1.30×"
+    bases = (Spread(100_000, 98_000, 102_000), Spread(128_000, 126_000, 131_000), Spread(140_000, 135_000, 145_000))
+    for base in bases:  # the range above 1, across it, below it: win, noise, loss
+        compile_.base_tokens_per_s = base
+        lo, hi = report.text.prev_range(compile_)
+        assert verdict(compile_.tokens_per_s, base) == ("win" if lo > 1 else "loss" if hi < 1 else "noise")
+    assert [verdict(compile_.tokens_per_s, b) for b in bases] == ["win", "noise", "loss"]
+
+
+def widest() -> Results:
+    """A full ladder at GPU speeds with every word there is: the widest compact table a run makes."""
+    rs = [
+        rung("eager", 1_234_567, verdict="baseline"),
+        rung("compile", 1_100_000, built_on="eager", verdict="loss", prev=0.89, cum=0.89, passed=False),
+        rung("bf16", 2_000_000, built_on="eager", prev=1.62, cum=1.62),
+        rung("sdpa", 2_050_000, built_on="bf16", verdict="inconclusive", prev=1.02, cum=1.66),
+        rung("fused-adamw", 2_100_000, built_on="sdpa", verdict="noise", prev=1.02, cum=1.70),
+        rung("pad-vocab", 1_900_000, built_on="fused-adamw", verdict="loss", prev=0.90, cum=1.53),
+        rung("batch", 3_000_000, built_on="fused-adamw", prev=1.43, cum=2.43),
+        rung("batch-fp32", 1_500_000, role="control", rung="batch", built_on="batch", verdict="control", prev=0.5,
+             cum=1.2),
+        rung("max-autotune", 0, status="skipped", detail="needs cuda"),
+        rung("fp8", 0, status="interrupted", detail="stopped"),
+        rung("ckpt", 2_500_000, role="beside", built_on="batch", verdict="loss", prev=0.83, cum=2.0),
+    ]
+    rs[5].not_built_upon = "a loss"
+    for r in rs:
+        if r.ok and r.speedup_prev:
+            m = r.tokens_per_s.median / r.speedup_prev
+            r.base_tokens_per_s = Spread(m, m * 0.97, m * 1.03)
+    rs[5].base_drift = -0.12
+    return make(rs, fastest="batch")
+
+
+def terminal(width: int) -> Console:
+    """A terminal of `width` columns, as rich sees one (no colours, so the text is what a test reads)."""
+    return Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None, highlight=False)
+
+
+def table_rows(text: str, res: Results) -> tuple[list[str], list[list[str]]]:
+    """The printed rung table: its lines (title to last row) and each row's cells."""
+    lines = text.splitlines()
+    rule = next(i for i, line in enumerate(lines) if line.startswith("━"))
+    body = lines[rule + 1:rule + 1 + len(res.rungs)]
+    return lines[:rule + 1 + len(res.rungs)], [[c.strip() for c in line.split("│")] for line in body]
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+@pytest.mark.parametrize("which", ["example", "widest"])
+def test_the_default_table_fits_the_terminal_and_never_shortens_the_gate_or_the_verdict(which, width):
+    res = results.load(EXAMPLE) if which == "example" else widest()
+    out = terminal(width)
+    report.print_report(res, out)
+    text = out.file.getvalue()
+    lines, cells = table_rows(text, res)
+    assert max(len(line.rstrip()) for line in lines[1:]) <= width  # the title is one line the terminal wraps
+    assert text.splitlines()[0] == report.text.title(res)
+    for row, want in zip(cells, report.rows(res)):
+        assert len(row) == len(report.text.COMPACT)
+        got = dict(zip(report.text.COMPACT, row))
+        assert (got["gate"], got["verdict"], got["not built upon"]) == (want["gate"], want["verdict"],
+                                                                        want["not built upon"])
+        assert got["tokens/s"] == want["tokens/s"] and got["× cum"] == want["× cum"]
+        assert got["× prev"].split(" (")[0].removesuffix(" †") == want["× prev"].split(" (")[0].removesuffix(" †")
+    ranges = any("(" in row[3] for row in cells)
+    if width == 120 or (width == 100 and which == "example"):  # room for × prev's range
+        assert ranges and cells[0][0] == "eager"
+    if width == 80:  # the ranges go first, then the rung and `on` columns are shortened with "…"
+        assert not ranges
+    assert "columns: the compact table; --wide prints every column" in text
+    assert "pred ×" not in lines[1] + lines[2] and "MFU" not in lines[1] + lines[2]
+
+
+def test_wide_prints_every_column_in_a_terminal_and_is_ignored_in_a_file():
+    res = results.load(EXAMPLE)
+    out = terminal(80)
+    report.print_report(res, out, wide=True)
+    lines, cells = table_rows(out.file.getvalue(), res)
+    header = [c.strip() for c in lines[1].split("│")]
+    assert header == list(report.rows(res)[0])  # every column, the one-line header of report.html's table
+    assert [dict(zip(header, row)) for row in cells] == report.rows(res)  # nothing squeezed or shortened
+    assert max(len(line) for line in lines) > 150  # wider than the terminal: the terminal wraps, no column lost
+    piped, wide_piped = Console(file=io.StringIO(), width=240), Console(file=io.StringIO(), width=240)
+    report.print_report(res, piped)
+    report.print_report(res, wide_piped, wide=True)
+    assert wide_piped.file.getvalue() == piped.file.getvalue()  # to a file: the compact table either way
+    assert max(len(line.rstrip()) for line in table_rows(piped.file.getvalue(), res)[0][1:]) <= 100
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux's script for a terminal")
+@pytest.mark.parametrize("width", [80, 120])
+def test_speedladder_report_in_a_real_terminal_keeps_the_gate_and_the_verdict(width, tmp_path):
+    """`script -qc "stty cols N; speedladder report RUN_DIR"`: the command as a user runs it in a terminal."""
+    shutil.copy(EXAMPLE, tmp_path / "results.json")
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLE.parents[1] / "src"), env.get("PYTHONPATH")]))
+    res = results.load(EXAMPLE)
+    for wide in (False, True):
+        command = f"stty cols {width}; {sys.executable} -m speedladder report {tmp_path}" + (" --wide" * wide)
+        proc = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True, env=env,
+                              timeout=120, check=False)
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", proc.stdout).replace("\r", "")
+        lines, cells = table_rows(text, res)
+        columns = list(report.rows(res)[0]) if wide else list(report.text.COMPACT)
+        for row, want in zip(cells, report.rows(res)):
+            got = dict(zip(columns, row))
+            assert (got["gate"], got["verdict"]) == (want["gate"], want["verdict"])
+        if not wide:
+            assert max(len(line.rstrip()) for line in lines[1:]) <= width
 
 
 def test_notes_name_each_skip_failure_and_control():
@@ -182,23 +346,24 @@ def synthetic_windows(monkeypatch):
 def test_a_base_that_drifts_only_when_re_timed_is_flagged_everywhere_and_only_then(slow, synthetic_windows,
                                                                                     tmp_path, capsys):
     synthetic_windows["slow"] = slow  # 1.25x the time: the base's tokens/s 20% below its own as a rung
-    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "2",
+    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--window-steps", "2",
                  "--loss-steps", "2", "--learns-steps", "0", "--no-profile", "--no-process-peak", "--quiet",
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     (folder,) = tmp_path.iterdir()
     bf16 = next(r for r in json.loads((folder / "results.json").read_text())["rungs"] if r["name"] == "bf16")
     page = (folder / "report.html").read_text()
-    row = next(line for line in out.splitlines() if line.startswith("│ bf16"))
+    row = next(line for line in out.splitlines() if line.startswith("bf16 "))
+    marked = re.compile(r"1\.25× \(\d\.\d\d–\d\.\d\d\) †")  # x prev against the slowed base, its range, marked
     if slow == 1.0:
         assert bf16["base_drift"] is None and "†" not in out and "† drift" not in page, [
             line for line in out.splitlines() if "†" in line]
         return
     assert bf16["base_drift"] == pytest.approx(-0.2)
-    assert "1.25× †" in row  # x prev against the slowed base, marked
+    assert marked.search(row)
     assert "bf16: † drift — eager ran at 10,240 tokens/s re-timed beside it, 20% below its own 12,800 as a rung" in out
     assert "× prev and × cum are ratios measured side by side and hold" in out
-    assert "† drift — eager ran at 10,240 tokens/s" in page and "1.25× †" in page
+    assert "† drift — eager ran at 10,240 tokens/s" in page and marked.search(page)
     texts = [t.get_text() for t in report.waterfall_figure(results.load(folder)).axes[0].texts]
     assert any("drift -20%" in t for t in texts)
     assert main(["compare", str(folder), str(folder)]) == 0

@@ -121,7 +121,7 @@ def test_a_raced_record_is_judged_as_a_change_of_learning_at_equal_tokens(tmp_pa
     from conftest import cli, only_folder
 
     rc, _, err = cli("race", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,qk-norm", "--seeds", "2",
-                     "--calibrate-steps", "20", "--eval-every", "10", "--time-cap", "30", "--quiet",
+                     "--calibrate-steps", "20", "--eval-every-base-steps", "10", "--time-cap", "30", "--quiet",
                      "--out", str(tmp_path))
     assert rc == 0, err
     import json

@@ -85,8 +85,8 @@ def _folder(out: Path) -> Path:
 
 @pytest.mark.slow
 def test_sweep_end_to_end_prints_plots_and_saves_the_curve(tmp_path, capsys):
-    rc = main(["sweep", "--widths", "32,16", "--rungs", "eager,bf16", "--preset", "tiny", "--device", "cpu",
-               "--steps", "2", "--no-process-peak", "--out", str(tmp_path)])
+    rc = main(["sweep", "--widths", "32,16", "--sweep-rungs", "eager,bf16", "--preset", "tiny", "--device", "cpu",
+               "--window-steps", "2", "--no-process-peak", "--out", str(tmp_path)])
     assert rc == 0
     folder = _folder(tmp_path)
     res = json.loads((folder / "results.json").read_text())
@@ -107,8 +107,9 @@ def test_sweep_end_to_end_prints_plots_and_saves_the_curve(tmp_path, capsys):
 
 
 def test_a_budget_that_is_spent_starts_no_more_points(tmp_path):
-    rc = main(["sweep", "--batch-sizes", "2,4", "--rungs", "eager", "--preset", "tiny", "--device", "cpu",
-               "--steps", "2", "--no-process-peak", "--budget-minutes", "0.0001", "--quiet", "--out", str(tmp_path)])
+    rc = main(["sweep", "--batch-sizes", "2,4", "--sweep-rungs", "eager", "--preset", "tiny", "--device", "cpu",
+               "--window-steps", "2", "--no-process-peak", "--budget-minutes", "0.0001", "--quiet",
+               "--out", str(tmp_path)])
     assert rc == 0
     s = json.loads((_folder(tmp_path) / "results.json").read_text())["sweep"]
     assert s["points"] == [] and [k["value"] for k in s["skipped"]] == [2, 4]

@@ -32,7 +32,7 @@ LOG = re.compile(r"^step (\d+), loss (\d+\.\d{3})(?:, val (\d+\.\d{3}))?, time (
 
 
 def test_train_logs_samples_and_saves_a_checkpoint(tmp_path, capsys):
-    rc = main(["train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,sdpa,pad-vocab,fused-adamw",
+    rc = main(["train", "--preset", "tiny", "--device", "cpu", "--compose", "eager,sdpa,pad-vocab,fused-adamw",
                "--steps", "60", "--log-every", "20", "--eval-every", "30", "--sample-tokens", "30",
                "--out", str(tmp_path)])
     out = capsys.readouterr().out
@@ -61,7 +61,7 @@ def test_train_logs_samples_and_saves_a_checkpoint(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_train_takes_the_winner_of_a_run(tmp_path, capsys):
-    rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--steps", "3",
+    rc = main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--window-steps", "3",
                "--loss-steps", "5", "--learns-steps", "60", "--no-profile", "--no-process-peak", "--quiet",
                "--out", str(tmp_path / "runs")])
     assert rc == 0
@@ -84,8 +84,8 @@ def test_the_default_is_the_top_of_the_full_ladder_that_runs_here(monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (["--run", "nowhere"], "no results.json at nowhere"),
-    (["--rungs", "eager,max-autotune"], "rung max-autotune cannot run here: needs cuda; this device is cpu"),
-    (["--rungs", "eager,warp"], "unknown rung 'warp'"),
+    (["--compose", "eager,max-autotune"], "rung max-autotune cannot run here: needs cuda; this device is cpu"),
+    (["--compose", "eager,warp"], "unknown rung 'warp'"),
     (["--steps", "0"], "--steps and --log-every must be positive"),
 ])
 def test_train_bad_input_is_one_line(args, message, tmp_path, capsys):
@@ -96,12 +96,12 @@ def test_train_bad_input_is_one_line(args, message, tmp_path, capsys):
 
 
 def test_train_quiet_prints_no_log_lines_but_the_outcome(tmp_path, capsys):
-    assert main(["train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "20",
+    assert main(["train", "--preset", "tiny", "--device", "cpu", "--compose", "eager", "--steps", "20",
                  "--log-every", "5", "--sample-tokens", "0", "--quiet", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "step 5, loss" not in out and "training tiny" not in out
     assert out.count("\n") == 3 and "loss " in out and "best val loss" in out and "checkpoint: " in out
-    assert main(["train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "20",
+    assert main(["train", "--preset", "tiny", "--device", "cpu", "--compose", "eager", "--steps", "20",
                  "--log-every", "5", "--sample-tokens", "0", "--out", str(tmp_path)]) == 0
     assert len(re.findall(r"^step ", capsys.readouterr().out, re.MULTILINE)) == 4  # without --quiet: every 5 steps
 
@@ -153,7 +153,7 @@ def test_a_restored_step_trains_on_as_the_one_it_was_saved_from(tiny, logit_gain
 
 # 100 steps, a line each: more output than a 4096-byte pipe holds, so a run whose stdout nobody reads blocks on a
 # log line part-way through and cannot finish before it is killed.
-RESUMABLE = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager,pad-vocab", "--steps", "100",
+RESUMABLE = ["--preset", "tiny", "--device", "cpu", "--compose", "eager,pad-vocab", "--steps", "100",
              "--log-every", "1", "--eval-every", "30", "--save-every", "10", "--sample-tokens", "0"]
 
 
@@ -253,7 +253,7 @@ def stopped(tmp_path, monkeypatch) -> Path:
         return real(stream)
 
     monkeypatch.setattr(BatchStream, "__next__", next_batch)
-    rc, _, err = cli("train", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--steps", "30",
+    rc, _, err = cli("train", "--preset", "tiny", "--device", "cpu", "--compose", "eager", "--steps", "30",
                      "--save-every", "10", "--sample-tokens", "0", "--quiet", "--out", str(tmp_path / "runs"))
     monkeypatch.setattr(BatchStream, "__next__", real)
     assert rc == 130 and "interrupted" in err
@@ -264,7 +264,7 @@ def stopped(tmp_path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("flags, message", [
     (["--lr", "0.002"], "was trained with run.lr = 0.001, not 0.002: a run resumes with the configuration"),
-    (["--rungs", "eager,sdpa"], "was trained with train.rungs = eager, not eager,sdpa"),
+    (["--compose", "eager,sdpa"], "was trained with train.rungs = eager, not eager,sdpa"),
     (["--steps", "40"], "was trained with train.steps = 30, not 40"),
     (["--batch-size", "8"], "was trained with run.batch_size = 4, not 8"),
 ])

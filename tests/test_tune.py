@@ -165,8 +165,9 @@ def no_compile(monkeypatch):
     monkeypatch.setitem(RUNGS, "compile", dataclasses.replace(RUNGS["compile"], requires=Requirement(devices=("cuda",))))
 
 
-TUNE = ["tune", "--preset", "tiny", "--device", "cpu", "--steps", "3", "--budget-minutes", "3", "--max-candidates", "1",
-        "--windows", "3", "--loss-steps", "4", "--learns-steps", "60", "--no-profile", "--no-process-peak"]
+TUNE = ["tune", "--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--budget-minutes", "3",
+        "--max-candidates", "1", "--windows", "3", "--loss-steps", "4", "--learns-steps", "60", "--no-profile",
+        "--no-process-peak"]
 
 
 @pytest.mark.slow
@@ -218,7 +219,7 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     assert main(["train", "--config", str(winner_toml), "--steps", "4", "--eval-every", "2", "--sample-tokens", "0",
                  "--out", str(tmp_path / "trained")]) == 0
     trained = capsys.readouterr().out
-    assert f"with --rungs {','.join(t['winner_rungs']) or 'eager'}" in trained and "step 4, loss" in trained
+    assert f"with --compose {','.join(t['winner_rungs']) or 'eager'}" in trained and "step 4, loss" in trained
     (ckpt,) = (tmp_path / "trained").glob("*/checkpoint.pt")
     saved_spec = torch.load(ckpt, weights_only=True)["spec"]
     assert {k: saved_spec[k] for k in ("batch_size", "lr_scale")} == {k: t["winner_spec"][k]

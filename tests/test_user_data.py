@@ -18,7 +18,7 @@ from speedladder.data import BatchStream, Corpus, check_ids, load_corpus, token_
 from speedladder.errors import UsageError
 from speedladder.workload import prepare
 
-FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--no-profile", "--steps", "2",
+FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--no-profile", "--window-steps", "2",
         "--loss-steps", "4", "--learns-steps", "0"]
 
 

@@ -22,7 +22,7 @@ from speedladder.workload import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "fused_mlp.py"  # the file docs/rungs.md shows, run as it is
-FAST = ["--preset", "tiny", "--device", "cpu", "--steps", "3", "--loss-steps", "8", "--learns-steps", "0",
+FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--loss-steps", "8", "--learns-steps", "0",
         "--no-profile", "--no-process-peak", "--quiet"]
 
 
@@ -223,8 +223,8 @@ def test_the_api_declares_all_three_kinds_of_change_and_refuses_bad_declarations
     assert needs.unmet(Env("cpu", None, 2, model_hooks=("speedladder_qk_norm",))) is None
 
 
-RACE = ["race", "--preset", "tiny", "--device", "cpu", "--seeds", "2", "--calibrate-steps", "20", "--eval-every",
-        "10", "--time-cap", "30", "--quiet"]
+RACE = ["race", "--preset", "tiny", "--device", "cpu", "--seeds", "2", "--calibrate-steps", "20",
+        "--eval-every-base-steps", "10", "--time-cap", "30", "--quiet"]
 
 
 def test_a_race_records_a_rung_that_raises_goes_on_and_exits_2_and_never_races_one_that_peeks(tmp_path, planted):

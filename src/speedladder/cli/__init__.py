@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from speedladder.cli import check, commands, compare, gates, parallel, race, sweep
-from speedladder.cli.gen import Command, Parser, add_command, to_settings
+from speedladder.cli.gen import Command, Parser, add_command, refusal, to_settings
 from speedladder.errors import UsageError
 from speedladder.meta import __version__
 from speedladder.parallel.launch import JobFailed
@@ -28,7 +28,11 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(argv)
+    if extra:  # a flag this command does not take: one line that names it, the command, and whose it is
+        print(f"speedladder {ns._command.name}: error: {refusal(parser, ns._command.name, extra)}", file=sys.stderr)
+        return 2
     try:
         s = to_settings(ns)
         load_rungs(s.run.rung_files, s.run.rung_hashes)  # a user's rungs, before any name is checked

@@ -185,9 +185,10 @@ def report(baseline: dict, new: dict, tolerance: float, label: str) -> int:
     return 0
 
 
-def _rerun(baseline: dict, out: str | None, quiet: bool) -> tuple[int, dict | None]:
+def _rerun(baseline: dict, out: str | None, quiet: bool, wide: bool = False) -> tuple[int, dict | None]:
     """Run the baseline's configuration again in a fresh process (`python -m speedladder run --config ...`), as a
-    user would: nothing compiled or cached in this process carries over. Its exit code and its results."""
+    user would: nothing compiled or cached in this process carries over. Its exit code and its results. wide: the
+    re-run prints every column of its rung table (a race has no rung table)."""
     command, again = rerun_settings(baseline)
     parent = Path(out) if out else Path(tempfile.mkdtemp(prefix="speedladder-check-"))
     try:
@@ -196,7 +197,8 @@ def _rerun(baseline: dict, out: str | None, quiet: bool) -> tuple[int, dict | No
             config = settings.write(Path(tmp) / settings.CONFIG_FILE, again, "speedladder check: the baseline's",
                                     ("run", "race"))
             rc = subprocess.run([sys.executable, "-m", "speedladder", command, "--config", str(config),
-                                 "--out", str(parent), *(["--quiet"] if quiet else [])], env=subproc.child_env(),
+                                 "--out", str(parent), *(["--quiet"] if quiet else []),
+                                 *(["--wide"] if wide and command == "run" else [])], env=subproc.child_env(),
                                 check=False).returncode
         made = sorted(set(parent.iterdir()) - before) if parent.is_dir() else []
         if rc != 0 or len(made) != 1:
@@ -220,7 +222,7 @@ def cmd_check(s: Settings, _: argparse.Namespace) -> int:
         new = _load(c.against)
     else:
         rerun_settings(baseline)  # a baseline that cannot be re-run is bad input: say so before measuring anything
-        rc, new = _rerun(baseline, c.keep, s.quiet)
+        rc, new = _rerun(baseline, c.keep, s.quiet, s.wide)
         if new is None:
             return rc
     for line in drift_warnings([baseline, new], ["the baseline", "the new run"], c.drift_limit):
@@ -233,5 +235,6 @@ COMMANDS = (
             "Run the baseline's configuration again here (or read --against) and exit 1 when a rung's median "
             "tokens/s falls below the baseline's slowest window by more than the tolerance, or a gate that passed now "
             "fails; one line per regression. A race is held to its baseline's times to the target. Exit 0 with a "
-            "one-line summary otherwise, 2 for a missing or invalid baseline.", (Group.CHECK, Group.QUIET), cmd_check),
+            "one-line summary otherwise, 2 for a missing or invalid baseline.", (Group.CHECK, Group.QUIET, Group.WIDE),
+            cmd_check),
 )

@@ -29,16 +29,20 @@ from speedladder.rungs import BUILT_IN, RUNGS
 from speedladder.training import train
 from speedladder.workload import Workload, new_results, prepare
 
-# The flag groups of the commands that train: the model and data, and the batch rung.
+# The flag groups of the commands that train: the model and data, and the batch rung. Each command takes the groups
+# whose flags can change what it does, and refuses the others (cli.main).
 WORKLOAD = (Group.MODEL, Group.BATCH)
-CLIMB = (*WORKLOAD, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.CLIMB, Group.GATES, Group.MUON, Group.OUTPUT, Group.QUIET)
+# How a climb times its rungs (run, tune; predict, ddp and sweep time with them too).
+WINDOWS = (Group.TIMING, Group.WARMUP, Group.MAX_WARMUP)
+CLIMB = (*WORKLOAD, Group.LEARNING, *WINDOWS, Group.CLIMB, Group.GATES, Group.MUON, Group.MEMORY, Group.OUTPUT,
+         Group.QUIET, Group.WIDE)
 
 
-def finish(run_dir: Path) -> Results:
+def finish(run_dir: Path, wide: bool = False) -> Results:
     """How every command that measures ends: its saved file read back, and its view and files drawn from it alone
-    (report.show), so the table, the plot and the page agree."""
+    (report.show), so the table, the plot and the page agree. wide: every column of the rung table (--wide)."""
     saved = results.load(run_dir)
-    report.show(saved, run_dir)
+    report.show(saved, run_dir, wide=wide)
     return saved
 
 
@@ -92,10 +96,10 @@ def cmd_run(s: Settings, _: argparse.Namespace) -> int:
     try:
         ladder.run()
     except KeyboardInterrupt:
-        finish(run_dir)
+        finish(run_dir, s.wide)
         print("interrupted: the rungs measured before the stop are kept", file=sys.stderr)
         return 130
-    finish(run_dir)
+    finish(run_dir, s.wide)
     return failed_run(ladder.results, work.model.kind)
 
 
@@ -103,7 +107,7 @@ def cmd_profile(s: Settings, _: argparse.Namespace) -> int:
     profile_rungs = s.run.profile.rungs
     unknown = [r for r in profile_rungs if r not in RUNGS]
     if unknown:
-        raise UsageError(f"unknown rung {unknown[0]!r} in --profile-rungs (choose from {', '.join(RUNGS)})")
+        raise UsageError(f"unknown rung {unknown[0]!r} in --compose (choose from {', '.join(RUNGS)})")
     progress, work, run_dir = start(s, s.run)
     run = work.cfg.run
     settings.write(run_dir / settings.CONFIG_FILE, dataclasses.replace(s, run=run), "speedladder profile",
@@ -165,7 +169,7 @@ def cmd_tune(s: Settings, _: argparse.Namespace) -> int:
         settings.write(run_dir / settings.WINNER_FILE,
                        tune.winner_settings(s, work.cfg.run, tuple(section.winner_rungs), section.winner_batch_lr_scale),
                        winner_header(section, run_dir), ("run", "train", "tune"))
-    saved = finish(run_dir)
+    saved = finish(run_dir, s.wide)
     if interrupted:
         print("interrupted: what was measured before the stop is kept", file=sys.stderr)
         return 130
@@ -229,12 +233,12 @@ def cmd_train(s: Settings, _: argparse.Namespace) -> int:
     return train.main(s)
 
 
-def cmd_report(_: Settings, ns: argparse.Namespace) -> int:
+def cmd_report(s: Settings, ns: argparse.Namespace) -> int:
     given = Path(ns.run_dir)
     if given.is_dir() and not (given / results.FILENAME).exists() and (given / child.FILENAME).exists():
         given = given / child.FILENAME  # a `speedladder profile` folder
     run_dir, source = (given, None) if given.is_dir() else (given.parent, given)
-    report.show(results.load(given), run_dir, source=source)  # the view the file's kind has
+    report.show(results.load(given), run_dir, source=source, wide=s.wide)  # the view the file's kind has
     return 0
 
 
@@ -247,27 +251,30 @@ COMMANDS = (
     Command("run", "climb the ladder and write runs/<timestamp>/",
             "Climb the ladder: time every rung in windows beside the rung it built on, check it still computes the "
             "same function and still learns, print the table, write results.json, config.toml, waterfall.png and "
-            "report.html.", (*CLIMB, Group.EXPLAIN, Group.PROFILE, Group.MEMORY), cmd_run),
+            "report.html.", (*CLIMB, Group.RUNG_FILES, Group.RUNGS, Group.STACK, Group.EXPLAIN, Group.PROFILE),
+            cmd_run),
     Command("profile", "profile the baseline, name its regime, predict every rung",
             "Profile a few steps of the baseline in a child process: the top operators, one step broken into "
             "categories that add to 100%, the regime (compute-, memory- or overhead-bound) with its evidence, and a "
             "predicted speed-up with its reason for every rung of the ladder. Writes profile.json and a "
             "Chrome/Perfetto trace.json to DIR/<timestamp>/.",
-            (*WORKLOAD, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.PROFILE, Group.PROFILE_CMD, Group.OUTPUT, Group.QUIET), cmd_profile),
+            (*WORKLOAD, Group.RUNG_FILES, Group.RUNGS, Group.WARMUP, Group.PROFILE, Group.PROFILE_CMD, Group.OUTPUT,
+             Group.QUIET), cmd_profile),
     Command("tune", "find the fastest configuration that passes every gate, within a budget",
             "Climb the full ladder, drop each rung whose verdict is loss or noise (or that failed a gate or could not "
             "run), measure the survivors together (and, budget permitting, each left out in turn) with the same "
             "windows and gates, and name the fastest that passes every gate and the learns-check. Writes "
             "DIR/<timestamp>/results.json and winner.toml (`run --config` measures it, `train --config` trains it, "
             "speedladder.apply puts it in your own loop).",
-            tuple(g for g in CLIMB if g != Group.RUNGS) + (Group.MEMORY, Group.TUNE, Group.RACE_RULE), cmd_tune),
+            (*CLIMB, Group.VAL_SET, Group.TUNE, Group.RACE_RULE), cmd_tune),
     Command("train", "train one configuration, log its loss and val loss, sample text, save a checkpoint",
             "Train a configuration for --steps steps, logging loss, step time and tokens/s every --log-every steps "
             "and the val loss every --eval-every, then print a sample of generated text. DIR/<timestamp>/checkpoint.pt "
             "is saved every --save-every steps and after the last, best.pt beside it (load them with "
             "torch.load(path, weights_only=True)); --resume RUN_DIR continues a run from its checkpoint.",
-            (*WORKLOAD, Group.MUON, Group.TRAIN, Group.OUTPUT, Group.QUIET), cmd_train),
+            (*WORKLOAD, Group.RUNG_FILES, Group.LEARNING, Group.VAL_SET, Group.MUON, Group.TRAIN, Group.OUTPUT,
+             Group.QUIET), cmd_train),
     Command("report", "print the table and redraw waterfall.png from a run folder",
             "Read RUN_DIR/results.json, print its table and redraw its waterfall.png (scaling.png for predict/ddp); "
-            "for a profile folder, print the profile.", (), cmd_report, _report_inputs),
+            "for a profile folder, print the profile.", (Group.WIDE,), cmd_report, _report_inputs),
 )

@@ -28,7 +28,12 @@ RUN_SOURCES = ("train", "race")  # commands whose --run RUN_DIR brings that run'
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit status 2."""
+    """argparse, but a usage error is one line and exit status 2, and a flag is spelt in full: an abbreviation
+    could name one flag in one command and another elsewhere (--eval-every, --eval-every-base-steps)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -88,7 +93,7 @@ def add_flag(p: argparse.ArgumentParser, path: str, f: dataclasses.Field, tp: An
         else:
             kw.update(action=argparse.BooleanOptionalAction, help=f"{m['help']}. Default: on")
         kw["help"] = kw["help"].replace("%", "%%")  # argparse %-formats help; no default is spliced in that way
-        p.add_argument(flag, **kw)
+        p.add_argument(flag, *m.get("also", ()), **kw)
         return
     choices = m.get("choices")
     kw["help"] = f"{m['help']}. Default: {shown_default(f)}".replace("%", "%%")
@@ -101,7 +106,7 @@ def add_flag(p: argparse.ArgumentParser, path: str, f: dataclasses.Field, tp: An
         kw["choices"] = list(choices() if callable(choices) else choices)
     if m.get("metavar") or not choices:
         kw["metavar"] = m.get("metavar") or f.name.upper()
-    p.add_argument(flag, **kw)
+    p.add_argument(flag, *m.get("also", ()), **kw)
 
 
 def add_command(sub: Any, command: Command) -> argparse.ArgumentParser:
@@ -116,6 +121,28 @@ def add_command(sub: Any, command: Command) -> argparse.ArgumentParser:
                         "own); flags given here override it. Default: none")
     p.set_defaults(_command=command)
     return p
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's own parser, by name."""
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert isinstance(sub.choices, dict)
+    return sub.choices
+
+
+def refusal(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> str:
+    """The one line for what `command` does not take: a flag of other commands is named with them (and with this
+    command's own spelling where the flag was once its own: `run --steps`), anything else in argparse's words."""
+    flag = next((a.split("=", 1)[0] for a in extra if a.startswith("--")), None)
+    parsers = subcommands(parser)
+    owners = [name for name, p in parsers.items() if flag in p._option_string_actions]
+    if flag is None or not owners:
+        return f"unrecognized arguments: {' '.join(extra)}"
+    fields = {DEST + path: f for path, f, _ in leaves()}
+    own = next((a.option_strings[0] for a in parsers[command]._actions
+                if a.dest in fields and fields[a.dest].metadata.get("was") == flag), None)
+    whose = f"it is {owners[0]}'s" if len(owners) == 1 else f"a flag of {', '.join(owners)}"
+    return f"{flag} does not apply to {command} ({whose})" + (f"; {command}'s is {own}" if own else "")
 
 
 def given(ns: argparse.Namespace) -> dict[str, Any]:

@@ -8,20 +8,28 @@ from speedladder.cli.commands import finish
 from speedladder.cli.gen import Command
 from speedladder.config.codec import Group
 from speedladder.config.commands import Settings
+from speedladder.config.run import RunConfig
 from speedladder.parallel import launch
 from speedladder.progress import show_on_stderr
 
-WORKLOAD = (Group.MODEL, Group.BATCH, Group.RUNGS, Group.TIMING, Group.WARMUP, Group.PARALLEL, Group.TORCHRUN, Group.OUTPUT, Group.QUIET)
+WORKLOAD = (Group.MODEL, Group.RUNG_FILES, Group.BATCH, Group.TIMING, Group.WARMUP, Group.MAX_WARMUP, Group.PARALLEL,
+            Group.TORCHRUN, Group.OUTPUT, Group.QUIET)
+
+
+def composed(s: Settings) -> RunConfig:
+    """The run whose rungs each process runs, composed: --compose's, else the run's (a config file's, or the
+    default ladder's)."""
+    return s.run if s.parallel.rungs is None else s.run.with_rungs(s.parallel.rungs)
 
 
 def cmd_predict(s: Settings, _: argparse.Namespace) -> int:
-    run_dir = launch.run_predict(s.run, s.parallel, show_on_stderr(s.quiet))
+    run_dir = launch.run_predict(composed(s), s.parallel, show_on_stderr(s.quiet))
     finish(run_dir)
     return 0
 
 
 def cmd_ddp(s: Settings, _: argparse.Namespace) -> int:
-    run_dir = launch.run_ddp(s.run, s.parallel, show_on_stderr(s.quiet))
+    run_dir = launch.run_ddp(composed(s), s.parallel, show_on_stderr(s.quiet))
     if run_dir is None:
         print("this node's ranks finished; rank 0 ran on another node, whose run folder holds the results")
         return 0

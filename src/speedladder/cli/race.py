@@ -92,5 +92,6 @@ COMMANDS = (
             "that did not reach counted as at least its clock (win or loss at p < 0.01, else noise). Writes "
             "DIR/<timestamp>/results.json, config.toml, waterfall.png (tokens/s beside × faster to the target) and "
             "report.html.",
-            (Group.MODEL, Group.BATCH, Group.WARMUP, Group.MUON, Group.RACE, Group.RACE_RULE, Group.OUTPUT, Group.QUIET), cmd_race),
+            (Group.MODEL, Group.RUNG_FILES, Group.LEARNING, Group.VAL_SET, Group.BATCH, Group.WARMUP,
+             Group.MAX_WARMUP, Group.MUON, Group.RACE, Group.RACE_RULE, Group.OUTPUT, Group.QUIET), cmd_race),
 )

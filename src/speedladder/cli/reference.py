@@ -2,7 +2,7 @@
 
     python -m speedladder.cli.reference > docs/examples/flags.md   (docs/examples/make.sh does it)
 
-Each flag's config-file key is its field's path in settings.Settings: `--steps` is `[run.timing] steps`.
+Each flag's config-file key is its field's path in settings.Settings: `--window-steps` is `[run.timing] steps`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ def _cell(text: str) -> str:
 
 
 def _row(action: argparse.Action) -> str:
-    flag = " / ".join(f"`{o}`" for o in action.option_strings)
+    value = ""  # what each spelling takes: `--compose A,B,C` / `--profile-rungs A,B,C`
     if action.metavar and action.nargs != 0:
-        flag = flag[:-1] + f" {action.metavar}`"
+        value = f" {action.metavar}"
     elif action.choices and action.nargs != 0:
-        flag = flag[:-1] + " {" + ",".join(map(str, action.choices)) + "}`"
+        value = " {" + ",".join(map(str, action.choices)) + "}"
+    flag = " / ".join(f"`{o}{value}`" for o in action.option_strings)
     flag = flag.replace("|", "\\|")
     text = action.help or ""
     meaning, _, default = text.partition(". Default: ")

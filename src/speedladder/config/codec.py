@@ -48,10 +48,15 @@ class Group(str, Enum):
     An Enum rather than strings, so a misspelt group is an error where it is written, not a flag dropped."""
 
     MODEL = "model"
+    RUNG_FILES = "rung-files"
+    LEARNING = "learning"
+    VAL_SET = "val-set"
     BATCH = "batch"
     RUNGS = "rungs"
+    STACK = "stack"
     TIMING = "timing"
     WARMUP = "warmup"
+    MAX_WARMUP = "max-warmup"
     CLIMB = "climb"
     GATES = "gates"
     MUON = "muon"
@@ -61,6 +66,7 @@ class Group(str, Enum):
     PROFILE_CMD = "profile-cmd"
     OUTPUT = "output"
     QUIET = "quiet"
+    WIDE = "wide"
     TUNE = "tune"
     RACE = "race"
     RACE_RULE = "race-rule"
@@ -77,18 +83,22 @@ class Group(str, Enum):
 def option(default: Any = MISSING, *, factory: Callable[[], Any] | Any = MISSING, help: str, flag: str | None = None,
            metavar: str | None = None, choices: Callable[[], tuple[str, ...]] | tuple[str, ...] | None = None,
            parse: Callable[[str], Any] | None = None, shown: str | None = None, group: Group | None = None,
-           append: bool = False, negate: bool = False, cli: bool = True) -> Any:
+           append: bool = False, negate: bool = False, cli: bool = True, also: tuple[str, ...] = (),
+           was: str | None = None) -> Any:
     """A config field: its default (or factory) and what the command line needs to offer it.
 
     help: one sentence, without its default (the generator adds "Default: ..."); shown: the default as said when
     it is not a plain value ("the preset's"); flag: the spelling when it is not --the-field-name; group: the flag
     group commands choose by; parse: text -> value for a flag of a type the generator does not know; append: a
     repeatable flag; negate: a bool field set off by its flag (--no-profile); cli: False for a field no flag sets.
+    A spelling means one thing in every command that takes it. also: an earlier spelling kept, because no other
+    flag has it; was: an earlier spelling that another command's flag now owns, named when it is given here
+    (`run --steps`: "a timed window's steps are --window-steps").
     """
     if group is not None and not isinstance(group, Group):
         raise TypeError(f"a flag's group is a Group, not {group!r}: {help}")
     meta = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "parse": parse, "shown": shown,
-            "group": group, "append": append, "negate": negate, "cli": cli}
+            "group": group, "append": append, "negate": negate, "cli": cli, "also": also, "was": was}
     if factory is not MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -112,10 +122,13 @@ def rung_list(text: str) -> tuple[str, ...]:
 
 
 def rungs_option(default: Any, *, help: str, group: Group, shown: str | None = None, flag: str | None = None,
-                 metavar: str = "A,B,C") -> Any:
-    """A field that names rungs, comma-separated, as every command spells one (run's --rungs and --beside,
-    profile's, train's, race's and sweep's): declared here once, each command's field giving its own meaning."""
-    return option(default, help=help, shown=shown, flag=flag, metavar=metavar, parse=rung_list, group=group)
+                 metavar: str = "A,B,C", also: tuple[str, ...] = (), was: str | None = None) -> Any:
+    """A field that names rungs, comma-separated, as every command spells one: declared here once. Each spelling
+    has one meaning: --rungs a ladder (each rung built on the best configuration so far: run, profile's
+    predictions, race), --compose one configuration (the rungs applied in order, no gate between: train, profile,
+    predict, ddp), --beside rungs measured on a ladder's top, --sweep-rungs each rung on eager alone."""
+    return option(default, help=help, shown=shown, flag=flag, metavar=metavar, parse=rung_list, group=group,
+                  also=also, was=was)
 
 
 def peak_list(text: str) -> dict[str, float]:

@@ -76,7 +76,8 @@ class TrainConfig:
                                          "run's fastest rung), on its workload", shown="none", metavar="RUN_DIR",
                              group=Group.TRAIN)
     rungs: tuple[str, ...] | None = rungs_option(
-        None, help="train the spec these rungs compose to, applied in order without gates", group=Group.TRAIN,
+        None, help="train the configuration these rungs compose to, applied in order without gates",
+        group=Group.TRAIN, flag="--compose", was="--rungs",
         shown="the top of the full ladder here: every full-ladder rung whose requirement this machine meets, "
               "composed (not measured)")
     steps: int = option(300, help="training steps", metavar="N", group=Group.TRAIN)
@@ -103,7 +104,7 @@ class TrainConfig:
             raise UsageError("--steps and --log-every must be positive, --sample-tokens and --eval-every zero or more")
         at_least("--save-every", self.save_every, 0)
         if self.run and self.rungs:
-            raise UsageError("give --run or --rungs, not both")
+            raise UsageError("give --run or --compose, not both")
         positive("the sample's temperature", self.temperature)
         at_least("top-k", self.top_k, 0)
         at_least("prompt tokens", self.prompt_tokens, 1)
@@ -149,7 +150,7 @@ class RaceConfig:
                                             "priced from)", metavar="N", group=Group.RACE_RULE)
     eval_every: int = option(20, help="val loss every N base steps' worth of tokens (the clock stops meanwhile); "
                                       "the crossing is interpolated between evaluations", metavar="N",
-                             group=Group.RACE_RULE)
+                             flag="--eval-every-base-steps", was="--eval-every", group=Group.RACE_RULE)
     time_cap_s: float | None = option(None, help="seconds of training after which any run that has not reached "
                                                  "the target stops (did not reach)",
                                       shown="for a base, twice --cap-factor times eager fp32's --calibrate-steps steps",
@@ -211,7 +212,7 @@ class SweepConfig:
                                                  parse=int_list, group=Group.SWEEP)
     rungs: tuple[str, ...] = rungs_option(("eager", "bf16", "compile"), help="rungs measured beside eager at every "
                                                                             "point (each on eager alone)",
-                                          group=Group.SWEEP)
+                                          flag="--sweep-rungs", was="--rungs", group=Group.SWEEP)
     budget_minutes: float = option(30.0, help="a point whose estimated time does not fit in what is left is not "
                                               "started", metavar="M", group=Group.SWEEP)
 
@@ -290,6 +291,9 @@ class Settings:
     check: CheckConfig = option(factory=CheckConfig, help="check")
     compare: CompareConfig = option(factory=CompareConfig, help="compare")
     quiet: bool = option(False, help="no progress lines on stderr", group=Group.QUIET)
+    wide: bool = option(False, help="print every column of the rung table at its full width in a terminal; to a "
+                                    "file or a pipe the compact table is printed and this is ignored (report.html "
+                                    "has every column)", group=Group.WIDE)
 
 
 def run_from_results(config: dict[str, Any], device: str | None = None) -> RunConfig:

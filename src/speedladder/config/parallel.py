@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedladder.config.codec import Group, option, positive
+from speedladder.config.codec import Group, option, positive, rungs_option
 from speedladder.errors import UsageError
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")
@@ -40,7 +40,11 @@ class ParallelConfig:
     nproc: int = option(2, help="`ddp`: processes per node (one per GPU on CUDA)", metavar="K", parse=_nproc,
                         flag="--nproc", group=Group.DDP)
     predict_nproc: tuple[int, ...] = option((2, 4, 8), help="`predict`: the process counts priced", metavar="K,K,...",
-                                            parse=_nproc_list, flag="--nproc", group=Group.PREDICT)
+                                            parse=_nproc_list, flag="--nprocs", was="--nproc", group=Group.PREDICT)
+    rungs: tuple[str, ...] | None = rungs_option(
+        None, help="the configuration these rungs compose to, applied in order without gates: what each process "
+                   "runs", shown="the default ladder's rungs (eager,compile,bf16,batch,ckpt), composed",
+        flag="--compose", was="--rungs", group=Group.PARALLEL)
     # DDP's default bucket cap, MiB (Li et al., VLDB 2020; torch's DDP default).
     bucket_cap_mb: float = option(25.0, help="DDP bucket size in MiB", metavar="MB", group=Group.PARALLEL)
     bandwidth_gbps: float | None = option(None, help="`predict`: bus bandwidth (nccl-tests' busbw) in GB/s",
@@ -91,8 +95,10 @@ class ParallelConfig:
             raise UsageError(f"unknown strategy {self.strategy!r} (choose ddp or fsdp)")
         if not self.bucket_cap_mb > 0:
             raise UsageError(f"--bucket-cap-mb must be positive, got {self.bucket_cap_mb}")
-        if self.nproc < 1 or any(k < 1 for k in self.predict_nproc):
-            raise UsageError(f"--nproc must be at least 1, got {min(self.nproc, *self.predict_nproc)}")
+        if self.nproc < 1:
+            raise UsageError(f"--nproc must be at least 1, got {self.nproc}")
+        if any(k < 1 for k in self.predict_nproc):
+            raise UsageError(f"--nprocs must be at least 1, got {min(self.predict_nproc)}")
         if self.bandwidth_gbps is not None and not self.bandwidth_gbps > 0:
             raise UsageError(f"--bandwidth must be positive, got {self.bandwidth_gbps}")
         if self.latency_us is not None and not self.latency_us >= 0:

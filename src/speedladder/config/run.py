@@ -57,18 +57,18 @@ class TimingConfig:
     """How each rung is timed (docs/measurement.md, rules 2-4)."""
 
     steps: int | None = option(None, help="steps per timed window", shown="the preset's", metavar="N",
-                               group=Group.TIMING)
+                               flag="--window-steps", was="--steps", group=Group.TIMING)
     windows: int = option(5, help="timed windows per rung (and per base re-timed beside it), at least 3; every "
                                   "window's time is kept", metavar="W", group=Group.TIMING)
     warmup: int | None = option(None, help="compile-free warm-up steps in a row before timing",
                                 shown="the preset's", metavar="N", group=Group.WARMUP)
     max_warmup: int = option(50, help="stop waiting for compilation to settle after this many steps", metavar="N",
-                             group=Group.WARMUP)
+                             group=Group.MAX_WARMUP)
     # On CUDA a preset's steps can last milliseconds, and a window of 20 such is mostly its two edge syncs: there
     # the steps per window grow from a timed warm-up step until a window lasts this long (docs/measurement.md,
-    # rule 4). 0 keeps --steps; a CPU or MPS keeps --steps always.
+    # rule 4). 0 keeps --window-steps; a CPU or MPS keeps --window-steps always.
     min_window_s: float = option(0.5, help="on CUDA, steps per window grow from a timed step so that a window "
-                                           "lasts at least this many seconds; 0 keeps --steps", metavar="S",
+                                           "lasts at least this many seconds; 0 keeps --window-steps", metavar="S",
                                  group=Group.TIMING)
 
     def __post_init__(self) -> None:
@@ -122,9 +122,10 @@ class ProfileConfig:
     explain_miss: float = option(0.25, help="a rung whose measured x misses its prediction by more than this "
                                             "fraction has its step and its base's profiled side by side; 0: none",
                                  metavar="F", flag="--explain-miss", group=Group.EXPLAIN)
-    rungs: tuple[str, ...] = rungs_option((), help="`profile`: profile the spec these rungs make instead of the "
-                                                   "baseline (predictions then start from it)", shown="the baseline",
-                                          flag="--profile-rungs", group=Group.PROFILE_CMD)
+    rungs: tuple[str, ...] = rungs_option((), help="`profile`: profile the configuration these rungs compose to, "
+                                                   "applied in order without gates, instead of the baseline "
+                                                   "(predictions then start from it)", shown="the baseline",
+                                          flag="--compose", also=("--profile-rungs",), group=Group.PROFILE_CMD)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -172,8 +173,8 @@ class RunConfig:
                                   shown=f"the last {100 * VAL_FRACTION:.0f}% of --data", metavar="PATH",
                                   group=Group.MODEL)
     val_sequences: int = option(64, help="the fixed val set: N windows of T tokens evenly spaced over the val "
-                                         "split, the same for every configuration and seed (race, train)",
-                                metavar="N", group=Group.MODEL)
+                                         "split, the same for every configuration and seed (race, tune's race, "
+                                         "train)", metavar="N", group=Group.VAL_SET)
     tokenizer: str | None = option(None, help="char: d2l's 28 symbols; gpt2: GPT-2 BPE from the shipped ranks; "
                                               "ids: a .bin's ids as they are (gpt2 with a .bin decodes train's "
                                               "sample)", shown="the preset's (ids for a .bin)",
@@ -202,7 +203,7 @@ class RunConfig:
     batch_lr_scale: str = option("none", help="the batch rung's learning rate: kept (none), times sqrt(K), or "
                                               "times K (linear); a rule other than none changes how the model "
                                               "learns, so the rung is judged by tokens to AdamW's loss rather than "
-                                              "the loss band", choices=BATCH_LR_SCALES, group=Group.BATCH)
+                                              "the loss band", choices=BATCH_LR_SCALES, group=Group.LEARNING)
     # None: "source" unless rungs are given one by one; once resolved, None means they were.
     ladder: str | None = option(None, help="source: the source text's R0-R4; full: "
                                            + ",".join(LADDERS["full"].rungs) + " with "
@@ -211,23 +212,24 @@ class RunConfig:
                                            + " (the speedrun's model records last; best raced: speedladder race)",
                                 shown="source", choices=tuple(LADDERS), group=Group.RUNGS)
     rungs: tuple[str, ...] | None = rungs_option(
-        None, help="rungs in order, each building on the last that passed; wins over --ladder (and drops its beside "
-                   "rungs)", shown=f"{','.join(SOURCE_LADDER)}, i.e. the --ladder's rungs", group=Group.RUNGS)
+        None, help="a ladder: rungs in order, each building on the best configuration so far (`profile`: the "
+                   "ladder it predicts); wins over --ladder (and drops its beside rungs)",
+        shown=f"{','.join(SOURCE_LADDER)}, i.e. the --ladder's rungs", group=Group.RUNGS)
     beside: tuple[str, ...] | None = rungs_option(None, help="rungs measured on the ladder's top, not built upon",
                                                   shown="the ladder's (full: ckpt)", metavar="A,B", group=Group.RUNGS)
     rung_files: tuple[str, ...] = option((), help="load your own rungs from FILE.py or package.module (declared "
-                                                 "with speedladder.rung; docs/rungs.md), then name them in --rungs; "
-                                                 "repeatable", shown="none", flag="--rung-file",
-                                         metavar="FILE.py|MODULE", append=True, group=Group.MODEL)
+                                                 "with speedladder.rung; docs/rungs.md), then name them among the "
+                                                 "rungs; repeatable", shown="none", flag="--rung-file",
+                                         metavar="FILE.py|MODULE", append=True, group=Group.RUNG_FILES)
     # Each rung file's sha256 when the run was resolved: a saved configuration refuses a file changed since.
     rung_hashes: dict[str, str] | None = option(None, help="the rung files' content hashes, as recorded",
                                                 cli=False)
     stack_all: bool = option(False, help="build every rung on the last one that passed its gates, losses included "
                                          "(a pure cumulative waterfall); by default a speed rung that measures a "
                                          "loss is drawn red and named, and the next rung builds on the best "
-                                         "configuration so far", group=Group.RUNGS)
+                                         "configuration so far", group=Group.STACK)
     device: str = option("auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps", group=Group.MODEL)
-    lr: float = option(1e-3, help="AdamW learning rate", group=Group.MODEL)
+    lr: float = option(1e-3, help="AdamW learning rate", group=Group.LEARNING)
     seed: int = option(0, help="seed of the initial weights and the batches", group=Group.MODEL)
     out: str = option("runs", help="parent folder of the run folder DIR/<timestamp>/", metavar="DIR",
                       group=Group.OUTPUT)

@@ -65,11 +65,12 @@ def chosen_spec(work: Workload) -> StepSpec:
     return spec
 
 
-def check_nproc(k: int, device: torch.device) -> None:
+def check_nproc(k: int, device: torch.device, flag: str = "--nproc") -> None:
+    """k processes can run here; a usage error that names `flag` (ddp's --nproc, predict's --nprocs) otherwise."""
     if k < 1:
-        raise UsageError(f"--nproc must be at least 1, got {k}")
+        raise UsageError(f"{flag} must be at least 1, got {k}")
     if device.type == "cuda" and k > torch.cuda.device_count():
-        raise UsageError(f"--nproc {k} asks for more processes than this node's {torch.cuda.device_count()} "
+        raise UsageError(f"{flag} {k} asks for more processes than this node's {torch.cuda.device_count()} "
                          "CUDA device(s): one process per GPU")
     if device.type == "mps":
         raise UsageError("data parallelism needs CUDA (NCCL) or the CPU (gloo); MPS has no process-group backend")
@@ -251,7 +252,7 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Pat
     check_nproc(1, work.device)  # k = 1 is measured through torchrun as well
     for k in ks:
         if measure_bandwidth:
-            check_nproc(k, work.device)
+            check_nproc(k, work.device, "--nprocs")
     datasheet = None
     if bandwidth_gbps is None and not measure_bandwidth:
         name = results.device_name(work.device)

@@ -63,6 +63,6 @@ def fixed(race: RaceConfig) -> tuple[RaceConfig, str | None, Callable[[Workload]
         if differ:
             raise UsageError(f"--target-from {race.target_from}: that race was measured on another ruler ("
                              + "; ".join(differ) + "): give the same data, --val-sequences, --seq-len, --batch-size "
-                             "and --eval-every, or calibrate a target of this race's own")
+                             "and --eval-every-base-steps, or calibrate a target of this race's own")
 
     return dataclasses.replace(race, target_loss=target, target_from=None), note, same

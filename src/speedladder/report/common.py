@@ -36,9 +36,24 @@ def label(r: RungResult) -> str:
         return f"◆ {r.name}"
     if r.role == Role.FINAL:  # tune's finalist, measured again beside eager
         return f"★ {r.name}"
-    if r.not_built_upon:  # a loss: the rungs above build on the best configuration below it
-        return f"✗ {r.name}"
     return r.name
+
+
+def not_built_upon(r: RungResult) -> str:
+    """Why the rungs above do not build on a rung of the ladder, in a word, or "" when they do (or when the row is
+    no step of the ladder: a control, a tune candidate). One word, one meaning, wherever it is shown:
+    slower: it passed its gates and its speed did not pay (a loss, red on the waterfall);
+    gate: it failed a gate (whatever its speed); skipped, OOM, error, interrupted: it did not run to the end;
+    beside: measured on the top of the ladder by design (a memory rung), never a base."""
+    if r.role not in (Role.RUNG, Role.BESIDE):
+        return ""
+    if not r.ok:
+        return STATUS_LABEL.get(r.status, r.status)
+    if r.gate is not None and not r.gate.passed:
+        return "gate"
+    if r.role == Role.BESIDE:
+        return "beside"
+    return "slower" if r.not_built_upon else ""
 
 
 def model_label(config: Resolved, model: dict[str, Any] | None) -> str:

@@ -39,6 +39,7 @@ from speedladder.report.htmlkit import (
 from speedladder.report.memory import explanation_html, field_of, memory_chart, memory_fields
 from speedladder.report.profile import roofline_line
 from speedladder.report.race_charts import race_figure, race_html
+from speedladder.report.text import NOT_BUILT_UPON
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
 from speedladder.report.tune import tune_lines
@@ -126,7 +127,7 @@ def rungs_section(results: dict) -> str:
         if colour:
             a[headers.index("verdict")] = ("verdict", f"background:{colour}")
         attrs.append(a)
-    rung_table = table(headers, [list(r.values()) for r in rows], left=("rung", "gate", "verdict"),
+    rung_table = table(headers, [list(r.values()) for r in rows], left=("rung", "gate", "verdict", NOT_BUILT_UPON),
                        row_classes=classes, cell_attrs=attrs)
     legend = ("verdict colours as in the waterfall: " + ", ".join(
         f'<span style="color:{c}">■</span> {esc(k)}' for k, c in COLOURS.items()))
@@ -304,7 +305,7 @@ def profile_section(results: dict) -> str:
     fig.tight_layout()
     cat_table = table(["category", "ms/step", "share"],
                        [[n, f"{v['ms']:.3f}", f"{100 * v['share']:.1f}%"] for n, v in cats.items()], left=("category",))
-    pred_rows = [[label(from_dict(RungResult, r)).lstrip("┊◆ "), f"{r['predicted']['speedup']:.2f}×",
+    pred_rows = [[label(from_dict(RungResult, r)).lstrip("┊◆★ "), f"{r['predicted']['speedup']:.2f}×",
                   f"{r['speedup_prev']:.2f}×" if _ok(r) else r["status"],
                   f"{100 * r['prediction_error']:+.0f}%" if r.get("prediction_error") is not None else "—",
                   r["predicted"]["reason"]] for r in preds]

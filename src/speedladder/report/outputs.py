@@ -38,9 +38,9 @@ def files(saved: Results, run_dir: Path) -> dict[str, Path]:
     return {"waterfall": draw(saved, run_dir), "report": html.write(saved, run_dir)}
 
 
-def print_view(saved: Results) -> None:
+def print_view(saved: Results, wide: bool = False) -> None:
     """The printed view of a saved result, by its kind: a profile, a race, a sweep, predict/ddp, a ladder (a tune's
-    with its candidates and winner)."""
+    with its candidates and winner; wide: every column of its rung table, in a terminal)."""
     if saved.kind == "profile":
         print_profile(saved)
     elif saved.race is not None:
@@ -50,18 +50,20 @@ def print_view(saved: Results) -> None:
     elif saved.parallel is not None:
         parallel.print_parallel(saved)
     else:
-        print_report(saved)
+        print_report(saved, wide=wide)
         print_tune(saved)  # nothing unless it is a tune's
 
 
-def show(saved: Results, run_dir: Path, quiet: bool = False, source: Path | None = None) -> dict[str, Path]:
+def show(saved: Results, run_dir: Path, quiet: bool = False, source: Path | None = None,
+         wide: bool = False) -> dict[str, Path]:
     """Draw a saved result's files and, unless quiet, print its view and name its files: how every command ends
     (run, tune, race, sweep, predict, ddp, profile and report alike), so the table, the plot and the page agree.
-    source: the file it was read from, when not the folder's own results.json (or profile.json)."""
+    source: the file it was read from, when not the folder's own results.json (or profile.json); wide: every
+    column of a rung table, in a terminal (--wide)."""
     run_dir = Path(run_dir)
     written = files(saved, run_dir)
     if not quiet:
-        print_view(saved)
+        print_view(saved, wide)
         if saved.kind == "profile":
             named = {"profile": source or run_dir / child.FILENAME}
             if (run_dir / child.TRACE).exists():

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from speedladder.records import LearnsCheck, Results, Role, RungResult
-from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, times
+from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, not_built_upon, times
 from speedladder.report.memory import (
     explanation_notes,
     explanation_tables,
@@ -34,20 +36,40 @@ def _compile(r: RungResult) -> str:
     return f"{r.compile_s:.1f}" + (" (cache)" if (r.timing or {}).get("cache_hits") else "")
 
 
-def rows(results: Results) -> list[dict[str, str]]:
-    """One row of display strings per rung or control, in ladder order."""
+def prev_range(r: RungResult) -> tuple[float, float] | None:
+    """The range of × prev its windows allow: its slowest window over its base's fastest, its fastest over its
+    base's slowest (the base re-timed beside it). The verdict reads it: a win only when the range lies wholly above
+    1, a loss only wholly below (measure/judging.verdict); None when the base was not timed beside it."""
+    t, b = r.tokens_per_s, r.base_tokens_per_s
+    if t is None or b is None or not b.min or not b.max:
+        return None
+    return t.min / b.max, t.max / b.min
+
+
+def _prev(r: RungResult, spread: bool) -> str:
+    """× prev, with the range its windows allow in brackets (spread) and the drift mark."""
+    text = times(r.speedup_prev)
+    span = prev_range(r) if spread and r.speedup_prev is not None else None
+    if span is not None:
+        text += f" ({span[0]:.2f}–{span[1]:.2f})"
+    return text + (DRIFT_MARK if r.base_drift is not None else "")
+
+
+def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
+    """One row of display strings per rung or control, in ladder order: every column (the wide table, report.html,
+    bench/summary.py); the compact table picks COMPACT from them. spread: × prev with its range in brackets."""
     out = []
     for r in results.rungs:
         pred = r.predicted.speedup if r.predicted else None
-        row = {"rung": label(r), "on": r.built_on or "—", "tokens/s": "—", "min–max": "—", "× prev": "—", "pred ×": times(pred), "err": "—",
-               "× cum": "—", "step ms": "—", "peak mem": "—", "saved act": "—", "pred act": "—", "MFU": "—",
-               "TFLOP/s": "—", "compile s": "—",
-               "gate": _gate(r), "verdict": STATUS_LABEL.get(r.status, "")}
+        row = {"rung": label(r), "on": r.built_on or "—", "tokens/s": "—", "min–max": "—", "× prev": "—",
+               "pred ×": times(pred), "err": "—", "× cum": "—", "step ms": "—", "peak mem": "—", "saved act": "—",
+               "pred act": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—",
+               "gate": _gate(r), "verdict": STATUS_LABEL.get(r.status, ""), NOT_BUILT_UPON: not_built_upon(r)}
         if r.ok and r.tokens_per_s is not None and r.gate is not None:
             t = r.tokens_per_s
             row.update({
                 "tokens/s": f"{t.median:,.0f}", "min–max": f"{t.min:,.0f}–{t.max:,.0f}",
-                "× prev": times(r.speedup_prev) + (DRIFT_MARK if r.base_drift is not None else ""),
+                "× prev": _prev(r, spread),
                 "× cum": times(r.speedup_cum),
                 "err": "—" if r.prediction_error is None else f"{100 * r.prediction_error:+.0f}%",
                 "step ms": f"{r.step_ms:.1f}", "peak mem": peak_cell(r), "saved act": saved_cell(r),
@@ -55,7 +77,7 @@ def rows(results: Results) -> list[dict[str, str]]:
                 "MFU": mfu_cell(r),
                 "TFLOP/s": "—" if r.tflops is None else f"{r.tflops:.2f}" if r.tflops >= 0.1 else f"{r.tflops:.3f}",
                 "compile s": _compile(r),
-                "verdict": (r.verdict or "") if r.gate.passed else f"failed ({r.verdict})",
+                "verdict": r.verdict or "",  # the speed's verdict alone: the gate has its own column
             })
         out.append(row)
     if not any(r.saved_activation_bytes is not None or r.predicted_activation_bytes is not None
@@ -71,13 +93,62 @@ def title(results: Results) -> str:
             f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len} · torch {e['torch']}")
 
 
-def table(results: Results) -> Table:
-    t = Table(title=escape(title(results)), title_justify="left")
-    data = rows(results)
-    for col in data[0] if data else ["rung"]:
-        t.add_column(col, justify="left" if col in ("rung", "gate", "verdict") else "right", no_wrap=True)
+NOT_BUILT_UPON = "not built upon"  # the column: why the rungs above do not build on this one, in a word
+# The compact table: what a rung did to the speed, and whether it may be trusted and built upon. It fits
+# COMPACT_WIDTH columns; the gate, the verdict and why a rung is not built upon are never shortened.
+COMPACT = ("rung", "on", "tokens/s", "× prev", "× cum", "gate", "verdict", NOT_BUILT_UPON)
+NEVER_SHORTENED = ("gate", "verdict", NOT_BUILT_UPON)
+COMPACT_WIDTH = 100  # a file or a pipe has no width of its own: the compact table fits this many columns
+SHORTENED_FIRST = (("rung", 6), ("on", 4))  # what gives way, in order, at a narrow terminal, and how far
+LEFT = ("rung", "on", "gate", "verdict", NOT_BUILT_UPON)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:max(width - 1, 1)] + "…"
+
+
+def _draw(results: Results, data: list[dict[str, str]], columns: tuple[str, ...], compact: bool) -> Table:
+    # No outer border and no padding at the edges: 4 columns more for the cells than rich's default box.
+    t = Table(box=box.MINIMAL_HEAVY_HEAD, show_edge=False, pad_edge=False)
+    for col in columns:
+        # The compact table's last header in two lines: its words are longer than any of its cells.
+        header = "not built\nupon" if compact and col == NOT_BUILT_UPON else col
+        t.add_column(header, justify="left" if col in LEFT else "right", no_wrap=True)
     for r, row in zip(results.rungs, data):
-        t.add_row(*(escape(v) for v in row.values()), style="bold" if r.name == results.fastest else None)
+        t.add_row(*(escape(row[col]) for col in columns), style="bold" if r.name == results.fastest else None)
+    return t
+
+
+_MEASURE = Console(width=10_000, highlight=False)  # wide enough to measure any table at its natural width
+
+
+def natural_width(t: Table) -> int:
+    """The width a table takes when nothing squeezes it."""
+    return Measurement.get(_MEASURE, _MEASURE.options, t).maximum
+
+
+def table(results: Results, width: int | None = COMPACT_WIDTH) -> Table:
+    """The rung table. width None: every column (--wide; report.html has the same rows). Otherwise the compact
+    table, fitted to `width` columns: first × prev loses its range, then the rung and `on` columns are shortened
+    with "…"; the gate, the verdict and why a rung is not built upon are never shortened. A table that still does
+    not fit (below 80 columns) is drawn at its narrowest, and the terminal wraps its lines."""
+    if width is None:
+        data = rows(results)
+        return _draw(results, data, tuple(data[0]) if data else ("rung",), compact=False)
+    data = rows(results)
+    t = _draw(results, data, COMPACT, compact=True)
+    if natural_width(t) <= width:
+        return t
+    data = rows(results, spread=False)
+    t = _draw(results, data, COMPACT, compact=True)
+    for col, least in SHORTENED_FIRST:
+        excess = natural_width(t) - width
+        if excess <= 0:
+            break
+        widest = max(len(row[col]) for row in data) if data else 0
+        fit = max(least, widest - excess, len(col))
+        data = [{**row, col: _clip(row[col], fit)} for row in data]
+        t = _draw(results, data, COMPACT, compact=True)
     return t
 
 
@@ -197,7 +268,7 @@ def notes(results: Results) -> list[str]:
         if not r.ok:
             out.append(f"{r.name}: {STATUS_LABEL.get(r.status, r.status)} — {r.detail}")
         elif r.gate is not None and not r.gate.passed:
-            out.append(f"{r.name}: gate failed — {r.gate.detail}")
+            out.append(f"{r.name}: gate failed, not built upon — {r.gate.detail}")
             e = r.gate.explanation
             if e is not None:
                 out.append(f"{r.name}: why — {e.summary}" + (f"; again, alone: {e.command}" if e.command else ""))
@@ -228,17 +299,36 @@ def notes(results: Results) -> list[str]:
     elif results.status == "failed" and results.error:
         out.append(f"run failed: {results.error}.")
     if any(r.base_tokens_per_s is not None for r in results.rungs):
-        out.append("× prev: each rung against the rung it built on, re-timed beside it with windows interleaved; "
-                   "× cum is the product of the × prev below it.")
+        out.append("× prev: each rung's median tokens/s over the rung it built on, re-timed beside it with windows "
+                   "interleaved; in brackets the range its windows allow (its slowest over the base's fastest to its "
+                   "fastest over the base's slowest): a win or a loss only when the range excludes 1; × cum is the "
+                   "product of the × prev down the rungs it built on.")
     if results.status == "interrupted":
         out.append("run interrupted: the rungs above were measured before the stop.")
     return out
 
 
-def print_report(results: Results, out: Console | None = None) -> None:
+MORE_COLUMNS = ("columns: the compact table; --wide prints every column in a terminal (the tokens/s range, the "
+                "prediction and its error, step time, memory, MFU, TFLOP/s, compile seconds), and report.html has "
+                "them all.")
+
+
+def print_report(results: Results, out: Console | None = None, wide: bool = False) -> None:
+    """The title, the rung table and the notes. In a terminal the compact table fits the terminal's width, and
+    wide prints every column at its natural width. To a file or a pipe the compact table fits COMPACT_WIDTH columns
+    and wide is ignored: report.html and results.json hold every column. rich never squeezes the table: a line
+    longer than the terminal wraps there rather than a cell losing its end."""
     out = out or console()
-    out.print(table(results))
-    for line in notes(results):
+    wide = wide and out.is_terminal
+    out.print(escape(title(results)), soft_wrap=True)
+    t = table(results, None if wide else out.width if out.is_terminal else COMPACT_WIDTH)
+    width = out.width
+    out.width = max(width, natural_width(t))
+    try:
+        out.print(t)
+    finally:
+        out.width = width
+    for line in notes(results) + ([] if wide or not results.rungs else [MORE_COLUMNS]):
         out.print(escape(line), soft_wrap=True)
     for t in explanation_tables(results):
         out.print(t)

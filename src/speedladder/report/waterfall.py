@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from speedladder.records import Results, Role, RungResult
-from speedladder.report.common import STATUS_LABEL, model_label
+from speedladder.report.common import STATUS_LABEL, model_label, not_built_upon
 from speedladder.report.memory import bar_label
 
 WATERFALL = "waterfall.png"
@@ -63,6 +63,15 @@ def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungRes
         ax.text(i + 0.42, control.speedup_cum, "fp32\ncontrol", fontsize=7, va="center")
 
 
+def tick(r: RungResult) -> str:
+    """A bar's name, and why the rungs above do not build on it in the table's word (a rung that did not run says
+    so on its bar)."""
+    why = not_built_upon(r)
+    if r.role == Role.BESIDE:
+        return f"{r.name}\n(beside)" + (f"\n(not built upon:\n{why})" if r.ok and why != "beside" else "")
+    return r.name + (f"\n(not built upon:\n{why})" if r.ok and why else "")
+
+
 def waterfall_figure(results: Results):
     """The figure itself (for tests and for reports that embed it)."""
     import matplotlib
@@ -86,8 +95,7 @@ def waterfall_figure(results: Results):
             ax.text(i, 0.05 * top, STATUS_LABEL.get(r.status, r.status), rotation=90, ha="center", va="bottom",
                     color="#555555", fontsize=9)
     ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
-    ax.set_xticks(range(len(rungs)), [r.name + ("\n(beside)" if r.role == Role.BESIDE else "")
-                                      + ("\n(not built upon)" if r.not_built_upon else "") for r in rungs])
+    ax.set_xticks(range(len(rungs)), [tick(r) for r in rungs])
     ax.set_xlim(-0.6, len(rungs) - 0.2)
     ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")

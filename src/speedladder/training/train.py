@@ -1,7 +1,7 @@
 """`speedladder train`: train one configuration, log like the source text, sample text, save checkpoints.
 
 The configuration is a tuned or measured winner (`--run RUN_DIR`, or
-`--config winner.toml`), the spec that `--rungs` compose to, or by default the
+`--config winner.toml`), the spec that `--compose` gives, or by default the
 top of the full ladder on this machine: every full-ladder rung whose
 requirement is met here, composed in order (not measured; a measured winner
 needs `--run` or tune's winner.toml).
@@ -49,7 +49,7 @@ def default_rungs(env: Env) -> tuple[str, ...]:
 
 def plan(s: Settings) -> tuple[Workload, StepSpec, str]:
     """The workload and the spec to train, and a phrase saying where the spec came from: the winner of --run
-    (whose saved workload the command line has put under the flags), --rungs, or the top of the full ladder."""
+    (whose saved workload the command line has put under the flags), --compose, or the top of the full ladder."""
     t = s.train
     if t.run:
         won = results.load(t.run).winner()
@@ -59,7 +59,7 @@ def plan(s: Settings) -> tuple[Workload, StepSpec, str]:
         source = f"{name} from {t.run}"
     else:  # given rungs (an empty list: eager alone, a winner that was eager)
         names = tuple(n for n in t.rungs or () if n != "eager")
-        source = "--rungs " + ",".join(t.rungs or ("eager",))
+        source = "--compose " + ",".join(t.rungs or ("eager",))
     work = _checked(prepare(s.run.with_rungs(("eager", *names))), t)
     if not t.run and t.rungs is None:
         names = default_rungs(work.env)
