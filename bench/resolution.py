@@ -52,7 +52,7 @@ def scale_scores(m: float) -> Callable[[nn.Module], nn.Module]:
         for block in model.blocks:
             width = block.attn.qkv.out_features // 3
 
-            def hook(_mod: nn.Module, _args: object, out: torch.Tensor) -> torch.Tensor:
+            def hook(_mod: nn.Module, _args: object, out: torch.Tensor, width: int = width) -> torch.Tensor:
                 q, rest = out[..., :width], out[..., width:]
                 return torch.cat([q * (1 + m), rest], dim=-1)
             block.attn.qkv.register_forward_hook(hook)
@@ -178,16 +178,14 @@ def precision_scales(bench: Bench) -> list[dict]:
              ("fp8, a gradient dropped under autocast", fp8, "blocks.1.mlp.fc.weight", "wrong")]
     rows = []
     for label, spec, dropped, kind in cases:
-        with drop_grad_under_autocast(dropped) if dropped else nullcontext():
-            with matmul_precision(spec):
-                step = work.step(spec)
-                mine = [probes.outputs(step, w, ref.batch, ref.probe_rows) for w in (ref.weights, ref.probe_weights)]
-                own_spec = dataclasses.replace(work.base_spec, autocast=spec.autocast,
-                                               transforms=tuple(t for t in spec.transforms if t == "float8"))
-                own = work.step(own_spec)
-                autocast = [probes.outputs(own, w, ref.batch, ref.probe_rows)
-                            for w in (ref.weights, ref.probe_weights)]
-        name, em_trained, em_probe = gates.eager_at(spec, ref)
+        with drop_grad_under_autocast(dropped) if dropped else nullcontext(), matmul_precision(spec):
+            step = work.step(spec)
+            mine = [probes.outputs(step, w, ref.batch, ref.probe_rows) for w in (ref.weights, ref.probe_weights)]
+            own_spec = dataclasses.replace(work.base_spec, autocast=spec.autocast,
+                                           transforms=tuple(t for t in spec.transforms if t == "float8"))
+            own = work.step(own_spec)
+            autocast = [probes.outputs(own, w, ref.batch, ref.probe_rows) for w in (ref.weights, ref.probe_weights)]
+        _, em_trained, em_probe = gates.eager_at(spec, ref)
         truths = (ref.fp64.trained, ref.fp64.probe)
         rung_err = [truth.errors(o, t) for o, t in zip(mine, truths)]
         scales = {

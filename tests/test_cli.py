@@ -101,8 +101,8 @@ def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
 @pytest.mark.parametrize("command, args, says", [
     # A flag that cannot change what the command does: one line naming the flag, the command and whose it is.
     (["profile"], ["--stack-all"], "--stack-all does not apply to profile (a flag of run, race)"),
-    (["profile"], ["--batch-lr-scale", "sqrt"], "--batch-lr-scale does not apply to profile (a flag of run, tune, "
-                                                "race, train, sweep)"),
+    (["profile"], ["--batch-lr-scale", "sqrt"], ("--batch-lr-scale does not apply to profile (a flag of run, tune, "
+                                                 "race, train, sweep)")),
     (["profile"], ["--window-steps", "3"], "--window-steps does not apply to profile"),
     (["predict"], ["--stack-all"], "--stack-all does not apply to predict"),
     (["predict"], ["--batch-lr-scale=sqrt"], "--batch-lr-scale does not apply to predict"),
@@ -116,10 +116,10 @@ def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
     (["run"], ["--steps", "2"], "--steps does not apply to run (it is train's); run's is --window-steps"),
     (["predict"], ["--nproc", "2"], "--nproc does not apply to predict (it is ddp's); predict's is --nprocs"),
     (["ddp"], ["--nprocs", "2,4"], "--nprocs does not apply to ddp (it is predict's)"),
-    (["race"], ["--eval-every", "5"], "--eval-every does not apply to race (it is train's); race's is "
-                                      "--eval-every-base-steps"),
-    (["train"], ["--rungs", "eager"], "--rungs does not apply to train (a flag of run, profile, race); train's is "
-                                      "--compose"),
+    (["race"], ["--eval-every", "5"], ("--eval-every does not apply to race (it is train's); race's is "
+                                       "--eval-every-base-steps")),
+    (["train"], ["--rungs", "eager"], ("--rungs does not apply to train (a flag of run, profile, race); train's is "
+                                       "--compose")),
     (["sweep"], ["--rungs", "eager"], "sweep's is --sweep-rungs"),
     (["predict"], ["--rungs", "eager"], "predict's is --compose"),
     # No command has it, or an abbreviation: argparse's words, still one line.
