@@ -16,6 +16,7 @@ from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
 from torch import nn
 
 from speedladder.config import RunConfig
+from speedladder.config.run import GateConfig
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, RungError, SDPAttention, rounding_fuzz
 from speedladder.step import TrainStep
@@ -248,7 +249,7 @@ def test_without_the_census_the_planted_kink_fails_the_fuzz(tiny, fuzz, monkeypa
     """The control of the control: the same plant with the probe left on gate batch 0 fails a rung that only
     re-rounds at some seed (the element sits at 0 in fp64: a rounding puts it above half the time)."""
     monkeypatch.setattr(correctness, "loss_curve", _plant_kink(tiny))
-    monkeypatch.setattr(kinks, "choose_probe", lambda truth, eager, weights, batches, micro=None: (batches[0], {}))
+    monkeypatch.setattr(kinks, "choose_probe", lambda truth, eager, weights, batches, micro=None: (batches[0], {}, {}))
     gates = Gates(tiny, Progress(quiet=True))
     ref = gates.reference(tiny.base_spec)
     monkeypatch.undo()
@@ -259,6 +260,96 @@ def test_without_the_census_the_planted_kink_fails_the_fuzz(tiny, fuzz, monkeypa
                               "eager", lambda m: None)
         failed += [seed] if not gate.passed else []
     assert failed, "the planted kink never moved a gradient: the plant tests nothing"
+
+
+def _plant_a_kink_in_every_row(work):
+    """Block 0's fc biases moved so that, in each sequence r of gate batch 0, unit r's pre-activation at position 5
+    is 0 in float64 at the probe weights: no sequence of that batch is clear of a kink."""
+    original = correctness.loss_curve
+    layer = "blocks.0.mlp.fc"
+
+    def loss_curve(step: TrainStep, batches, micro=None):
+        curve = original(step, batches, micro)
+        if step.spec == work.base_spec and next(iter(step.params.values())).dtype == torch.float32 \
+                and not getattr(loss_curve, "done", False):
+            loss_curve.done = True  # type: ignore[attr-defined]
+            weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
+            probe64 = work.step(work.base_spec, dtype=torch.float64)
+            probe64.reset(probes.amplified(weights))
+            seen = {}
+            module = dict(probe64.model.named_modules())[layer]
+            handle = module.register_forward_hook(lambda m, a, out: seen.setdefault("z", out.detach()))
+            with torch.no_grad():
+                probe64.forward(*batches[0])
+            handle.remove()
+            with torch.no_grad():
+                for row in range(batches[0][0].shape[0]):
+                    step.params[layer + ".bias"][row] -= float(seen["z"][row, 5, row])
+        return curve
+    return loss_curve
+
+
+def _everywhere_kinked(tiny, monkeypatch, flip_k: float):
+    """The reference over one gate batch whose every sequence holds a planted kink: the probe cannot move."""
+    work = prepare(RunConfig(preset="tiny", device="cpu", gates=GateConfig(loss_steps=1)))
+    monkeypatch.setattr(correctness, "loss_curve", _plant_a_kink_in_every_row(work))
+    monkeypatch.setattr(kinks, "FLIP_K", flip_k)
+    gates = Gates(work, Progress(quiet=True))
+    ref = gates.reference(work.base_spec)
+    monkeypatch.undo()
+    return work, gates, ref
+
+
+def test_kinks_the_probe_cannot_avoid_are_priced_into_the_allowance(tiny, fuzz, monkeypatch):
+    """Every sequence of the only gate batch holds an element at a ReLU's kink: the probe stays, the flips of those
+    elements are priced in float64 and allowed for, gradient by gradient. The fuzz then passes at every seed;
+    the same reference without the price fails it; wrong rungs are still caught."""
+    work, gates, ref = _everywhere_kinked(tiny, monkeypatch, kinks.FLIP_K)
+    census = ref.kinks["probe"]
+    assert census.near >= 4 and census.priced >= 4 and "no sequence" in census.detail, census
+    assert ref.fp64 is not None and ref.fp64.flips["probe"], "no price for the remaining kinks"
+
+    def fuzzed(gates, ref, seed: int):
+        fuzz(seed)
+        return gates.check(work.step(dataclasses.replace(work.base_spec, transforms=("fuzz",))), ref, ref.probe,
+                           "eager", lambda m: None)[0]
+    for seed in range(8):
+        gate = fuzzed(gates, ref, seed)
+        assert gate.passed, f"seed {seed}: {gate.detail}"
+    priced = [d for d in (gate.differential.fp64.grad,) if d.kinks]
+    assert priced and priced[0].allowed > priced[0].kinks, gate.differential.fp64.grad
+    for name, fn in {"wrong-scale": _attention(WrongScale), "skip-block": _skip_last_block}.items():
+        monkeypatch.setitem(MODEL_TRANSFORMS, name, fn)
+        wrong = dataclasses.replace(work.base_spec, transforms=(name,))
+        assert not gates.check(work.step(wrong), ref, ref.probe, "eager", lambda m: None)[0].passed, name
+
+
+def test_the_price_of_a_flip_is_what_flipping_that_element_does_in_float64(tiny, monkeypatch):
+    """flip_allowance against an independent reckoning: the planted element's pre-activation moved across 0 by
+    twice its own size (a change far below rounding, that flips ReLU's gradient there), gradients taken again in
+    float64. For one element every random sign gives the same norm: the price is FLIP_K times it."""
+    work, _, ref = _everywhere_kinked(tiny, monkeypatch, kinks.FLIP_K)
+    step64 = work.step(work.base_spec, dtype=torch.float64)
+    weights, batch = ref.probe_weights, ref.batch
+    remaining = ref.remaining["probe"]
+    (place, idx), *_ = [(k, v) for k, v in remaining.flippable.items()]
+    one = kinks.Count(near=1, flippable={place: idx[:1]})
+    priced = kinks.flip_allowance(step64, weights, batch, None, one)
+    before = kinks._gradients(step64, weights, batch, None, None)
+    flat = int(idx[0])
+
+    def across(_m, _a, out):
+        out = out.clone()
+        out.view(-1)[flat] = -out.view(-1)[flat]
+        return out
+    handle = dict(step64.model.named_modules())["blocks.0.mlp.fc"].register_forward_hook(across)
+    after = kinks._gradients(step64, weights, batch, None, None)
+    handle.remove()
+    moved = {n: float((after[n] - before[n]).norm()) for n in before}
+    assert max(moved.values()) > 0, "the flip moved no gradient: the plant tests nothing"
+    # The forward moved too, by 2|z| (about 1e-8): what it moves downstream is far below the flip's own effect.
+    for n, m in moved.items():
+        assert priced[n] == pytest.approx(kinks.FLIP_K * m, rel=1e-3, abs=1e-4 * max(moved.values())), n
 
 
 def test_a_census_that_cannot_run_says_why_and_the_gate_judges_as_before(tiny, monkeypatch):

@@ -46,6 +46,7 @@ class Distance:
     base: float | None = None
     rung: float | None = None
     allowed: float | None = None
+    kinks: float | None = None  # added to `allowed`: what kinks the probe could not avoid could move it by
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,6 +68,7 @@ class Kinks:
     rows: list[list[int]] = field(default_factory=list)  # [gate batch, row] per probe row; [] for gate batch 0
     precision: str = "fp32"  # the check's precision
     near_at_precision: int | None = None  # within eager's band at a lower precision: crossed by eager there too
+    priced: int = 0  # of `near`, the elements whose flips were priced in fp64 and allowed for (kinks.flip_allowance)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

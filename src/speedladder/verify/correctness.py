@@ -35,7 +35,8 @@ from speedladder.records.checks import (
 )
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
-from speedladder.verify import probes, truth
+from speedladder.verify import kinks, probes, truth
+from speedladder.verify.kinks import Chosen, Count
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,9 @@ _PROBE_LOGITS = 1 << 24
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-# Chooses the probe batch at the trained weights (kinks.choose_probe): the batch, and the census per weights.
-ProbeChooser = Callable[[dict[str, torch.Tensor]], tuple[Batch, dict[str, Kinks]]]
+# Chooses the probe batch at the trained weights (kinks.choose_probe): the batch, the census per weights, and the
+# count at the probe (what remains within rounding of a kink, when the probe could not be made clean).
+ProbeChooser = Callable[[dict[str, torch.Tensor]], Chosen]
 
 
 @dataclass
@@ -96,6 +98,7 @@ class Reference:
     # rounding of a kink (verify/kinks.py); and the census that chose it, at the trained and at the probe weights.
     probe_batch: Batch | None = None
     kinks: dict[str, Kinks] = field(default_factory=dict)
+    remaining: dict[str, Count] = field(default_factory=dict)
 
     @property
     def probe_weights(self) -> dict[str, torch.Tensor]:
@@ -144,12 +147,12 @@ def reference(step: TrainStep, batches: list[Batch], micro: int | None = None,
     with matmul_precision(step.spec):
         curve = loss_curve(step, batches, micro)
         weights = {n: p.detach().cpu().clone() for n, p in step.params.items()}
-        batch, kinks = choose(weights) if choose is not None else (batches[0], {})
+        batch, census, remaining = choose(weights) if choose is not None else (batches[0], {}, {})
         logits, loss, grads = probes.outputs(step, weights, batch, rows, micro)
         p_logits, p_loss, p_grads = probes.outputs(step, probes.amplified(weights), batch, rows, micro)
     probe = probes.Probe(p_logits, p_grads, curve, "fp32", (batch_size, seq_len), p_loss)
     return Reference(batches, weights, rows, logits, loss, grads, curve, probe, micro, probe_batch=batch,
-                     kinks=kinks)
+                     kinks=census, remaining=remaining)
 
 
 def with_truth(ref: Reference, step64: TrainStep) -> Reference:
@@ -159,7 +162,15 @@ def with_truth(ref: Reference, step64: TrainStep) -> Reference:
     curve = loss_curve(step64, ref.batches, ref.micro)
     trained = probes.outputs(step64, ref.weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
     at_probe = probes.outputs(step64, ref.probe_weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
-    ref.fp64 = truth.Truth(trained, at_probe, curve)
+    # Elements the probe could not be moved off, at ops whose flip moves the backward alone: priced in float64, and
+    # every gradient's allowance grows by what they could move it by (kinks.flip_allowance).
+    flips = {k: kinks.flip_allowance(step64, w, ref.batch, ref.micro, ref.remaining[k])
+             for k, w in (("trained", ref.weights), ("probe", ref.probe_weights))
+             if k in ref.remaining and ref.remaining[k].near}
+    for k, priced in flips.items():
+        if priced and k in ref.kinks:
+            ref.kinks[k].priced = sum(t.numel() for t in ref.remaining[k].flippable.values())
+    ref.fp64 = truth.Truth(trained, at_probe, curve, flips)
     ref.probe.errors = (truth.errors((ref.logits, ref.loss, ref.grads), trained),
                         truth.errors((ref.probe.logits, ref.probe.loss, ref.probe.grads), at_probe, ref.curve, curve))
     return ref

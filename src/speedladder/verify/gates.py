@@ -107,13 +107,13 @@ class Gates:
                  micro: int | None) -> correctness.ProbeChooser:
         """The probe batch at the trained weights: kinks.choose_probe, or the first gate batch with the reason
         where the census cannot run."""
-        def choose(weights: dict[str, torch.Tensor]) -> tuple[kinks.Batch, dict[str, Kinks]]:
+        def choose(weights: dict[str, torch.Tensor]) -> kinks.Chosen:
             named = {"trained": weights, "probe": probes.amplified(weights)}
             try:
                 return kinks.choose_probe(step64, step, named, batches, micro)
             except Exception as e:  # noqa: BLE001 -- the gate then judges as before, and the record says why
                 why = f"the kink census failed ({one_line(e)}): the probe is the first gate batch, unexamined"
-                return batches[0], {k: Kinks(ran=False, detail=why, band=kinks.BAND) for k in named}
+                return batches[0], {k: Kinks(ran=False, detail=why, band=kinks.BAND) for k in named}, {}
         return choose
 
     def _with_truth(self, ref: correctness.Reference, step64: TrainStep) -> correctness.Reference:
@@ -267,8 +267,10 @@ class Gates:
         the same precision and shape, the base's."""
         assert ref.fp64 is not None
         name, eager_trained, eager_probe = self.eager_at(spec, ref)
-        mine.errors = (truth.errors(trained, ref.fp64.trained),
-                       truth.errors((mine.logits, mine.loss, mine.grads), ref.fp64.probe, mine.curve, ref.fp64.curve))
+        flips = ref.fp64.flips
+        mine.errors = (truth.errors(trained, ref.fp64.trained, flips=flips.get("trained")),
+                       truth.errors((mine.logits, mine.loss, mine.grads), ref.fp64.probe, mine.curve, ref.fp64.curve,
+                                    flips=flips.get("probe")))
         below: tuple[tuple[str, Errors] | None, tuple[str, Errors] | None] = (None, None)
         if (base is not None and base_name is not None and base.errors is not None
                 and (base.shape, base.precision) == (mine.shape, mine.precision)):

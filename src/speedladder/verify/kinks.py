@@ -183,6 +183,15 @@ class Count:
     rows: set[int] = field(default_factory=set)  # the batch rows holding an element within the band
     unplaced: int = 0  # near elements whose row the layout does not tell
     why: str = ""  # why the two runs could not be paired ("" when they were)
+    # The near elements of the ops whose value is continuous at the kink (relu, threshold, hardtanh, leaky_relu),
+    # by (first row of the micro-batch, the op's place among the kink ops): a flip there moves the backward alone,
+    # and flip_allowance can price it.
+    flippable: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def unpriced(self) -> int:
+        """Near elements at ops whose flip cannot be priced (a comparison, a tie of max, top-k or sort)."""
+        return self.near - sum(t.numel() for t in self.flippable.values())
 
 
 def count(truth: _Seen, eager: _Seen, rows: int) -> Count:
@@ -193,7 +202,7 @@ def count(truth: _Seen, eager: _Seen, rows: int) -> Count:
         return Count(why=f"the float64 run met {len(names)} kink ops and eager {len(eager.ops)}, not the same "
                          "sequence: the census cannot pair them")
     out = Count(ops=len(names))
-    for (name, d64s), (_, dls) in zip(truth.ops, eager.ops):
+    for place, ((name, d64s), (_, dls)) in enumerate(zip(truth.ops, eager.ops)):
         for d64, dl in zip(d64s, dls):
             out.elements += d64.numel()
             if d64.shape != dl.shape:
@@ -207,6 +216,9 @@ def count(truth: _Seen, eager: _Seen, rows: int) -> Count:
                 continue
             out.near += near.numel()
             out.by_op[name] = out.by_op.get(name, 0) + near.numel()
+            if name in FLIPPABLE:
+                before = out.flippable.get((0, place))
+                out.flippable[(0, place)] = near if before is None else torch.cat([before, near]).unique()
             row = _row_of(d64.shape, rows)
             if row is None:
                 out.unplaced += near.numel()
@@ -238,6 +250,7 @@ def census(truth: TrainStep, eager: TrainStep, weights: dict[str, torch.Tensor],
         total.near += c.near
         total.unplaced += c.unplaced
         total.rows.update(first + r for r in c.rows)
+        total.flippable.update({(first, place): t for (_, place), t in c.flippable.items()})
         for k, v in c.by_op.items():
             total.by_op[k] = total.by_op.get(k, 0) + v
     return total
@@ -251,24 +264,31 @@ def _record(c: Count, first: Count, probe: str, rows: list[list[int]], detail: s
                  band=BAND, probe=probe, rows=rows, detail=detail)
 
 
+Chosen = tuple[Batch, dict[str, Kinks], dict[str, Count]]
+
+
 def choose_probe(truth: TrainStep, eager: TrainStep, weights: dict[str, dict[str, torch.Tensor]],
-                 batches: list[Batch], micro: int | None = None) -> tuple[Batch, dict[str, Kinks]]:
+                 batches: list[Batch], micro: int | None = None) -> Chosen:
     """The probe batch: the first gate batch's rows where no element lies within rounding of a kink at any of the
     named weights (the trained and the probe weights), the others replaced by clean rows of the next gate batches;
-    and the census at each weights that chose it."""
+    the census at each weights that chose it, and the count at the probe (what flip_allowance prices when the
+    probe could not be made clean)."""
     first = {k: census(truth, eager, w, batches[0], micro) for k, w in weights.items()}
     broken = next((c.why for c in first.values() if c.why), "")
     if broken:
-        return batches[0], {k: Kinks(ran=False, detail=broken, band=BAND) for k in weights}
+        return batches[0], {k: Kinks(ran=False, detail=broken, band=BAND) for k in weights}, {}
     dirty = set().union(*(c.rows for c in first.values()))
     unplaced = sum(c.unplaced for c in first.values())
     size = batches[0][0].shape[0]
+
+    def stay(why: str) -> Chosen:
+        return batches[0], {k: _record(c, c, "gate batch 0", [], why) for k, c in first.items()}, first
+
     if not dirty and not unplaced:
-        return batches[0], {k: _record(c, c, "gate batch 0", [], "") for k, c in first.items()}
+        return stay("")
     if unplaced:
-        why = (f"{unplaced} of the elements within rounding of a kink lie in tensors whose layout does not say "
-               "which sequence they belong to: the probe could not be moved")
-        return batches[0], {k: _record(c, c, "gate batch 0", [], why) for k, c in first.items()}
+        return stay(f"{unplaced} of the elements within rounding of a kink lie in tensors whose layout does not say "
+                    "which sequence they belong to: the probe could not be moved")
     clean: list[tuple[int, int]] = []
     for j, batch in enumerate(batches[1:], start=1):
         if len(clean) >= len(dirty):
@@ -280,8 +300,7 @@ def choose_probe(truth: TrainStep, eager: TrainStep, weights: dict[str, dict[str
         clean += [(j, r) for r in range(size) if r not in taken]
     clean += [(0, r) for r in range(size) if r not in dirty]  # repeated if need be: a clean sequence twice is clean
     if not clean:
-        why = (f"no sequence of the {len(batches)} gate batches is clear of kinks: the probe stays on the first")
-        return batches[0], {k: _record(c, c, "gate batch 0", [], why) for k, c in first.items()}
+        return stay(f"no sequence of the {len(batches)} gate batches is clear of kinks: the probe stays on the first")
     # The first batch's clean rows keep their places; each dirty one takes the next clean row of a later batch.
     chosen = [(0, r) for r in range(size)]
     for i, r in enumerate(sorted(dirty)):
@@ -292,10 +311,96 @@ def choose_probe(truth: TrainStep, eager: TrainStep, weights: dict[str, dict[str
     probe = (f"gate batch 0 with {len(dirty)} of its {size} sequences replaced by clean ones of gate batch"
              f"{'es' if len(later) > 1 else ''} {', '.join(map(str, later))}" if later else
              f"the {size - len(dirty)} clean sequences of gate batch 0, repeated")
-    out = {}
+    out, counts_at = {}, {}
     for k, w in weights.items():
         again = census(truth, eager, w, (x, y), micro)
         why = "" if not again.near else (f"{again.near} elements still lie within rounding of a kink in the "
                                          "assembled batch: this model's sequences are not independent")
         out[k] = _record(again if not again.why else first[k], first[k], probe, [[j, r] for j, r in chosen], why)
-    return (x, y), out
+        counts_at[k] = again if not again.why else Count()
+    return (x, y), out, counts_at
+
+
+# -- pricing the flips that remain -------------------------------------------------------------------------------
+
+# The ops whose value is continuous at the kink, and the backward op that applies their mask: a flip there changes
+# the input's gradient at that element by (slope change) x the gradient arriving, and nothing in the forward.
+FLIPPABLE = {"relu", "relu_", "threshold", "threshold_", "hardtanh", "hardtanh_", "leaky_relu", "leaky_relu_"}
+_MASKS = {aten.threshold_backward, aten.hardtanh_backward, aten.leaky_relu_backward}
+# Random-sign flips of every remaining element at once: E||sum s_i d_i||^2 = sum ||d_i||^2, the square of what one
+# flip of the largest could move a gradient by, and of what a random part of them flipping moves it by on average.
+FLIP_DRAWS = 4
+# The allowance is this many times that root-sum-square (an estimate from FLIP_DRAWS draws, and a subset of flips
+# may land on one side).
+FLIP_K = 2.0
+
+
+class _Flips(TorchDispatchMode):
+    """Forward: the storage of each flippable kink op's input and output, with its remaining near elements.
+    Backward: the op's input gradient plus a random sign times the slope's change times the arriving gradient at
+    those elements: every remaining element flipped, each one way or the other."""
+
+    def __init__(self, near: dict[tuple[int, int], torch.Tensor], generator: torch.Generator) -> None:
+        super().__init__()
+        self.near, self.generator = near, generator
+        self.first, self.place = 0, 0
+        self.saved: dict[int, torch.Tensor] = {}
+
+    def at(self, first: int) -> _Flips:
+        """This micro-batch's elements (the census counted them micro-batch by micro-batch)."""
+        self.first, self.place = first, 0
+        return self
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        op = func.overloadpacket
+        if op in _MASKS:
+            out = func(*args, **kwargs)
+            idx = self.saved.get(args[1].data_ptr())
+            if idx is None:
+                return out
+            slope = 1.0 - float(args[2]) if op is aten.leaky_relu_backward else 1.0
+            signs = torch.randint(0, 2, (idx.numel(),), generator=self.generator).to(out) * 2 - 1
+            delta = torch.zeros(out.numel(), dtype=out.dtype, device=out.device)
+            delta[idx.to(out.device)] = signs * slope * args[0].reshape(-1)[idx.to(out.device)]
+            return out + delta.view_as(out)
+        with torch.no_grad():
+            kink = distances(func, args, kwargs) is not None
+        out = func(*args, **kwargs)
+        if kink:
+            idx = self.near.get((self.first, self.place))
+            if idx is not None and op.__name__ in FLIPPABLE:
+                for t in (args[0], out):
+                    if isinstance(t, torch.Tensor):
+                        self.saved[t.data_ptr()] = idx
+            self.place += 1
+        return out
+
+
+def _gradients(step: TrainStep, weights: dict[str, torch.Tensor], batch: Batch, micro: int | None,
+               flips: _Flips | None) -> dict[str, torch.Tensor]:
+    step.reset(weights)
+    parts = list(chunks(batch, micro))
+    for first, (x, y) in parts:
+        with flips.at(first) if flips is not None else nullcontext():
+            step.forward_backward(x.to(step.device), y.to(step.device))
+    return {n: step.reference_part(n, p.grad).detach().double().cpu() / len(parts)
+            for n, p in step.params.items() if p.grad is not None}
+
+
+def flip_allowance(step64: TrainStep, weights: dict[str, torch.Tensor], batch: Batch, micro: int | None,
+                   remaining: Count, seed: int = 0) -> dict[str, float]:
+    """Per parameter, what flipping the remaining near elements could move its gradient by, in float64 (the
+    norm, absolute): FLIP_K x the root-sum-square of each element's effect, estimated from FLIP_DRAWS random-sign
+    flips of them all. Empty when none remain at an op whose flip can be priced."""
+    if not remaining.flippable:
+        return {}
+    normal = _gradients(step64, weights, batch, micro, None)
+    generator = torch.Generator().manual_seed(seed)
+    squares = dict.fromkeys(normal, 0.0)
+    for _ in range(FLIP_DRAWS):
+        moved = _gradients(step64, weights, batch, micro, _Flips(remaining.flippable, generator))
+        for n, g in normal.items():
+            squares[n] += float((moved[n] - g).pow(2).sum())
+    return {n: FLIP_K * math.sqrt(v / FLIP_DRAWS) for n, v in squares.items()}

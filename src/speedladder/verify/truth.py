@@ -53,6 +53,9 @@ class Truth:
     trained: Outputs  # at the reference's trained weights (what equivalence compares)
     probe: Outputs  # at the probe weights (what the differential check compares)
     curve: list[float] | None  # its loss curve over the gate batches, from the initial weights
+    # At "trained" and "probe" weights, where the probe could not be moved off every kink: per parameter, what
+    # flipping the remaining elements could move its gradient by (absolute; kinks.flip_allowance).
+    flips: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @staticmethod
     def grad_rms(out: Outputs) -> float:
@@ -71,6 +74,7 @@ class Errors:
     grads: dict[str, float]
     curve: float | None = None  # the loss curve's largest relative distance, step by step
     extra: dict[str, float] = field(default_factory=dict)
+    flips: dict[str, float] = field(default_factory=dict)  # per gradient: what remaining kinks could move it by
 
 
 def _rel(a: torch.Tensor, truth: torch.Tensor, floor_norm: float = 0.0) -> float:
@@ -86,17 +90,24 @@ def curve_error(curve: list[float] | None, truth: list[float] | None) -> float |
     return max(abs(a - b) / abs(b) for a, b in zip(curve, truth))
 
 
+def _scale(t: torch.Tensor, rms: float) -> float:
+    return max(float(t.norm()), rms * math.sqrt(t.numel()))
+
+
 def errors(out: Outputs, truth: Outputs, curve: list[float] | None = None,
-           truth_curve: list[float] | None = None) -> Errors:
-    """How far one set of outputs (at the truth's weights, on its batch) is from it."""
+           truth_curve: list[float] | None = None, flips: dict[str, float] | None = None) -> Errors:
+    """How far one set of outputs (at the truth's weights, on its batch) is from it; `flips`: what kinks the probe
+    could not avoid could move each gradient by (absolute), made relative as the distances are."""
     logits, loss, grads = out
     t_logits, t_loss, t_grads = truth
     rms = Truth.grad_rms(truth)
     g = {n: _rel(grads[n], t, rms * math.sqrt(t.numel())) if n in grads and grads[n].shape == t.shape else math.inf
          for n, t in t_grads.items()}
+    moved = {n: v / _scale(t_grads[n], rms) for n, v in (flips or {}).items()
+             if n in t_grads and _scale(t_grads[n], rms) > 0}
     return Errors(logits=_rel(logits, t_logits) if t_logits.numel() else None,
                   loss=abs(loss - t_loss) / abs(t_loss) if t_loss else abs(loss),
-                  grads=g, curve=curve_error(curve, truth_curve))
+                  grads=g, curve=curve_error(curve, truth_curve), flips=moved)
 
 
 def judge(rung: Errors, eager: tuple[str, Errors], base: tuple[str, Errors] | None, precision: str) -> Fp64:
@@ -106,20 +117,24 @@ def judge(rung: Errors, eager: tuple[str, Errors], base: tuple[str, Errors] | No
     k, floor = FP64_K, FP64_FLOOR[precision]
     e, b = eager[1], (base[1] if base else None)
 
-    def one(name: str, r: float | None, ev: float | None, bv: float | None, times: float = k) -> Distance:
+    def one(name: str, r: float | None, ev: float | None, bv: float | None, times: float = k,
+            flip: float = 0.0) -> Distance:
         scale = max(v for v in (ev, bv, 0.0) if v is not None)
-        return Distance(name=name, eager=ev, base=bv, rung=r, allowed=times * scale + floor)
+        return Distance(name=name, eager=ev, base=bv, rung=r, allowed=times * scale + floor + flip,
+                        kinks=flip or None)
 
     logits = one("logits", rung.logits, e.logits, b.logits if b else None) if rung.logits is not None else None
     loss = one("loss", rung.loss, e.loss, b.loss if b else None)
-    grads = [one(n, r, e.grads.get(n), b.grads.get(n) if b else None) for n, r in rung.grads.items()]
+    grads = [one(n, r, e.grads.get(n), b.grads.get(n) if b else None, flip=rung.flips.get(n, 0.0))
+             for n, r in rung.grads.items()]
     worst = max(grads, key=lambda d: _over(d), default=None)
     curve = (one("loss curve", rung.curve, e.curve, b.curve if b else None, CURVE_K) if rung.curve is not None
              else None)
     out = Fp64(k=k, floor=floor, scale=eager[0] + (f" and {base[0]} (the rung it built on)" if base else ""),
                logits=logits, loss=loss, grad=worst, curve=curve, tensors=len(grads))
     problems = [f"{'the gradient of ' + d.name if d is worst else d.name} is {d.rung:.2e} from fp64 (allowed "
-                f"{d.allowed:.2e}: {CURVE_K if d is curve else k:g}x {out.scale}'s {_scale(d):.2e} + {floor:g})"
+                f"{d.allowed:.2e}: {CURVE_K if d is curve else k:g}x {out.scale}'s {_largest(d):.2e} + {floor:g}"
+                + (f" + {d.kinks:.2e} for kinks the probe could not avoid" if d.kinks else "") + ")"
                 for d in (logits, loss, worst, curve) if d is not None and not _over(d) <= 1]
     out.passed = not problems
     out.detail = "; ".join(problems)
@@ -133,5 +148,5 @@ def _over(d: Distance) -> float:
     return d.rung / d.allowed if math.isfinite(d.rung) else math.inf
 
 
-def _scale(d: Distance) -> float:
+def _largest(d: Distance) -> float:
     return max(v for v in (d.eager, d.base, 0.0) if v is not None)
