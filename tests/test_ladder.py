@@ -72,13 +72,15 @@ def test_each_rung_builds_on_the_last_and_compile_is_timed_apart(source_run):
     assert all(rungs[n]["compile_s"] is not None for n in ("compile", "bf16", "batch", "ckpt"))
     assert rungs["compile"]["gate"]["equivalence"]["precision"] == "fp32"
     assert rungs["bf16"]["gate"]["equivalence"]["precision"] == "bf16"
-    # Each builds on the best configuration below it: the last that passed and did not lose (a speed rung's loss
-    # is measured and left out; on a busy machine the tiny preset's bf16 can lose).
+    # Each builds on the best configuration below it: the last that passed and whose best estimate was above its
+    # base (a speed rung that lost, or was noise at or below 1.0x, is measured and left out; on a busy machine the
+    # tiny preset's bf16 can lose).
     expected, last = [], "eager"
     for n in ("compile", "bf16", "batch", "ckpt"):
         expected.append(last)
         r = rungs[n]
-        if r["gate"]["passed"] and not (r["kind"] == "speed" and r["verdict"] == "loss"):
+        above = r["verdict"] == "win" or (r["verdict"] in ("noise", "inconclusive") and r["speedup_prev"] > 1)
+        if r["gate"]["passed"] and (r["kind"] != "speed" or above):
             last = n
         assert bool(r["not_built_upon"]) == (r["gate"]["passed"] and last != n)
     assert [rungs[n]["built_on"] for n in ("compile", "bf16", "batch", "ckpt")] == expected
@@ -374,10 +376,61 @@ def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_s
         assert not slow["not_built_upon"]
     else:
         assert sdpa["built_on"] == "eager" and sdpa["spec"]["transforms"] == ["sdpa"]
-        assert "a loss" in slow["not_built_upon"] and "build on eager" in slow["not_built_upon"]
+        assert slow["not_built_upon"].startswith("slower: a loss") and "build on eager" in slow["not_built_upon"]
         # × cum chains along what was built upon: sdpa's is its own ratio over eager, not slow's loss times it.
         assert sdpa["speedup_cum"] == pytest.approx(sdpa["speedup_prev"])
         ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
         assert "slow\n(not built upon)" in ticks
         lines = report.text.notes(results.load(run_dir(tmp_path)))
-        assert any(line.startswith("slow: not built upon — a loss") for line in lines)
+        assert any(line.startswith("slow: not built upon — slower: a loss") and "(red on the waterfall" in line
+                   for line in lines)
+
+
+@pytest.mark.parametrize("stack_all", [False, True])
+def test_noise_is_built_upon_only_above_one(tmp_path, monkeypatch, stack_all):
+    """What to build on follows the best estimate (docs/measurement.md, rule 13): two rungs with the same math whose
+    windows overlap their base's (noise, no claim), planted at 0.95x and 1.05x. The first is not built upon
+    (slower); the second is, and the rung above it builds on it. --stack-all builds on both."""
+    from speedladder.climbing import ladder as climbing
+    from speedladder.measure import judging
+    from speedladder.measure.timer import Window
+
+    for name in ("down", "up"):
+        monkeypatch.setitem(MODEL_TRANSFORMS, name, lambda model: model)  # the same function
+        monkeypatch.setitem(RUNGS, name, Rung(name, "planted: the same math, windows planted", "speed",
+                                              lambda s, e, name=name: dataclasses.replace(
+                                                  s, transforms=(*s.transforms, name))))
+    base_rates = [100.0, 96.0, 104.0, 98.0, 102.0]
+    planted = {"down": [95.0, 100.0, 90.0, 97.0, 93.0], "up": [105.0, 100.0, 110.0, 103.0, 107.0]}
+    real = climbing.measure_spec
+
+    def measure(work, spec, say, **kw):
+        m, step = real(work, spec, say, **kw)
+        mine = next((n for n in reversed(spec.transforms) if n in planted), None)
+        if mine is not None and m.base_timing is not None:  # tokens per window: the rate x 1 s
+            m.timing.windows = [measure_window(r) for r in planted[mine]]
+            m.base_timing.windows = [measure_window(r) for r in base_rates]
+            m.tokens_per_s, m.base_tokens_per_s = judging.tokens_per_s(m.timing), judging.tokens_per_s(m.base_timing)
+        return m, step
+
+    def measure_window(rate: float) -> Window:
+        return Window(seconds=1.0, steps=1, tokens=int(rate), recompiles=0)
+
+    monkeypatch.setattr(climbing, "measure_spec", measure)
+    args = ["run", *FAST, "--learns-steps", "0", "--windows", "5", "--rungs", "eager,down,up,sdpa", "--quiet",
+            "--out", str(tmp_path)]
+    assert main(args + (["--stack-all"] if stack_all else [])) == 0
+    rungs = by_name(saved(tmp_path))
+    down, up, sdpa = rungs["down"], rungs["up"], rungs["sdpa"]
+    assert down["verdict"] == up["verdict"] == "noise"  # the ranges overlap: no claim either way
+    assert down["speedup_prev"] == pytest.approx(95 / 100) and up["speedup_prev"] == pytest.approx(105 / 100)
+    assert up["built_on"] == ("down" if stack_all else "eager") and sdpa["built_on"] == "up"
+    assert not up["not_built_upon"]
+    if stack_all:
+        assert not down["not_built_upon"] and up["spec"]["transforms"] == ["down", "up"]
+    else:
+        assert down["not_built_upon"].startswith("slower: noise, 0.95x eager re-timed beside it")
+        assert up["spec"]["transforms"] == ["up"] and sdpa["spec"]["transforms"] == ["up", "sdpa"]
+        lines = report.text.notes(results.load(run_dir(tmp_path)))
+        assert any(line.startswith("down: not built upon — slower: noise") and "(pale on the waterfall" in line
+                   for line in lines)

@@ -170,7 +170,7 @@ def synthetic_windows(monkeypatch):
     def interleave(step, base, timing, base_timing, device, tps, base_tps, steps, windows, counter=None,
                    on_progress=None):
         for i in range(windows):
-            timing.windows.append(window(step, device, tps, steps, seconds=0.01 * (1 + 0.001 * i)))
+            timing.windows.append(window(step, device, tps, steps, seconds=0.01 * (1 - 0.001 * i)))
             base_timing.windows.append(window(base, device, base_tps, steps, seconds=0.01 * state["slow"]))
 
     monkeypatch.setattr(measure, "time_window", window)

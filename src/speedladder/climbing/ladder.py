@@ -1,9 +1,10 @@
 """Climb the ladder: for each rung, spec = rung(spec) -> build -> warm up -> time -> verify -> save.
 
 Each rung builds on the best configuration so far: the last rung that ran,
-passed its gates and paid (a speed rung that measured a loss is drawn red and
-left out, unless --stack-all); one that is skipped, fails a gate, runs out of
-memory or raises is recorded as such and left out of the specs above it.
+passed its gates and paid (a speed rung whose best estimate is not above its
+base, a loss or noise at or below 1.0x, is measured, named and left out, unless
+--stack-all); one that is skipped, fails a gate, runs out of memory or raises is
+recorded as such and left out of the specs above it.
 results.json is rewritten after every rung.
 """
 
@@ -37,10 +38,21 @@ AUTO = "auto"  # predict a ladder rung on the spec it builds on
 
 
 def pays(r: RungResult) -> bool:
-    """Whether the rungs above build on this one (it passed its gates): a speed rung must not be a measured loss.
-    A memory rung is expected to cost speed and an optimizer rung is judged by tokens to a loss, so both are built
-    upon; so is noise, which is no loss (docs/measurement.md, rule 13)."""
-    return r.kind != "speed" or r.verdict != "loss"
+    """Whether the rungs above build on this one (it passed its gates): a speed rung's best estimate must be above
+    its base, a win or noise above 1.0x (judging.builds_on); the claim of a win or a loss keeps its own test (the
+    windows' ranges). A memory rung is expected to cost speed and an optimizer rung is judged by tokens to a loss,
+    so both are built upon (docs/measurement.md, rule 13)."""
+    return r.kind != "speed" or judging.builds_on(r.verdict, r.speedup_prev)
+
+
+def not_built_upon(r: RungResult, base: str) -> str:
+    """Why the rungs above do not build on a rung that passed its gates, its reason word first."""
+    x = f"{r.speedup_prev:.2f}x {base} re-timed beside it" if r.speedup_prev is not None else f"no ratio to {base}"
+    if r.verdict == "loss":
+        why = f"a loss, {x}"
+    else:
+        why = f"{r.verdict}, {x}: the windows overlap, but the best estimate is not above 1.0x"
+    return f"{judging.SLOWER}: {why}; the rungs above build on {base}"
 
 
 class Ladder:
@@ -257,8 +269,7 @@ class Ladder:
             if r.ok and rung.control is not None:
                 self.climb(rung, rung.control(new), r, role=Role.CONTROL)
             if r.passed and base is not None and not self.work.cfg.run.stack_all and not pays(r):
-                r.not_built_upon = (f"a loss, {r.speedup_prev:.2f}x {base.name} re-timed beside it: the rungs "
-                                    f"above build on {base.name}")
+                r.not_built_upon = not_built_upon(r, base.name)
                 self.progress.scoped(r.name)(f"not built upon: {r.not_built_upon}")
                 self.save()
             elif r.passed:

@@ -18,8 +18,8 @@ Tokens/s says how fast a step runs; a race says how fast a model gets good (docs
    `cap_factor` times eager fp32's calibration). A run stopped at its cap did not reach: a censored time, at least
    its clock.
 5. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation.
-6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The
-   next stage builds on the rung only if it won or was noise (`stack_all` builds on every one that ran).
+6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The next
+   stage builds on the rung if its best estimate is above its base (a win, or noise above 1.0x), else on its base.
 
 Everything lands in results.json's `race` section (records.RaceSection), saved after every run.
 """
@@ -43,7 +43,7 @@ from speedladder.measure import devicemem, timer
 from speedladder.progress import Progress
 from speedladder.racing.ruler import val_hash
 from speedladder.racing.runs import Clock, Going, Runs, WallClock
-from speedladder.racing.verdicts import PAYS, capped_out, judge
+from speedladder.racing.verdicts import built_upon_line, builds_upon, capped_out, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.records.race import RaceRole
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
@@ -342,7 +342,7 @@ class Race(Runs):
 
     def _run_ladder(self, names: tuple[str, ...]) -> None:
         """Stage by stage: each rung composed on the best configuration so far, raced beside it, then judged; the
-        next builds on it only if it paid (won, or was noise), or on every one that ran with stack_all."""
+        next builds on it only if it paid (won, or was noise above 1.0x), or on every one that ran with stack_all."""
         spec, base, path = self.work.base_spec, None, tuple[str, ...]()
         for name in names:
             try:
@@ -365,11 +365,8 @@ class Race(Runs):
                 continue
             self._stage([base, p], base)
             judge(self.section)
-            pays = self.cfg.stack_all or p.entry.verdict in PAYS
-            p.entry.built_upon = pays
-            self.progress.scoped(f"race {p.entry.name}")(
-                f"{p.entry.verdict}" + (f" ({p.entry.verdict_detail})" if p.entry.verdict_detail else "")
-                + ("; the next stage builds on it" if pays else f"; the next stage builds on {base.entry.name}"))
+            pays = p.entry.built_upon = self.cfg.stack_all or builds_upon(p.entry)
+            self.progress.scoped(f"race {p.entry.name}")(built_upon_line(p.entry, base.entry.name, pays))
             if pays:
                 self._release(base)
                 spec, base, path = new, p, (*path, name)

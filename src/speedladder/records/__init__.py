@@ -143,8 +143,9 @@ class RungResult:
     # both spreads (measure/judging.drift): the machine drifted between the two; None when they agree.
     base_drift: float | None = None
     prediction_error: float | None = None  # measured x prev over predicted, less 1
-    # Why the rungs above do not build on this one though it passed its gates (a speed rung's measured loss:
-    # ladder.pays); empty when they do, or when it did not pass.
+    # Why the rungs above do not build on this one though it passed its gates, its reason word first ("slower: a
+    # loss, ..."; a speed rung whose best estimate is not above its base: ladder.pays); empty when they do, or when
+    # it did not pass.
     not_built_upon: str = ""
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
     # Memory (climbing/meters.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the

@@ -166,7 +166,7 @@ class RaceEntry:
     paired: PairedTest | None = None
     equal_tokens: EqualTokens | None = None
     budget: BudgetCheck | None = None  # modded-nanogpt's criterion
-    built_upon: bool | None = None  # a cumulative ladder's next stage built on it (it won or was noise)
+    built_upon: bool | None = None  # a cumulative ladder's next stage built on it (a win, or noise above 1.0x)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speedladder.measure import stats
+from speedladder.measure import judging, stats
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import console, model_label, times
 
@@ -145,8 +145,11 @@ def _entry_lines(e: RaceEntry, s: RaceSection) -> list[str]:
                    "tokens/s alone would have praised it.")
     if e.built_upon is False and e.role == "rung" and e.verdict is not None:
         nxt = next((x for x in s.entries[s.entries.index(e) + 1:] if x.built_on), None)
-        out.append(f"{e.name}: {e.verdict}, so not built upon"
-                   + (f": {nxt.name} is built on {nxt.built_on}." if nxt is not None else "."))
+        # The claim and the choice are two questions: noise claims nothing, but its best estimate decides.
+        estimate = (f": no loss at p < {s.alpha:g}, but its best estimate is not above 1.0×"
+                    if e.verdict == stats.NOISE else "")
+        out.append(f"{e.name}: not built upon ({judging.why_not_built(e.verdict)}) — {e.verdict}, {prev_cell(e)} "
+                   f"{e.built_on}{estimate}" + (f"; {nxt.name} is built on {nxt.built_on}." if nxt is not None else "."))
     return out
 
 
@@ -172,7 +175,7 @@ def _stage_lines(s: RaceSection) -> list[str]:
             f"turns a stretch at a time (the one with less training time next); who starts alternates ({starts}, "
             f"...): {balance}."
             + (" Every rung that ran was built upon (--stack-all)." if s.stack_all else
-               " The next stage builds on the rung only if it won or was noise.")]
+               " The next stage builds on the rung only if it won, or was noise above 1.0× (its best estimate).")]
 
 
 def power_lines(section: RaceSection) -> list[str]:

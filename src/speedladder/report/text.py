@@ -122,8 +122,10 @@ def _control_note(rung: RungResult, control: RungResult) -> str:
 def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
-    if r.not_built_upon:
-        out.append(f"{r.name}: not built upon — {r.not_built_upon} (red on the waterfall; --stack-all builds on it).")
+    if r.not_built_upon:  # its reason word first (slower); a file from before it has the sentence alone
+        colour = "red" if r.verdict == "loss" else "pale"
+        out.append(f"{r.name}: not built upon — {r.not_built_upon} ({colour} on the waterfall; --stack-all builds "
+                   "on it).")
     if r.role == Role.BESIDE and r.ok:
         out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r.kind} rung).")
