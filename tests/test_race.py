@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import math
 import random
 from pathlib import Path
@@ -21,6 +22,7 @@ from conftest import CPU
 from speedladder.cli import main
 from speedladder.config import RunConfig
 from speedladder.data import BatchStream, Corpus, holdout, val_windows
+from speedladder.progress import LOGGER, Progress
 from speedladder.racing import Race, equal_tokens, judge
 from speedladder.records import RaceEntry, RaceRun, RaceSection
 from speedladder.rungs import RUNGS, Env, Rung, StepSpec
@@ -183,14 +185,14 @@ SLOW = Rung("slow", "planted: the same math, slower per step", "speed",
 
 
 def _race(monkeypatch, tmp_path, rungs: tuple[str, ...], clock: StepClock, race: RaceConfig = RACE,
-          **run) -> RaceSection:
+          progress: Progress | None = None, **run) -> RaceSection:
     planted = {"half-lr": Rung("half-lr", "planted: tokens/s unchanged, half the learning rate", "speed",
                                lambda s, e: dataclasses.replace(s, lr_scale=s.lr_scale * 0.5)),
                "same": Rung("same", "planted: changes nothing", "speed", lambda s, e: s), "slow": SLOW}
     for name, rung in planted.items():
         monkeypatch.setitem(RUNGS, name, rung)
     work = prepare(RunConfig(preset="tiny", device="cpu", rungs=rungs, **run))
-    contest = Race(work, tmp_path, race, clock=clock)
+    contest = Race(work, tmp_path, race, progress, clock=clock)
     contest.prepare_ladder(rungs)
     return contest.run().race  # type: ignore[return-value]
 
@@ -257,6 +259,17 @@ def test_a_10x_slower_rung_is_stopped_at_twice_its_base_and_not_built_upon(monke
     assert stacked.entry("same").built_on == "slow" and stacked.stack_all
 
 
+class Lines(logging.Handler):
+    """The progress lines as a log would hold them: (phase, message)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((getattr(record, "phase", ""), record.getMessage()))
+
+
 class SeedClock(StepClock):
     """A StepClock whose planted slowdown differs from seed to seed: `by_seed[seed]` times a step of the slow
     optimizer. The race tells the clock its seed as each run begins (Race.begin, patched in the test)."""
@@ -285,8 +298,19 @@ def test_a_25_percent_slower_rung_that_is_noise_is_not_built_upon(monkeypatch, t
         return begin(self, step, seed, *args, **kwargs)
 
     monkeypatch.setattr(Race, "begin", told)
-    s = _race(monkeypatch, tmp_path, ("eager", "slow", "same"), clock)
+    log = Lines()  # the progress lines, as a log holds them
+    lines = log.lines
+    monkeypatch.setattr(LOGGER, "handlers", [log])
+    monkeypatch.setattr(LOGGER, "level", logging.INFO)
+    s = _race(monkeypatch, tmp_path, ("eager", "slow", "same"), clock, progress=Progress())
     eager, slow, same = s.entries
+    # Each stage shows its progress seed by seed, with its elapsed time and an estimate of what is left.
+    stage = [m for phase, m in lines if phase == "race stage 1"]
+    assert stage[0] == "eager, slow, 4 seeds" and stage[-1].startswith("eager, slow, 4 seeds: done in ")
+    assert [m.split(", about")[0].split("elapsed, ")[1] for m in stage[1:4]] == ["1/4", "2/4", "3/4"]
+    assert all(m.endswith(f"left; seed {i} done") for i, m in enumerate(stage[1:4]))
+    assert any(phase == "race slow" and m.startswith("noise, 0.8")
+               and m.endswith("; not built upon (slower): the next stage builds on eager") for phase, m in lines)
     assert len(slow.own_runs) == 4 and all(r.reached for r in slow.own_runs)
     assert slow.verdict == "noise" and 0.01 < slow.p_loss < 0.2 and slow.p_win > 0.5
     assert slow.speedup_prev == pytest.approx(1 / 1.25, rel=0.05)
@@ -455,6 +479,11 @@ def test_the_race_is_saved_typed_and_complete(raced):
                 assert r.curve_val[i] <= s.target_loss < min(v for v in r.curve_val[:i])
                 assert r.curve_seconds[i - 1] <= r.seconds <= r.first_eval_seconds == r.curve_seconds[i]
                 assert r.curve_tokens[-1] >= s.budget_tokens or r.train_seconds >= r.cap_s  # trained to the budget
+    # The machine's load, read around every clocked stretch and judged over each run (measure/load.py).
+    m = saved.machine
+    assert m is not None and m.windows == 0 and m.runs == sum(len(e.runs) for e in s.entries) > 0
+    assert all(r.other_cores is not None and r.other_cores >= 0 for e in s.entries for r in e.runs)
+    assert m.shared_runs == sum(r.shared for e in s.entries for r in e.runs)
     batch, muon = s.entry("batch"), s.entry("muon")
     assert batch.spec["batch_size"] == 8 and batch.changes_learning and batch.equal_tokens is not None
     assert muon.spec["optimizer"] == "muon" and muon.changes_learning

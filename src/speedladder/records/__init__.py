@@ -29,12 +29,14 @@ from speedladder.records.checks import (
     TokensToTarget,
     not_applicable,
 )
+from speedladder.records.machine import BusyProcess, MachineLoad
 from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
 from speedladder.records.tune import TuneJudge, TuneSection
 
 __all__ = [
     "EXTRA",
     "BudgetCheck",
+    "BusyProcess",
     "Causality",
     "Check",
     "Differential",
@@ -45,6 +47,7 @@ __all__ = [
     "Gate",
     "LearnsCheck",
     "LossBand",
+    "MachineLoad",
     "PairedTest",
     "ParallelSection",
     "Prediction",
@@ -279,6 +282,7 @@ class Results:
     parallel: ParallelSection | None = None
     sweep: dict[str, Any] | None = None  # `speedladder sweep`: the axis, its points and each rung's crossover
     race: RaceSection | None = None  # `speedladder race`: time to a target val loss, over seeds
+    machine: MachineLoad | None = None  # run, tune, race: other processes' load before and during the windows
     error: str | None = None
     detail: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from speedladder.measure import judging, stats
 from speedladder.records import RaceEntry, RaceSection, Results
+from speedladder.report import machine
 from speedladder.report.common import console, model_label, times
 
 # The race's verdicts, coloured as the ladder's are; two more of its own.
@@ -249,6 +250,7 @@ def race_lines(results: Results, section: RaceSection | None = None) -> list[str
     out.append(COLUMNS_NOTE)
     for e in s.entries:
         out.extend(_entry_lines(e, s))
+    out.extend(machine.run_lines(s))
     out.extend(power_lines(s))
     line = budget_line(s)
     if line:
@@ -283,6 +285,9 @@ def chain_text(s: RaceSection, e: RaceEntry) -> str:
 
 def print_race(results: Results, out: Console | None = None, section: RaceSection | None = None) -> None:
     out = out or console()
+    shared = machine.header_line(results)  # other processes ran beside the race: said before anything else
+    if shared:
+        out.print(escape(shared), soft_wrap=True)
     out.print(race_table(results, section))
     for line in race_lines(results, section):
         out.print(escape(line), soft_wrap=True)

@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.records import LearnsCheck, Results, Role, RungResult
+from speedladder.report import machine
 from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, times
 from speedladder.report.memory import (
     explanation_notes,
@@ -214,6 +215,7 @@ def notes(results: Results) -> list[str]:
     out.extend(f"{r.name}: MFU against {r.peak_tflops:,.0f} TFLOP/s, {r.peak_basis}." for r in ok
                if r.peak_basis and r.peak_tflops)
     out.extend(_window_note(ok))
+    out.extend(machine.window_lines(results))
     out.extend(drift_lines(results))
     out.extend(_learns_note(results.learns_check))
     out.extend(memory_notes(results))
@@ -238,6 +240,9 @@ def notes(results: Results) -> list[str]:
 
 def print_report(results: Results, out: Console | None = None) -> None:
     out = out or console()
+    shared = machine.header_line(results)  # other processes ran beside the windows: said before anything else
+    if shared:
+        out.print(escape(shared), soft_wrap=True)
     out.print(table(results))
     for line in notes(results):
         out.print(escape(line), soft_wrap=True)
