@@ -51,12 +51,14 @@ def test_others_are_the_cores_busy_time_less_our_own():
 
 def test_the_meter_reads_our_cores_and_names_the_other_processes(tmp_path):
     me = os.getpid()
-    cpus = {0: [100, 0, 50, 1000, 0, 0, 0, 5], 1: [100, 0, 50, 1000, 0, 0, 0, 0], 7: [999, 0, 0, 0, 0, 0, 0, 0]}
+    # user nice system idle iowait irq softirq steal, in ticks; cpu7 is not one this process may run on.
+    cpus = {0: [100, 0, 50, 1000, 70, 3, 2, 5], 1: [100, 0, 50, 1000, 70, 0, 0, 0], 7: [999, 0, 0, 0, 0, 0, 0, 0]}
     root = fake_proc(tmp_path / "a", cpus, {1: ("init", 0, 10), me: ("pytest", 1, 500), 4242: ("spin", 1, 100),
                                             4243: ("child", me, 300), 4244: ("grandchild", 4243, 300)})
     meter = load.Meter(root, (0, 1), 0.01)
     reading = meter.read()
-    assert reading.busy_s == pytest.approx((100 + 50 + 5 + 100 + 50) * 0.01) and reading.steal_s == 0.05
+    # Busy: user, nice, system, irq, softirq and steal; idle and iowait are not (a core waiting on a disk is idle).
+    assert reading.busy_s == pytest.approx((100 + 50 + 3 + 2 + 5 + 100 + 50) * 0.01) and reading.steal_s == 0.05
     first = meter.snapshot()
     assert set(first[1]) == {1, 4242, 4243, 4244}  # every process but this one: a busy child of ours is a neighbour
     fake_proc(tmp_path / "a", cpus, {1: ("init", 0, 11), me: ("pytest", 1, 900), 4242: ("spin", 1, 200),

@@ -24,7 +24,7 @@ PROC = Path("/proc")
 SHARED_CORES = 0.25  # others averaging a quarter of a core over a window shared the machine with it
 MIN_OTHER_S = 0.05  # ... and used at least this much CPU time in it: five ticks, beyond the counters' rounding
 BEFORE_S = 0.2  # the sample of the machine before anything runs: this process sleeps through it
-BUSY_FIELDS = (0, 1, 2, 4, 5, 6)  # of a /proc/stat cpu line's numbers: user nice system (idle iowait) irq softirq
+BUSY_FIELDS = (0, 1, 2, 5, 6)  # of a /proc/stat cpu line's numbers: user nice system (not idle, iowait) irq softirq
 STEAL = 7  # steal: time the hypervisor ran another machine on this core
 
 
