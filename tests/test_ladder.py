@@ -327,8 +327,13 @@ def test_full_ladder_skips_cuda_rungs_with_reasons_and_measures_ckpt_beside_the_
         assert f"{name}: skipped — needs cuda; this device is cpu" in out
     for name in ("sdpa", "fused-adamw", "pad-vocab"):
         assert rungs[name]["status"] == "ok" and rungs[name]["gate"]["passed"], rungs[name]["gate"]["detail"]
-    assert rungs["pad-vocab"]["spec"]["transforms"] == ["sdpa", "pad-vocab"]
-    assert rungs["batch"]["spec"]["optimizer"] == "adamw-fused"
+    # Each composes on the rung it built on: the last below it that paid (for sdpa and fused-adamw, whether their
+    # best estimate was above their base's is this run's measurement).
+    pad, batch = rungs["pad-vocab"], rungs["batch"]
+    assert pad["spec"]["transforms"] == [*rungs[pad["built_on"]]["spec"]["transforms"], "pad-vocab"]
+    assert batch["spec"]["optimizer"] == rungs[batch["built_on"]]["spec"]["optimizer"]
+    assert ("sdpa" in pad["spec"]["transforms"]) == (not rungs["sdpa"]["not_built_upon"])
+    assert (batch["spec"]["optimizer"] == "adamw-fused") == (not rungs["fused-adamw"]["not_built_upon"])
     # ckpt is measured on the last spec that passed, beside it; nothing builds on it.
     top = [r for r in res["rungs"] if r["role"] == "rung" and r["status"] == "ok" and r["gate"]["passed"]][-1]
     ckpt = rungs["ckpt"]
