@@ -92,8 +92,11 @@ def test_a_run_with_a_miss_shows_the_side_by_side_table_and_names_the_part(tmp_p
     assert e["rungs"] == ["eager", "ckpt"] and e["base_rungs"] == ["eager"]
     assert set(e["categories"]) == set(CATEGORIES) and e["culprit"] in e["parts"]
     assert all(v["rung_ms"] >= 0 for v in e["categories"].values())
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "rung ms" in out and "model's Δ ms" in out and e["note"] in out
+    # The profiles in their child show their progress while they run, against the baseline's profile's time.
+    what = "explain profiling ckpt in a child process, one after the other"
+    assert f"{what} (about " in err and f"{what}: done in " in err
 
 
 def test_compile_fusion_saves_only_the_time_the_bytes_account_for(tiny):

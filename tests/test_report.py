@@ -326,15 +326,16 @@ def synthetic_windows(monkeypatch):
 
     state = {"slow": 1.0}
 
-    def window(step, device, tokens_per_step, steps, counter=measure.compile_count, edge=None, seconds=0.01):
+    def window(step, device, tokens_per_step, steps, counter=measure.compile_count, edge=None, seconds=0.01,
+               meter=None):
         for _ in range(steps):
             step()
         return measure.Window(steps * seconds, steps, steps * tokens_per_step, 0)
 
     def interleave(step, base, timing, base_timing, device, tps, base_tps, steps, windows, counter=None,
-                   on_progress=None):
+                   on_progress=None, meter=None):
         for i in range(windows):
-            timing.windows.append(window(step, device, tps, steps, seconds=0.01 * (1 + 0.001 * i)))
+            timing.windows.append(window(step, device, tps, steps, seconds=0.01 * (1 - 0.001 * i)))
             base_timing.windows.append(window(base, device, base_tps, steps, seconds=0.01 * state["slow"]))
 
     monkeypatch.setattr(measure, "time_window", window)

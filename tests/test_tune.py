@@ -191,6 +191,16 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     assert t["dropped"]["compile"] == "skipped: needs cuda; this device is cpu"
     assert set(t["survivors"]) | set(t["dropped"]) == {n for n in res["config"]["rungs"] if n != "eager"} | {"ckpt"}
     assert res["learns_check"]["passed"]
+    # The climb builds on the best estimate (docs/measurement.md, rule 13): each rung on the last below it that
+    # passed and, for a speed rung, was a win or noise above 1.0x; a claim (tune's survivors) needs a win.
+    last = "eager"
+    for r in [r for r in res["rungs"] if r["role"] == "rung"][1:]:
+        assert r["built_on"] == last, (r["name"], r["built_on"], last)
+        above = r["verdict"] == "win" or (r["verdict"] in ("noise", "inconclusive") and r["speedup_prev"] > 1)
+        if r["status"] == "ok" and r["gate"]["passed"] and (r["kind"] != "speed" or above):
+            last = r["name"]
+        assert bool(r["not_built_upon"]) == (r["status"] == "ok" and r["gate"]["passed"] and last != r["name"])
+    assert all(next(r for r in res["rungs"] if r["name"] == n)["verdict"] == "win" for n in t["survivors"])
     # Two judges: tokens/s names the fastest in windows; the race names the winner by the time to the target.
     assert t["tokens_judge"]["winner"] == res["fastest"] and t["judge"] == "time" and won.tune.judge == "time"
     race = t["race"]

@@ -93,3 +93,15 @@ def test_fewer_than_three_clean_windows_is_inconclusive():
     verdict, why = measure.judge(rung, base)
     assert verdict == "inconclusive" and "the rung has 1" in why
     assert measure.judge(timing([2e5] * 3), base) == ("win", "")
+
+
+def test_what_to_build_on_follows_the_best_estimate():
+    """Two questions, two rules (docs/measurement.md, rule 13): a win builds; noise builds only above 1.0x; a loss, a
+    ratio at or below 1.0x, or a verdict its test went against never does."""
+    from speedladder.measure.judging import SLOWER, builds_on, why_not_built
+
+    assert builds_on("win", 1.3) and builds_on("noise", 1.01) and builds_on("inconclusive", 1.2)
+    assert not builds_on("noise", 0.99) and not builds_on("noise", 1.0) and not builds_on("noise", None)
+    assert not builds_on("loss", 0.7) and not builds_on("not a win", 1.4) and not builds_on("did not reach", 1.1)
+    assert why_not_built("loss") == why_not_built("noise") == why_not_built("did not reach") == SLOWER == "slower"
+    assert why_not_built("not a win") == "worse at equal tokens"

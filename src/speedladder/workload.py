@@ -33,9 +33,10 @@ from speedladder.data import (
     val_windows,
 )
 from speedladder.errors import UsageError
-from speedladder.measure import counters, devicemem, judging, timer
+from speedladder.measure import counters, devicemem, judging, load, timer
 from speedladder.models import ModelDef
-from speedladder.records import Results
+from speedladder.progress import task_of
+from speedladder.records import MachineLoad, Results
 from speedladder.rungs import RUNGS, Env, StepSpec, env_for
 from speedladder.rungs import load as rung_files
 from speedladder.step import TrainStep, matmul_precision
@@ -190,6 +191,29 @@ class Measurement:
     base_timing: timer.Timing | None = None  # the base re-timed beside it, windows interleaved
     base_tokens_per_s: judging.Spread | None = None
     peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
+    # The other processes that used most CPU from the first window to the last, when one of them was shared.
+    others: list[load.Busy] = field(default_factory=list)
+
+
+def machine_load(meter: load.Meter, say: Callable[[str], None]) -> MachineLoad:
+    """The machine's load before anything runs: the others' over a short sample (this process asleep), and the load
+    average, on this process's cores, said when others are busy; the windows add to it as they are timed."""
+    before, loadavg = meter.before(), meter.loadavg()
+    if before.cores >= load.SHARED_CORES:
+        say(f"machine not alone: other processes use {before.cores:.2f} of {meter.cores} cores"
+            + (f" (load average {loadavg:.2f})" if loadavg is not None else "")
+            + "; each timed window reads what they use beside it")
+    return MachineLoad(cores=meter.cores, shared_cores=load.SHARED_CORES, before=before.cores, loadavg=loadavg)
+
+
+def note_load(machine: MachineLoad | None, m: Measurement) -> None:
+    """A measurement's windows (the rung's and its base's beside it) and the other processes named, into the run's
+    record of the machine's load."""
+    windows = [w for w in m.timing.windows + (m.base_timing.windows if m.base_timing else [])
+               if w.other_cores is not None]
+    if machine is not None and windows:
+        machine.add([w.other_cores or 0.0 for w in windows], [w.shared for w in windows])
+        machine.name(m.others)
 
 
 def _in_precision(spec: StepSpec, fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -233,20 +257,28 @@ def _window_warnings(timing: timer.Timing, max_warmup: int) -> list[str]:
     return out
 
 
+def _others(meter: load.Meter | None, first: load.Snapshot | None, windows: list[timer.Window]) -> list[load.Busy]:
+    """The busiest other processes since the snapshot before the first window, when a window was shared."""
+    if meter is None or first is None or not any(w.shared for w in windows):
+        return []
+    return meter.busiest(first, meter.snapshot())
+
+
 def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, base: StepSpec | None = None,
                  step: TrainStep | None = None, stream: BatchStream | None = None,
                  counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None,
                  world: int = 1, size_windows: bool | None = None,
-                 agree: Callable[[int], int] = lambda n: n) -> tuple[Measurement, TrainStep]:
+                 agree: Callable[[int], int] = lambda n: n, meter: load.Meter | None = None,
+                 compile_estimate_s: float | None = None) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
-    With `base`, the base spec is built too and its windows interleaved with
-    the spec's (timer.interleave), so the comparison carries no drift. `world`
-    processes each do spec.tokens_per_step a step (a data-parallel job counts
-    every rank's tokens); `counter`, `edge` and `agree` let such a job agree on
-    its warm-up, line its windows up across ranks and take one window length.
-    On CUDA (or with `size_windows`) the steps per window come from the
-    warm-up's steady steps, so that a window lasts at least min_window_s.
+    With `base`, the base spec is built too and its windows interleaved with the spec's (timer.interleave), so the
+    comparison carries no drift. `world` processes each do spec.tokens_per_step a step (a data-parallel job counts
+    every rank's tokens); `counter`, `edge` and `agree` let such a job agree on its warm-up, line its windows up
+    across ranks and take one window length. On CUDA (or with `size_windows`) the steps per window come from the
+    warm-up's steady steps, so that a window lasts at least min_window_s. With a `meter` the machine's load is read
+    at each window's edges (load.py). A compiled warm-up is shown as a task while it runs (against
+    `compile_estimate_s`), its ticker stopped before the first window.
     """
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
@@ -258,24 +290,30 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     run = _in_precision(spec, timer.stepper(step, stream or work.stream(spec)))
     with counters.graph_recordings() as recorded:
         rec = recorded if spec.cudagraphs else None
-        timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, counter, say, edge, rec)
+        with task_of(say, "the first step (it compiles) and the warm-up", estimate_s=compile_estimate_s,
+                     shown=spec.compile):
+            timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, counter, say, edge, rec)
         peak, reserved = devicemem.peak_memory(device), devicemem.peak_reserved(device)  # before its base is built
         base_timing = None
         if base is None:
             steps = _window_steps(work, [timing], size, agree)
+            first = meter.snapshot() if meter is not None else None
             for i in range(t.windows):
                 timing.windows.append(timer.time_window(run, device, world * spec.tokens_per_step, steps,
-                                                          counter, edge))
+                                                          counter, edge, meter=meter))
                 say(timer.window_line(timing.windows[-1], i, t.windows))
         else:
             base_step = work.step(base)
             base_run = _in_precision(base, timer.stepper(base_step, work.stream(base)))
-            base_timing = timer.warm_up(base_run, device, work.cfg.warmup, t.max_warmup, counter,
-                                          lambda m: say("base: " + m), None, recorded if base.cudagraphs else None)
+            with task_of(say, "base: the first step (it compiles) and the warm-up", shown=base.compile):
+                base_timing = timer.warm_up(base_run, device, work.cfg.warmup, t.max_warmup, counter,
+                                              lambda m: say("base: " + m), None, recorded if base.cudagraphs else None)
             steps = _window_steps(work, [timing, base_timing], size, agree)
+            first = meter.snapshot() if meter is not None else None
             timer.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step,
-                               base.tokens_per_step, steps, t.windows, counter, say)
+                               base.tokens_per_step, steps, t.windows, counter, say, meter=meter)
             del base_step, base_run
+    others = _others(meter, first, timing.windows + (base_timing.windows if base_timing is not None else []))
     spread = judging.tokens_per_s(timing)
     if spread is None:
         raise RuntimeError("every timed window recompiled: no valid window")
@@ -284,5 +322,5 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     m = Measurement(timing, spread, step_ms, timer.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
                     peak, _window_warnings(timing, t.max_warmup), base_timing,
                     judging.tokens_per_s(base_timing) if base_timing is not None else None,
-                    peak_reserved_bytes=reserved)
+                    peak_reserved_bytes=reserved, others=others)
     return m, step

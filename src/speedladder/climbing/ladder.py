@@ -1,9 +1,10 @@
 """Climb the ladder: for each rung, spec = rung(spec) -> build -> warm up -> time -> verify -> save.
 
 Each rung builds on the best configuration so far: the last rung that ran,
-passed its gates and paid (a speed rung that measured a loss is drawn red and
-left out, unless --stack-all); one that is skipped, fails a gate, runs out of
-memory or raises is recorded as such and left out of the specs above it.
+passed its gates and paid (a speed rung whose best estimate is not above its
+base, a loss or noise at or below 1.0x, is measured, named and left out, unless
+--stack-all); one that is skipped, fails a gate, runs out of memory or raises is
+recorded as such and left out of the specs above it.
 results.json is rewritten after every rung.
 """
 
@@ -22,7 +23,7 @@ from speedladder.climbing import meters, regate
 from speedladder.config.commands import CONFIG_FILE, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import judging, peakflops
+from speedladder.measure import judging, load, peakflops
 from speedladder.profile import child, explain
 from speedladder.profile.facts import ceiling_side, matmul_ceiling
 from speedladder.profile.predict import chain
@@ -32,17 +33,35 @@ from speedladder.rungs import RUNGS, Rung, RungError, StepSpec, float8_matmul_pa
 from speedladder.step import matmul_precision
 from speedladder.verify.gates import Gates
 from speedladder.verify.probes import Probe
-from speedladder.workload import Workload, free_device_memory, measure_spec, new_results
+from speedladder.workload import (
+    Workload,
+    free_device_memory,
+    machine_load,
+    measure_spec,
+    new_results,
+    note_load,
+)
 
 AUTO = "auto"  # predict a ladder rung on the spec it builds on
 CEILING_BUDGET_S = 0.5  # seconds of back-to-back products behind each precision's measured matmul ceiling
 
 
 def pays(r: RungResult) -> bool:
-    """Whether the rungs above build on this one (it passed its gates): a speed rung must not be a measured loss.
-    A memory rung is expected to cost speed and an optimizer rung is judged by tokens to a loss, so both are built
-    upon; so is noise, which is no loss (docs/measurement.md, rule 13)."""
-    return r.kind != "speed" or r.verdict != "loss"
+    """Whether the rungs above build on this one (it passed its gates): a speed rung's best estimate must be above
+    its base, a win or noise above 1.0x (judging.builds_on); the claim of a win or a loss keeps its own test (the
+    windows' ranges). A memory rung is expected to cost speed and an optimizer rung is judged by tokens to a loss,
+    so both are built upon (docs/measurement.md, rule 13)."""
+    return r.kind != "speed" or judging.builds_on(r.verdict, r.speedup_prev)
+
+
+def not_built_upon(r: RungResult, base: str) -> str:
+    """Why the rungs above do not build on a rung that passed its gates, its reason word first."""
+    x = f"{r.speedup_prev:.2f}x {base} re-timed beside it" if r.speedup_prev is not None else f"no ratio to {base}"
+    if r.verdict == "loss":
+        why = f"a loss, {x}"
+    else:
+        why = f"{r.verdict}, {x}: the windows overlap, but the best estimate is not above 1.0x"
+    return f"{judging.SLOWER}: {why}; the rungs above build on {base}"
 
 
 class Ladder:
@@ -63,6 +82,9 @@ class Ladder:
         self.peaks = meters.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
         # Each precision's matmul ceiling (TFLOP/s), measured here where no peak is given or in the datasheets.
         self.ceilings: dict[str, float] = {}
+        self.meter = load.Meter.open()  # other processes' load around each window (None off Linux)
+        self.compile_wall_s: float | None = None  # the last compiled rung's warm-up: the next one's estimate
+        self.profile_wall_s: float | None = None  # the baseline's profile in its child: the explanation's estimate
         self.save()
         # config.toml beside results.json: the resolved run, which `speedladder run --config` repeats.
         s = dataclasses.replace(settings or Settings(), run=work.cfg.run)
@@ -112,7 +134,11 @@ class Ladder:
         base_spec = StepSpec.from_dict(base.spec) if base is not None else None
         with matmul_precision(spec):
             ref = None if self.gates.is_reference(spec) else self.gates.reference(spec)
-            m, step = measure_spec(w, spec, say, base=base_spec)
+            m, step = measure_spec(w, spec, say, base=base_spec, meter=self.meter,
+                                   compile_estimate_s=self.compile_wall_s)
+            if spec.compile:
+                self.compile_wall_s = m.timing.first_step_s + sum(m.timing.warmup_step_s)
+            note_load(self.results.machine, m)
             r.timing = dataclasses.asdict(m.timing)
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
             r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
@@ -202,10 +228,13 @@ class Ladder:
         say = self.progress.scoped("profile")
         say(f"profiling {self.work.cfg.run.profile.steps} baseline steps in a child process (no timed window "
             "shares its process)")
+        started = time.perf_counter()
         try:
             # The child profiles the baseline only: it needs no rungs (nor to know rungs added in this process).
             run = self.work.cfg.run.with_rungs(("eager",))
-            b = child.run_in_child(run, (), self.run_dir / child.TRACE, self.work.cfg.run.profile.timeout_s)
+            with say.task("profiling in a child process"):
+                b = child.run_in_child(run, (), self.run_dir / child.TRACE, self.work.cfg.run.profile.timeout_s)
+            self.profile_wall_s = time.perf_counter() - started
         except Exception as e:  # noqa: BLE001 -- the ladder is still worth measuring without predictions
             self.results.profile = ProfileSummary(error=one_line(e))
             say(f"failed, no predictions: {one_line(e)}")
@@ -248,13 +277,16 @@ class Ladder:
     def run(self, after_climb: Callable[[], None] | None = None) -> Results:
         """Climb, then (e.g. tune's combinations) `after_climb`, then the learns-check on the fastest."""
         try:
+            if self.meter is not None and self.results.machine is None:  # before anything of ours runs
+                self.results.machine = machine_load(self.meter, self.progress.scoped("machine"))
             if self.work.cfg.run.profile.enabled:
                 self.profile()
             self._climb_all()
             if after_climb is not None:
                 after_climb()
             # Each prediction missed beyond the limit: the rung's step and its base's profiled side by side.
-            explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget)
+            explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget,
+                                   self.profile_wall_s)
             self._learns_check()
             self.peaks.measure(self.progress.scoped("memory"))  # off CUDA, in a child process, after all else
             failed = self.results.failed_baseline
@@ -281,8 +313,7 @@ class Ladder:
             if r.ok and rung.control is not None:
                 self.climb(rung, rung.control(new), r, role=Role.CONTROL)
             if r.passed and base is not None and not self.work.cfg.run.stack_all and not pays(r):
-                r.not_built_upon = (f"a loss, {r.speedup_prev:.2f}x {base.name} re-timed beside it: the rungs "
-                                    f"above build on {base.name}")
+                r.not_built_upon = not_built_upon(r, base.name)
                 self.progress.scoped(r.name)(f"not built upon: {r.not_built_upon}")
                 self.save()
             elif r.passed:
@@ -302,6 +333,16 @@ class Ladder:
         self.progress.scoped(r.name)(f"error: {why}")
         self.save()
 
+    def _learns_estimate(self, r: RungResult, spec: StepSpec) -> float | None:
+        """What a learns-check should take: its steps at the rung's measured step time, and eager fp32's at that
+        shape (the baseline's step, scaled by the tokens) unless its curve is trained already."""
+        steps, base = self.work.cfg.run.gates.learns_steps, self.results.baseline
+        if r.step_ms is None or base is None or base.step_ms is None:
+            return None
+        eager_ms = 0.0 if (spec.batch_size, spec.seq_len) in self.gates.eager_curves else (
+            base.step_ms * spec.tokens_per_step / self.work.base_spec.tokens_per_step)
+        return steps * (r.step_ms + eager_ms) / 1e3
+
     def _learns_check(self) -> None:
         """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried."""
         candidates = sorted((r for r in self.results.rungs if r.role != Role.CONTROL and r.passed),
@@ -314,7 +355,12 @@ class Ladder:
             return
         for r in candidates:
             say = self.progress.scoped(f"learns-check {r.name}")
-            check = self.gates.learns(StepSpec.from_dict(r.spec), say)
+            spec = StepSpec.from_dict(r.spec)
+            eager = "" if (spec.batch_size, spec.seq_len) in self.gates.eager_curves else (
+                ", and eager fp32's over the same batches")
+            with say.task(f"{self.work.cfg.run.gates.learns_steps} steps{eager}",
+                          estimate_s=self._learns_estimate(r, spec)):
+                check = self.gates.learns(spec, say)
             check.rung = r.name
             self.results.learns_check = check
             say(("passed" if check.passed else "FAILED") +

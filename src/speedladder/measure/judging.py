@@ -51,6 +51,27 @@ def verdict(rung: Spread, base: Spread) -> str:
     return "noise"
 
 
+def builds_on(verdict: str | None, ratio: float | None) -> bool:
+    """Whether the next rung builds on a speed rung: on its best estimate, never on a claim (docs/measurement.md,
+    rule 13). A win builds; any other verdict (noise, inconclusive) builds only when its ratio over its base (its
+    x prev: the run's median over its base's, the race's geometric mean over the seeds) is above 1.0x. A loss, a
+    ratio at or below 1.0x, a verdict that its test went against (not a win, did not reach) or no ratio: the next
+    rung builds on this one's base. Where the estimate is below its base the reason is one word: SLOWER."""
+    if verdict == "win":
+        return True
+    return verdict in ("noise", "inconclusive") and ratio is not None and ratio > 1.0
+
+
+SLOWER = "slower"  # why a rung is not built upon when its best estimate is at or below its base
+
+
+def why_not_built(verdict: str | None) -> str:
+    """Why a rung that ran and passed is not built upon, in a word or two: slower (a loss, noise or inconclusive at
+    or below 1.0x, did not reach the target), or worse at equal tokens (a race's "not a win": faster, but it
+    learns worse)."""
+    return "worse at equal tokens" if verdict == "not a win" else SLOWER
+
+
 def drift(own: Spread, beside: Spread) -> float | None:
     """A base's tokens/s re-timed beside a rung over its own measurement as a rung, less 1, when the two disagree
     beyond both spreads (their min-max ranges do not overlap): the machine's speed moved between the two

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speedladder.measure import counters, devicemem
+from speedladder.measure import counters, devicemem, load
 
 Step = Callable[[], torch.Tensor]  # one whole training step, batch fetch included; returns the loss
 
@@ -28,6 +28,10 @@ class Window:
     steps: int
     tokens: int
     recompiles: int  # graphs compiled while this window ran; any makes the window invalid
+    # Other processes' mean cores while it ran, read from /proc at its edges (load.py; None where not read), and
+    # whether that shared the machine with it: kept, and said, never left out (the base beside it shares it too).
+    other_cores: float | None = None
+    shared: bool = False
 
     @property
     def tokens_per_s(self) -> float:
@@ -116,27 +120,37 @@ def sizing_step_s(*timings: Timing) -> float | None:
 
 
 def time_window(step: Step, device: torch.device, tokens_per_step: int, steps: int,
-                counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None) -> Window:
-    """One timed window: synchronized at its two edges only, every compile inside it counted (rules 1 and 3)."""
+                counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None,
+                meter: load.Meter | None = None) -> Window:
+    """One timed window: synchronized at its two edges only, every compile inside it counted (rules 1 and 3). With a
+    meter, the machine's load is read just outside its edges (load.py): nothing is read inside it."""
     edge = edge or (lambda: devicemem.sync(device))
     c0 = counter()
+    before = meter.read() if meter is not None else None
     edge()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()  # no host sync in here: the loss stays a device tensor
     edge()
     seconds = time.perf_counter() - t0
-    return Window(seconds, steps, steps * tokens_per_step, counter() - c0)
+    window = Window(seconds, steps, steps * tokens_per_step, counter() - c0)
+    if meter is not None and before is not None:
+        other = meter.between(before, meter.read())
+        window.other_cores, window.shared = other.cores, other.shared
+    return window
 
 
 def window_line(window: Window, i: int, n: int, who: str = "") -> str:
     flag = f", {window.recompiles} recompile(s): window invalid" if window.recompiles else ""
+    if window.shared and window.other_cores is not None:
+        flag += f"; other processes used {window.other_cores:.2f} cores meanwhile"
     return f"{who}window {i + 1}/{n}: {window.tokens_per_s:,.0f} tokens/s{flag}"
 
 
 def interleave(step: Step, base: Step, timing: Timing, base_timing: Timing, device: torch.device,
                tokens_per_step: int, base_tokens_per_step: int, steps: int, windows: int,
-               counter: Callable[[], int] = counters.compile_count, on_progress: Callable[[str], None] = lambda msg: None) -> None:
+               counter: Callable[[], int] = counters.compile_count, on_progress: Callable[[str], None] = lambda msg: None,
+               meter: load.Meter | None = None) -> None:
     """The windows of a rung and of its base (both warmed up), interleaved A B B A A B ... (rule 8).
 
     Drift of the machine (heat, another process, clocks) during the
@@ -147,7 +161,7 @@ def interleave(step: Step, base: Step, timing: Timing, base_timing: Timing, devi
     sides = ((step, timing, tokens_per_step, ""), (base, base_timing, base_tokens_per_step, "base "))
     for i in range(windows):
         for fn, t, tps, who in (sides if i % 2 == 0 else sides[::-1]):
-            t.windows.append(time_window(fn, device, tps, steps, counter))
+            t.windows.append(time_window(fn, device, tps, steps, counter, meter=meter))
             on_progress(window_line(t.windows[-1], i, windows, who))
 
 

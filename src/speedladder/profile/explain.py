@@ -21,6 +21,7 @@ from collections.abc import Callable
 from speedladder.errors import one_line
 from speedladder.profile import child
 from speedladder.profile.predict import baseline_parts, chain
+from speedladder.progress import task_of
 from speedladder.records import ProfileSummary, Results, Role, RungResult, from_dict, to_dict
 from speedladder.workload import Workload
 
@@ -98,9 +99,9 @@ def names_of(results: Results, r: RungResult) -> list[str]:
 
 
 def explain_misses(results: Results, work: Workload, save: Callable[[], None], say: Callable[[str], None],
-                   budget: Callable[[], str | None] | None = None) -> None:
+                   budget: Callable[[], str | None] | None = None, profile_s: float | None = None) -> None:
     """Profile each missed rung and its base (each spec once, the baseline's profile reused, all of them in one
-    child process), and compare."""
+    child process), and compare. profile_s: what the baseline's profile took in its child, to estimate the rest."""
     limit = work.cfg.run.profile.explain_miss
     b = results.profile
     if not limit or b is None or b.error:
@@ -112,7 +113,10 @@ def explain_misses(results: Results, work: Workload, save: Callable[[], None], s
             r.explanation = {"error": why}
         return
     pairs = [(r, names_of(results, r), _base_names(results, r)) for r in missed]
-    profiles = _profiles(pairs, b, work, say)
+    # Each profile takes about what the baseline's did, and a compiled one compiles cold again in the child.
+    compile_s = {_key(names): rec.compile_s or 0.0 for rec in results.rungs if rec.ok
+                 for names in [names_of(results, rec)]}
+    profiles = _profiles(pairs, b, work, say, lambda key: profile_s + compile_s.get(key, 0.0) if profile_s else None)
     for r, names, base_names in pairs:
         base, mine = profiles[_key(base_names)], profiles[_key(names)]
         failed = base.get("error") or mine.get("error")
@@ -138,17 +142,21 @@ def _key(names: list[str]) -> tuple[str, ...]:
     return tuple(n for n in names if n != "eager")
 
 
-def _profiles(pairs: list, b: ProfileSummary, work: Workload, say: Callable[[str], None]) -> dict[tuple, dict]:
-    """The profile of every key the misses need: the baseline's as saved, the others taken in one child."""
+def _profiles(pairs: list, b: ProfileSummary, work: Workload, say: Callable[[str], None],
+              estimate: Callable[[tuple[str, ...]], float | None]) -> dict[tuple, dict]:
+    """The profile of every key the misses need: the baseline's as saved, the others taken in one child, shown as a
+    task while it runs (each key's `estimate` summed)."""
     profiles: dict[tuple[str, ...], dict] = {(): to_dict(b)}
     keys = list(dict.fromkeys(_key(n) for _, names, base in pairs for n in (base, names)))
     todo = [k for k in keys if k not in profiles]
     if not todo:
         return profiles
-    say(f"profiling {', '.join('+'.join(k) for k in todo)} in a child process, one after the other")
     run = work.cfg.run.with_rungs(("eager",))
+    each = [estimate(k) for k in todo]
     try:
-        taken = child.profiles_in_child(run, todo, work.cfg.run.profile.timeout_s, facts=False)
+        with task_of(say, f"profiling {', '.join('+'.join(k) for k in todo)} in a child process, one after the other",
+                     estimate_s=sum(e for e in each if e is not None) if None not in each else None):
+            taken = child.profiles_in_child(run, todo, work.cfg.run.profile.timeout_s, facts=False)
     except Exception as e:  # noqa: BLE001 -- the misses stay unexplained, and say why
         taken = [{"error": one_line(e)}] * len(todo)
     profiles.update(zip(todo, taken, strict=True))

@@ -18,8 +18,8 @@ Tokens/s says how fast a step runs; a race says how fast a model gets good (docs
    `cap_factor` times eager fp32's calibration). A run stopped at its cap did not reach: a censored time, at least
    its clock.
 5. The clock runs over training steps only: it is stopped (the device synchronized) at every evaluation.
-6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The
-   next stage builds on the rung only if it won or was noise (`stack_all` builds on every one that ran).
+6. After each stage its rung is judged (verdicts.py): a paired test by seed on log times, censoring-aware. The next
+   stage builds on the rung if its best estimate is above its base (a win, or noise above 1.0x), else on its base.
 
 Everything lands in results.json's `race` section (records.RaceSection), saved after every run.
 """
@@ -39,17 +39,17 @@ from speedladder import results
 from speedladder.config.commands import CONFIG_FILE, RaceConfig, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import devicemem, timer
-from speedladder.progress import Progress
+from speedladder.measure import devicemem, load, timer
+from speedladder.progress import Progress, task_of
 from speedladder.racing.ruler import val_hash
-from speedladder.racing.runs import Clock, Going, Runs, WallClock
-from speedladder.racing.verdicts import PAYS, capped_out, judge
+from speedladder.racing.runs import Clock, Going, Runs, WallClock, rotated, rung_cap
+from speedladder.racing.verdicts import built_upon_line, builds_upon, capped_out, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.records.race import RaceRole
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import probes
-from speedladder.workload import Workload, free_device_memory, new_results
+from speedladder.workload import Workload, free_device_memory, machine_load, new_results
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
 
@@ -71,12 +71,6 @@ def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
             or spec.architecture != base.architecture)
 
 
-def rotated(items: list, i: int) -> list:
-    """Seed i's order: the list rotated by i (a cyclic Latin square over the seeds)."""
-    k = i % len(items) if items else 0
-    return items[k:] + items[:k]
-
-
 class Race(Runs):
     def __init__(self, work: Workload, run_dir: Path, race: RaceConfig, progress: Progress | None = None,
                  clock: Clock | None = None, role: RaceRole = "rung", settings: Settings | None = None,
@@ -88,6 +82,7 @@ class Race(Runs):
         self.cfg = race
         self.progress = progress or Progress(quiet=True)
         self.clock = clock or WallClock(work.device)
+        self.meter = load.Meter.open()  # other processes' load around each stretch (None off Linux)
         self.role = role  # "combo", "winner" or "finalist" when the configurations are given rather than a ladder
         self.target_note = target_note
         self.val_x, self.val_y = work.val_set(work.cfg.seq_len)
@@ -112,6 +107,7 @@ class Race(Runs):
                            f"speedladder race: the configuration of {run_dir}", ("run", "race", "quiet"))
         else:
             self.results = results_
+        self.machine = self.results.machine  # set when the race begins, unless the command's ladder did (tune)
         self.prepared: list[Prepared] = []
         self._ladder: tuple[str, ...] | None = None
         self._inits: dict[int, dict[str, torch.Tensor]] = {}
@@ -169,8 +165,11 @@ class Race(Runs):
                 step = self.work.step(spec)
                 stream = self.work.stream(spec)
                 started = time.perf_counter()
-                timing = timer.warm_up(timer.stepper(step, stream), self.work.device, self.work.cfg.warmup,
-                                         self.work.cfg.run.timing.max_warmup, on_progress=say)
+                last = next((x.entry.warmup_s for x in reversed(self.prepared) if x.spec.compile and x.entry.warmup_s),
+                            None)  # the last compile's warm-up: what this one should take
+                with task_of(say, "the first step (it compiles) and the warm-up", estimate_s=last, shown=spec.compile):
+                    timing = timer.warm_up(timer.stepper(step, stream), self.work.device, self.work.cfg.warmup,
+                                             self.work.cfg.run.timing.max_warmup, on_progress=say)
                 entry.warmup_s = time.perf_counter() - started
                 steady = [s for s, c in zip(timing.warmup_step_s, timing.warmup_compiled) if not c]
                 entry.compile_s = (timer.compile_seconds(timing, statistics.median(steady))
@@ -246,18 +245,6 @@ class Race(Runs):
         run = self.train_to(step, seed, -math.inf, None, max_steps=n)
         return run.train_seconds * steps / n
 
-    def _rung_cap(self, base: RaceRun) -> tuple[float | None, str]:
-        """A rung's cap once its base's run of the same seed is done: cap_factor times the base's time (at least its
-        clock, when it stopped short of the target), never past --time-cap."""
-        factor, given = self.cfg.cap_factor, self.cfg.time_cap_s
-        if base.reached and base.seconds is not None:
-            cap, why = factor * base.seconds, f"{factor:g}x {{}}'s time in this seed"
-        elif base.train_seconds > 0:
-            cap, why = factor * base.train_seconds, f"{factor:g}x {{}}'s clock in this seed (it stopped short)"
-        else:
-            return self.section.time_cap_s, "the race's time cap ({} raised)"
-        return (given, "--time-cap") if given is not None and given <= cap else (cap, why)
-
     def _seed(self, stage: RaceStage, order: list[Prepared], base: Prepared, seed: int) -> None:
         """One seed of a stage: every configuration's run begun (memory handed back once, then each warmed up off
         the clock), then the runs take turns, a stretch between two evaluations at a time, the one with the least
@@ -309,7 +296,7 @@ class Race(Runs):
                 for other_position, other, og in going:
                     if og.done or other is base:
                         continue
-                    og.cap_s, why = self._rung_cap(run)
+                    og.cap_s, why = rung_cap(run, self.cfg.cap_factor, self.cfg.time_cap_s, sec.time_cap_s)
                     caps[other_position] = why.format(name)
                     if og.cap_s is not None and og.clock >= og.cap_s:
                         og.run.stopped, og.done = "time cap", True
@@ -325,24 +312,31 @@ class Race(Runs):
         for p in configs:
             if p.entry.stage is None:
                 p.entry.stage = stage.index
-        for i, seed in enumerate(sec.seeds):
-            going = [p for p in configs if p.entry.name not in stage.decided]
-            if all(p is base for p in going) and len(configs) > 1:
-                break  # every rung decided: nothing left to race its base against
-            order = rotated(going, i)
-            stage.orders.append([p.entry.name for p in order])
-            self._seed(stage, order, base, seed)
-            for p in going:  # a rung stopped at cap_factor x its base in each of its first two seeds is a loss
-                if p is not base and capped_out(p.entry, base.entry, self.cfg.cap_factor):
-                    stage.decided.append(p.entry.name)
-                    self.progress.scoped(f"race {p.entry.name}")(
-                        f"stopped at {self.cfg.cap_factor:g}x {base.entry.name}'s time in each of its first "
-                        f"{i + 1} seeds: a loss; its other seeds are not run")
+        # Shown seed by seed, with no ticker thread: the runs' clocked stretches are timed work.
+        with self.progress.scoped(f"race stage {stage.index}").task(
+                f"{', '.join(stage.names)}, {len(sec.seeds)} seeds", total=len(sec.seeds), tick=False) as shown:
+            for i, seed in enumerate(sec.seeds):
+                going = [p for p in configs if p.entry.name not in stage.decided]
+                if all(p is base for p in going) and len(configs) > 1:
+                    break  # every rung decided: nothing left to race its base against
+                order = rotated(going, i)
+                stage.orders.append([p.entry.name for p in order])
+                first = self.snapshot()  # the other processes' CPU so far, to name them if a run shares the machine
+                self._seed(stage, order, base, seed)
+                self.note_load([r for p in going for r in p.entry.runs if (r.stage, r.seed) == (stage.index, seed)],
+                               first)
+                shown.advance(note=f"seed {seed} done")
+                for p in going:  # a rung stopped at cap_factor x its base in each of its first two seeds is a loss
+                    if p is not base and capped_out(p.entry, base.entry, self.cfg.cap_factor):
+                        stage.decided.append(p.entry.name)
+                        self.progress.scoped(f"race {p.entry.name}")(
+                            f"stopped at {self.cfg.cap_factor:g}x {base.entry.name}'s time in each of its first "
+                            f"{i + 1} seeds: a loss; its other seeds are not run")
         return stage
 
     def _run_ladder(self, names: tuple[str, ...]) -> None:
         """Stage by stage: each rung composed on the best configuration so far, raced beside it, then judged; the
-        next builds on it only if it paid (won, or was noise), or on every one that ran with stack_all."""
+        next builds on it only if it paid (won, or was noise above 1.0x), or on every one that ran with stack_all."""
         spec, base, path = self.work.base_spec, None, tuple[str, ...]()
         for name in names:
             try:
@@ -365,11 +359,8 @@ class Race(Runs):
                 continue
             self._stage([base, p], base)
             judge(self.section)
-            pays = self.cfg.stack_all or p.entry.verdict in PAYS
-            p.entry.built_upon = pays
-            self.progress.scoped(f"race {p.entry.name}")(
-                f"{p.entry.verdict}" + (f" ({p.entry.verdict_detail})" if p.entry.verdict_detail else "")
-                + ("; the next stage builds on it" if pays else f"; the next stage builds on {base.entry.name}"))
+            pays = p.entry.built_upon = self.cfg.stack_all or builds_upon(p.entry)
+            self.progress.scoped(f"race {p.entry.name}")(built_upon_line(p.entry, base.entry.name, pays))
             if pays:
                 self._release(base)
                 spec, base, path = new, p, (*path, name)
@@ -382,6 +373,8 @@ class Race(Runs):
     def run(self) -> Results:
         """Calibrate, race the stages, then judge; saved after every run."""
         try:
+            if self.meter is not None and self.machine is None:  # before anything of ours runs
+                self.machine = self.results.machine = machine_load(self.meter, self.progress.scoped("machine"))
             if self._ladder is not None:
                 self._run_ladder(self._ladder)
             else:

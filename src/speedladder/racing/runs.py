@@ -12,9 +12,9 @@ from typing import Protocol
 import torch
 
 from speedladder import models
-from speedladder.measure import counters, devicemem
+from speedladder.measure import counters, devicemem, load
 from speedladder.racing.verdicts import at_tokens
-from speedladder.records import RaceRun, RaceSection
+from speedladder.records import MachineLoad, RaceRun, RaceSection
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload
@@ -68,6 +68,25 @@ def cross(run: RaceRun, target: float) -> None:
     run.steps = run.curve_steps[i - 1] + f * (run.curve_steps[i] - run.curve_steps[i - 1])
 
 
+def rotated(items: list, i: int) -> list:
+    """Seed i's order: the list rotated by i (a cyclic Latin square over the seeds)."""
+    k = i % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def rung_cap(base: RaceRun, factor: float, given: float | None, race_cap: float | None) -> tuple[float | None, str]:
+    """A rung's cap once its base's run of the same seed is done: `factor` times the base's time (at least its clock,
+    when it stopped short of the target), never past the `given` cap (--time-cap); the race's cap when the base
+    raised before its clock ran. The reason has a {} for the base's name."""
+    if base.reached and base.seconds is not None:
+        cap, why = factor * base.seconds, f"{factor:g}x {{}}'s time in this seed"
+    elif base.train_seconds > 0:
+        cap, why = factor * base.train_seconds, f"{factor:g}x {{}}'s clock in this seed (it stopped short)"
+    else:
+        return race_cap, "the race's time cap ({} raised)"
+    return (given, "--time-cap") if given is not None and given <= cap else (cap, why)
+
+
 @dataclass
 class Going:
     """A run in progress: where it is, and when it would stop. `cap_s` may be set while it runs (a rung's cap, once
@@ -88,6 +107,8 @@ class Going:
     reached: bool = False
     done: bool = False
     step_hint_s: float = 0.0  # the untimed warm step's wall time: the step time before any is measured
+    other_s: float = 0.0  # other processes' CPU seconds while its clock ran, and the wall seconds they were read over
+    read_s: float = 0.0
 
 
 class Runs:
@@ -101,6 +122,8 @@ class Runs:
     work: Workload
     section: RaceSection
     clock: Clock
+    meter: load.Meter | None  # other processes' load, read around each stretch (never inside one)
+    machine: MachineLoad | None  # ... and what it found, for the header (results.machine)
     val_x: torch.Tensor
     val_y: torch.Tensor
     _inits: dict[int, dict[str, torch.Tensor]]
@@ -150,10 +173,14 @@ class Runs:
             n = min(n, max(1, int(STRETCH_S / step_s)))
         with matmul_precision(spec):
             c0 = counters.compile_count()
+            before = self.meter.read() if self.meter is not None else None
             self.clock.start()
             for _ in range(n):
                 g.loss = g.step(*next(g.stream))
             g.clock += self.clock.stop(n, spec)
+            if self.meter is not None and before is not None:
+                other = self.meter.between(before, self.meter.read())
+                g.other_s, g.read_s = g.other_s + other.seconds, g.read_s + other.wall
             g.run.recompiles += counters.compile_count() - c0
             g.steps, g.tokens = g.steps + n, g.tokens + n * tps
             if g.tokens < g.next_eval and not (g.max_steps is not None and g.steps >= g.max_steps):
@@ -187,6 +214,8 @@ class Runs:
         if g.reached:
             r.stopped = "reached"
         r.train_seconds, r.train_tokens, r.train_steps = g.clock, g.tokens, g.steps
+        if g.read_s > 0:  # judged over the whole run: a stretch can be shorter than the counters' ticks
+            r.other_cores, r.shared = g.other_s / g.read_s, load.shared(g.other_s, g.read_s)
         if g.budget_tokens:
             b = at_tokens(r, g.budget_tokens)
             r.budget_loss = b if b is not None and math.isfinite(b) else None
@@ -196,6 +225,20 @@ class Runs:
                                   f"{r.best_seconds:.2f} s ({r.best_tokens:,} tokens)" if r.best_loss is not None
                                   else f"{r.stopped}"))
         return r
+
+    def snapshot(self) -> load.Snapshot | None:
+        """The other processes' CPU time so far, to name them if a run that follows shares the machine."""
+        return self.meter.snapshot() if self.meter is not None else None
+
+    def note_load(self, runs: list[RaceRun], first: load.Snapshot | None) -> None:
+        """Runs that ended into the record of the machine's load; the busiest other processes since `first` named
+        when one of them shared the machine."""
+        read = [r for r in runs if r.other_cores is not None]
+        if self.machine is None or self.meter is None or not read:
+            return
+        self.machine.add([r.other_cores or 0.0 for r in read], [r.shared for r in read], runs=True)
+        if first is not None and any(r.shared for r in read):
+            self.machine.name(self.meter.busiest(first, self.meter.snapshot()))
 
     def train_to(self, step: TrainStep, seed: int, target: float, cap_s: float | None,
                  max_steps: int | None = None, say: Callable[[str], None] = lambda m: None,

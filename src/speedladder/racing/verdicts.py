@@ -13,17 +13,32 @@ import dataclasses
 import math
 import statistics
 
-from speedladder.measure import stats
+from speedladder.measure import judging, stats
 from speedladder.records import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection
 
 DID_NOT_REACH, NOT_A_WIN, BASELINE = "did not reach", "not a win", "baseline"
-PAYS = (stats.WIN, stats.NOISE)  # what a cumulative ladder builds on
+PAYS = (stats.WIN, stats.NOISE)  # the verdicts a cumulative ladder can build on: noise only above 1.0x (builds_upon)
 
 # Everything judge() derives: cleared first, so that nothing of an earlier judgement survives.
 DERIVED = ("time", "tokens", "steps", "tokens_per_s", "speedup_prev", "speedup_bound", "speedup_cum", "speedup_cum_bound",
            "tokens_per_s_prev", "tokens_per_s_cum", "token_ratio", "verdict", "verdict_detail", "p_win", "p_loss",
            "detectable", "paired", "equal_tokens", "budget")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RaceEntry) if f.name in DERIVED}
+
+
+def builds_upon(entry: RaceEntry) -> bool:
+    """Whether the next stage builds on a judged rung: its best estimate (× prev, the geometric mean of the per-seed
+    ratios) above its base, a win or noise above 1.0x; the claims keep their test (p < alpha). A rung that is not a
+    win, did not reach or lost is not built upon (judging.builds_on)."""
+    return judging.builds_on(entry.verdict, entry.speedup_prev)
+
+
+def built_upon_line(entry: RaceEntry, base: str, built_upon: bool) -> str:
+    """The progress line of a judged stage: the verdict, its ratio, and what the next stage builds on."""
+    ratio = f", {entry.speedup_prev:.2f}x {base}" if entry.speedup_prev is not None else ""
+    detail = f" ({entry.verdict_detail})" if entry.verdict_detail else ""
+    return (f"{entry.verdict}{detail}{ratio}; " + ("the next stage builds on it" if built_upon else
+            f"not built upon ({judging.why_not_built(entry.verdict)}): the next stage builds on {base}"))
 
 
 def time_of(run: RaceRun) -> stats.Time:

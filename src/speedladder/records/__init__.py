@@ -31,12 +31,14 @@ from speedladder.records.checks import (
     TokensToTarget,
     not_applicable,
 )
+from speedladder.records.machine import BusyProcess, MachineLoad
 from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
 from speedladder.records.tune import TuneJudge, TuneSection
 
 __all__ = [
     "EXTRA",
     "BudgetCheck",
+    "BusyProcess",
     "Causality",
     "Check",
     "Differential",
@@ -49,6 +51,7 @@ __all__ = [
     "Kinks",
     "LearnsCheck",
     "LossBand",
+    "MachineLoad",
     "PairedTest",
     "ParallelSection",
     "Prediction",
@@ -148,8 +151,9 @@ class RungResult:
     # both spreads (measure/judging.drift): the machine drifted between the two; None when they agree.
     base_drift: float | None = None
     prediction_error: float | None = None  # measured x prev over predicted, less 1
-    # Why the rungs above do not build on this one though it passed its gates (a speed rung's measured loss:
-    # ladder.pays); empty when they do, or when it did not pass.
+    # Why the rungs above do not build on this one though it passed its gates, its reason word first ("slower: a
+    # loss, ..."; a speed rung whose best estimate is not above its base: ladder.pays); empty when they do, or when
+    # it did not pass.
     not_built_upon: str = ""
     rungs_combined: list[str] | None = None  # a tune candidate's rungs
     # Memory (climbing/meters.py): what one forward saved for backward, that predicted from the shapes, and off CUDA the
@@ -283,6 +287,7 @@ class Results:
     parallel: ParallelSection | None = None
     sweep: dict[str, Any] | None = None  # `speedladder sweep`: the axis, its points and each rung's crossover
     race: RaceSection | None = None  # `speedladder race`: time to a target val loss, over seeds
+    machine: MachineLoad | None = None  # run, tune, race: other processes' load before and during the windows
     error: str | None = None
     detail: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

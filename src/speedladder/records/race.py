@@ -50,6 +50,10 @@ class RaceRun:
     cap_s: float | None = None  # the clock at which it would be stopped
     cap_from: str = ""  # why that cap ("2x compile's time in this seed", "the race's time cap", ...)
     budget_loss: float | None = None  # the val loss at the race's token budget (interpolated); None: not trained
+    # Other processes' mean cores while its clock ran, read from /proc between its stretches (measure/load.py; None
+    # where not read), and whether that shared the machine with it.
+    other_cores: float | None = None
+    shared: bool = False
     curve_steps: list[int] = field(default_factory=list)
     curve_tokens: list[int] = field(default_factory=list)
     curve_seconds: list[float] = field(default_factory=list)
@@ -166,7 +170,7 @@ class RaceEntry:
     paired: PairedTest | None = None
     equal_tokens: EqualTokens | None = None
     budget: BudgetCheck | None = None  # modded-nanogpt's criterion
-    built_upon: bool | None = None  # a cumulative ladder's next stage built on it (it won or was noise)
+    built_upon: bool | None = None  # a cumulative ladder's next stage built on it (a win, or noise above 1.0x)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

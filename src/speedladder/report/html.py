@@ -18,7 +18,7 @@ from pathlib import Path
 
 from speedladder.records import Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import parallel as parallel_report
-from speedladder.report import summary
+from speedladder.report import machine, summary
 from speedladder.report.common import label, model_label
 from speedladder.report.gates import divergence_html, gates_html
 from speedladder.report.htmlkit import (
@@ -77,7 +77,8 @@ def _ok(r: dict) -> bool:
 # -- sections -------------------------------------------------------------------------------------
 
 def header(results: dict) -> str:
-    e, c = results.get("environment") or {}, _typed(results).config
+    typed = _typed(results)
+    e, c = results.get("environment") or {}, typed.config
     model = results.get("model") or {}
     corpus = results.get("corpus") or {}
     command = results.get("command")
@@ -95,8 +96,13 @@ def header(results: dict) -> str:
         ("date", f"{results.get('created')} (last written {results.get('updated')})"),
         ("git commit", e.get("git_commit") or "unknown (not run from a speedladder checkout)"),
     ]
+    load = machine.html_value(typed)  # other processes before and during the windows, when read
+    if load is not None:
+        pairs.append(("machine", load))
     title = f"speedladder {kind(results)} · {model_label(c, model)} on {e.get('device_name')}"
-    return f'<header id="header">\n<h1>{esc(title)}</h1>\n{kv(pairs)}\n</header>'
+    shared = machine.header_line(typed)  # said where the reader starts, as the console says it first
+    warning = f'<p class="missing" id="machine-not-alone">{esc(shared)}</p>\n' if shared else ""
+    return f'<header id="header">\n<h1>{esc(title)}</h1>\n{warning}{kv(pairs)}\n</header>'
 
 
 def rungs_section(results: dict) -> str:

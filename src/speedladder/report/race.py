@@ -8,8 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from speedladder.measure import stats
+from speedladder.measure import judging, stats
 from speedladder.records import RaceEntry, RaceSection, Results
+from speedladder.report import machine
 from speedladder.report.common import console, model_label, times
 
 # The race's verdicts, coloured as the ladder's are; two more of its own.
@@ -145,8 +146,11 @@ def _entry_lines(e: RaceEntry, s: RaceSection) -> list[str]:
                    "tokens/s alone would have praised it.")
     if e.built_upon is False and e.role == "rung" and e.verdict is not None:
         nxt = next((x for x in s.entries[s.entries.index(e) + 1:] if x.built_on), None)
-        out.append(f"{e.name}: {e.verdict}, so not built upon"
-                   + (f": {nxt.name} is built on {nxt.built_on}." if nxt is not None else "."))
+        # The claim and the choice are two questions: noise claims nothing, but its best estimate decides.
+        estimate = (f": no loss at p < {s.alpha:g}, but its best estimate is not above 1.0×"
+                    if e.verdict == stats.NOISE else "")
+        out.append(f"{e.name}: not built upon ({judging.why_not_built(e.verdict)}) — {e.verdict}, {prev_cell(e)} "
+                   f"{e.built_on}{estimate}" + (f"; {nxt.name} is built on {nxt.built_on}." if nxt is not None else "."))
     return out
 
 
@@ -172,7 +176,7 @@ def _stage_lines(s: RaceSection) -> list[str]:
             f"turns a stretch at a time (the one with less training time next); who starts alternates ({starts}, "
             f"...): {balance}."
             + (" Every rung that ran was built upon (--stack-all)." if s.stack_all else
-               " The next stage builds on the rung only if it won or was noise.")]
+               " The next stage builds on the rung only if it won, or was noise above 1.0× (its best estimate).")]
 
 
 def power_lines(section: RaceSection) -> list[str]:
@@ -246,6 +250,7 @@ def race_lines(results: Results, section: RaceSection | None = None) -> list[str
     out.append(COLUMNS_NOTE)
     for e in s.entries:
         out.extend(_entry_lines(e, s))
+    out.extend(machine.run_lines(s))
     out.extend(power_lines(s))
     line = budget_line(s)
     if line:
@@ -280,6 +285,9 @@ def chain_text(s: RaceSection, e: RaceEntry) -> str:
 
 def print_race(results: Results, out: Console | None = None, section: RaceSection | None = None) -> None:
     out = out or console()
+    shared = machine.header_line(results)  # other processes ran beside the race: said before anything else
+    if shared:
+        out.print(escape(shared), soft_wrap=True)
     out.print(race_table(results, section))
     for line in race_lines(results, section):
         out.print(escape(line), soft_wrap=True)

@@ -9,6 +9,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from speedladder.records import LearnsCheck, Results, Role, RungResult
+from speedladder.report import machine
 from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, not_built_upon, times
 from speedladder.report.memory import (
     explanation_notes,
@@ -194,8 +195,10 @@ def _control_note(rung: RungResult, control: RungResult) -> str:
 def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
-    if r.not_built_upon:
-        out.append(f"{r.name}: not built upon — {r.not_built_upon} (red on the waterfall; --stack-all builds on it).")
+    if r.not_built_upon:  # its reason word first (slower); a file from before it has the sentence alone
+        colour = "red" if r.verdict == "loss" else "pale"
+        out.append(f"{r.name}: not built upon — {r.not_built_upon} ({colour} on the waterfall; --stack-all builds "
+                   "on it).")
     if r.role == Role.BESIDE and r.ok:
         out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r.kind} rung).")
@@ -284,6 +287,7 @@ def notes(results: Results) -> list[str]:
                    "a cold compile takes longer.")
     out.extend(mfu_notes(ok))
     out.extend(_window_note(ok))
+    out.extend(machine.window_lines(results))
     out.extend(drift_lines(results))
     out.extend(_learns_note(results.learns_check))
     out.extend(memory_notes(results))
@@ -320,6 +324,9 @@ def print_report(results: Results, out: Console | None = None, wide: bool = Fals
     longer than the terminal wraps there rather than a cell losing its end."""
     out = out or console()
     wide = wide and out.is_terminal
+    shared = machine.header_line(results)  # other processes ran beside the windows: said before anything else
+    if shared:
+        out.print(escape(shared), soft_wrap=True)
     out.print(escape(title(results)), soft_wrap=True)
     t = table(results, None if wide else out.width if out.is_terminal else COMPACT_WIDTH)
     width = out.width
