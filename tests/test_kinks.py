@@ -20,7 +20,7 @@ from speedladder.config.run import GateConfig
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, RungError, SDPAttention, rounding_fuzz
 from speedladder.step import TrainStep
-from speedladder.verify import correctness, kinks, probes
+from speedladder.verify import correctness, flips, kinks, probes
 from speedladder.verify.gates import Gates
 from speedladder.workload import prepare
 
@@ -293,7 +293,7 @@ def _everywhere_kinked(tiny, monkeypatch, flip_k: float):
     """The reference over one gate batch whose every sequence holds a planted kink: the probe cannot move."""
     work = prepare(RunConfig(preset="tiny", device="cpu", gates=GateConfig(loss_steps=1)))
     monkeypatch.setattr(correctness, "loss_curve", _plant_a_kink_in_every_row(work))
-    monkeypatch.setattr(kinks, "FLIP_K", flip_k)
+    monkeypatch.setattr(flips, "FLIP_K", flip_k)
     gates = Gates(work, Progress(quiet=True))
     ref = gates.reference(work.base_spec)
     monkeypatch.undo()
@@ -304,7 +304,7 @@ def test_kinks_the_probe_cannot_avoid_are_priced_into_the_allowance(tiny, fuzz, 
     """Every sequence of the only gate batch holds an element at a ReLU's kink: the probe stays, the flips of those
     elements are priced in float64 and allowed for, gradient by gradient. The fuzz then passes at every seed;
     the same reference without the price fails it; wrong rungs are still caught."""
-    work, gates, ref = _everywhere_kinked(tiny, monkeypatch, kinks.FLIP_K)
+    work, gates, ref = _everywhere_kinked(tiny, monkeypatch, flips.FLIP_K)
     census = ref.kinks["probe"]
     assert census.near >= 4 and census.priced >= 4 and "no sequence" in census.detail, census
     assert ref.fp64 is not None and ref.fp64.flips["probe"], "no price for the remaining kinks"
@@ -328,14 +328,14 @@ def test_the_price_of_a_flip_is_what_flipping_that_element_does_in_float64(tiny,
     """flip_allowance against an independent reckoning: the planted element's pre-activation moved across 0 by
     twice its own size (a change far below rounding, that flips ReLU's gradient there), gradients taken again in
     float64. For one element every random sign gives the same norm: the price is FLIP_K times it."""
-    work, _, ref = _everywhere_kinked(tiny, monkeypatch, kinks.FLIP_K)
+    work, _, ref = _everywhere_kinked(tiny, monkeypatch, flips.FLIP_K)
     step64 = work.step(work.base_spec, dtype=torch.float64)
     weights, batch = ref.probe_weights, ref.batch
     remaining = ref.remaining["probe"]
     (place, idx), *_ = [(k, v) for k, v in remaining.flippable.items()]
     one = kinks.Count(near=1, flippable={place: idx[:1]})
-    priced = kinks.flip_allowance(step64, weights, batch, None, one)
-    before = kinks._gradients(step64, weights, batch, None, None)
+    priced = flips.flip_allowance(step64, weights, batch, None, one)
+    before = flips._gradients(step64, weights, batch, None, None)
     flat = int(idx[0])
 
     def across(_m, _a, out):
@@ -343,13 +343,13 @@ def test_the_price_of_a_flip_is_what_flipping_that_element_does_in_float64(tiny,
         out.view(-1)[flat] = -out.view(-1)[flat]
         return out
     handle = dict(step64.model.named_modules())["blocks.0.mlp.fc"].register_forward_hook(across)
-    after = kinks._gradients(step64, weights, batch, None, None)
+    after = flips._gradients(step64, weights, batch, None, None)
     handle.remove()
     moved = {n: float((after[n] - before[n]).norm()) for n in before}
     assert max(moved.values()) > 0, "the flip moved no gradient: the plant tests nothing"
     # The forward moved too, by 2|z| (about 1e-8): what it moves downstream is far below the flip's own effect.
     for n, m in moved.items():
-        assert priced[n] == pytest.approx(kinks.FLIP_K * m, rel=1e-3, abs=1e-4 * max(moved.values())), n
+        assert priced[n] == pytest.approx(flips.FLIP_K * m, rel=1e-3, abs=1e-4 * max(moved.values())), n
 
 
 def test_a_census_that_cannot_run_says_why_and_the_gate_judges_as_before(tiny, monkeypatch):

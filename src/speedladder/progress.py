@@ -34,7 +34,7 @@ LOG_EVERY_S = 15.0  # a log gets a line this often while a task runs with nothin
 
 def clock(seconds: float) -> str:
     """Seconds as m:ss (h:mm:ss past an hour)."""
-    s = int(round(seconds))
+    s = round(seconds)
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
@@ -78,7 +78,7 @@ class Task:
 
     # -- how it is shown -----------------------------------------------------------------------------
 
-    def __enter__(self) -> Task:
+    def __enter__(self) -> Task:  # noqa: PYI034 -- a Task is not subclassed
         if self.progress.quiet:
             return self
         console = terminal()

@@ -43,7 +43,7 @@ from speedladder.measure import devicemem, load, timer
 from speedladder.progress import Progress, task_of
 from speedladder.racing.ruler import val_hash
 from speedladder.racing.runs import Clock, Going, Runs, WallClock, rotated, rung_cap
-from speedladder.racing.verdicts import built_upon_line, builds_upon, capped_out, judge
+from speedladder.racing.verdicts import builds_upon, built_upon_line, capped_out, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.records.race import RaceRole
 from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose

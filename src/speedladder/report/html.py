@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 from speedladder.records import Results, Role, RungResult, from_dict, to_dict
-from speedladder.report import parallel as parallel_report
 from speedladder.report import machine, summary
+from speedladder.report import parallel as parallel_report
 from speedladder.report.common import label, model_label
 from speedladder.report.gates import divergence_html, gates_html
 from speedladder.report.htmlkit import (

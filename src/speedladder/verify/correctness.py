@@ -35,7 +35,8 @@ from speedladder.records.checks import (
 )
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
-from speedladder.verify import kinks, probes, truth
+from speedladder.verify import probes, truth
+from speedladder.verify.flips import flip_allowance
 from speedladder.verify.kinks import Chosen, Count
 
 
@@ -163,8 +164,8 @@ def with_truth(ref: Reference, step64: TrainStep) -> Reference:
     trained = probes.outputs(step64, ref.weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
     at_probe = probes.outputs(step64, ref.probe_weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
     # Elements the probe could not be moved off, at ops whose flip moves the backward alone: priced in float64, and
-    # every gradient's allowance grows by what they could move it by (kinks.flip_allowance).
-    flips = {k: kinks.flip_allowance(step64, w, ref.batch, ref.micro, ref.remaining[k])
+    # every gradient's allowance grows by what they could move it by (flips.py).
+    flips = {k: flip_allowance(step64, w, ref.batch, ref.micro, ref.remaining[k])
              for k, w in (("trained", ref.weights), ("probe", ref.probe_weights))
              if k in ref.remaining and ref.remaining[k].near}
     for k, priced in flips.items():

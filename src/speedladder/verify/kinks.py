@@ -185,7 +185,7 @@ class Count:
     why: str = ""  # why the two runs could not be paired ("" when they were)
     # The near elements of the ops whose value is continuous at the kink (relu, threshold, hardtanh, leaky_relu),
     # by (first row of the micro-batch, the op's place among the kink ops): a flip there moves the backward alone,
-    # and flip_allowance can price it.
+    # and flips.flip_allowance can price it.
     flippable: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -257,6 +257,8 @@ def census(truth: TrainStep, eager: TrainStep, weights: dict[str, torch.Tensor],
 
 
 BAND = f"{BAND_K:g} x eager's RMS deviation from float64 at each kink op's input"
+# The ops whose value is continuous at the kink: a flip there moves the backward alone, and flips.py can price it.
+FLIPPABLE = {"relu", "relu_", "threshold", "threshold_", "hardtanh", "hardtanh_", "leaky_relu", "leaky_relu_"}
 
 
 def _record(c: Count, first: Count, probe: str, rows: list[list[int]], detail: str) -> Kinks:
@@ -319,88 +321,3 @@ def choose_probe(truth: TrainStep, eager: TrainStep, weights: dict[str, dict[str
         out[k] = _record(again if not again.why else first[k], first[k], probe, [[j, r] for j, r in chosen], why)
         counts_at[k] = again if not again.why else Count()
     return (x, y), out, counts_at
-
-
-# -- pricing the flips that remain -------------------------------------------------------------------------------
-
-# The ops whose value is continuous at the kink, and the backward op that applies their mask: a flip there changes
-# the input's gradient at that element by (slope change) x the gradient arriving, and nothing in the forward.
-FLIPPABLE = {"relu", "relu_", "threshold", "threshold_", "hardtanh", "hardtanh_", "leaky_relu", "leaky_relu_"}
-_MASKS = {aten.threshold_backward, aten.hardtanh_backward, aten.leaky_relu_backward}
-# Random-sign flips of every remaining element at once: E||sum s_i d_i||^2 = sum ||d_i||^2, the square of what one
-# flip of the largest could move a gradient by, and of what a random part of them flipping moves it by on average.
-FLIP_DRAWS = 4
-# The allowance is this many times that root-sum-square (an estimate from FLIP_DRAWS draws, and a subset of flips
-# may land on one side).
-FLIP_K = 2.0
-
-
-class _Flips(TorchDispatchMode):
-    """Forward: the storage of each flippable kink op's input and output, with its remaining near elements.
-    Backward: the op's input gradient plus a random sign times the slope's change times the arriving gradient at
-    those elements: every remaining element flipped, each one way or the other."""
-
-    def __init__(self, near: dict[tuple[int, int], torch.Tensor], generator: torch.Generator) -> None:
-        super().__init__()
-        self.near, self.generator = near, generator
-        self.first, self.place = 0, 0
-        self.saved: dict[int, torch.Tensor] = {}
-
-    def at(self, first: int) -> _Flips:
-        """This micro-batch's elements (the census counted them micro-batch by micro-batch)."""
-        self.first, self.place = first, 0
-        return self
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        op = func.overloadpacket
-        if op in _MASKS:
-            out = func(*args, **kwargs)
-            idx = self.saved.get(args[1].data_ptr())
-            if idx is None:
-                return out
-            slope = 1.0 - float(args[2]) if op is aten.leaky_relu_backward else 1.0
-            signs = torch.randint(0, 2, (idx.numel(),), generator=self.generator).to(out) * 2 - 1
-            delta = torch.zeros(out.numel(), dtype=out.dtype, device=out.device)
-            delta[idx.to(out.device)] = signs * slope * args[0].reshape(-1)[idx.to(out.device)]
-            return out + delta.view_as(out)
-        with torch.no_grad():
-            kink = distances(func, args, kwargs) is not None
-        out = func(*args, **kwargs)
-        if kink:
-            idx = self.near.get((self.first, self.place))
-            if idx is not None and op.__name__ in FLIPPABLE:
-                for t in (args[0], out):
-                    if isinstance(t, torch.Tensor):
-                        self.saved[t.data_ptr()] = idx
-            self.place += 1
-        return out
-
-
-def _gradients(step: TrainStep, weights: dict[str, torch.Tensor], batch: Batch, micro: int | None,
-               flips: _Flips | None) -> dict[str, torch.Tensor]:
-    step.reset(weights)
-    parts = list(chunks(batch, micro))
-    for first, (x, y) in parts:
-        with flips.at(first) if flips is not None else nullcontext():
-            step.forward_backward(x.to(step.device), y.to(step.device))
-    return {n: step.reference_part(n, p.grad).detach().double().cpu() / len(parts)
-            for n, p in step.params.items() if p.grad is not None}
-
-
-def flip_allowance(step64: TrainStep, weights: dict[str, torch.Tensor], batch: Batch, micro: int | None,
-                   remaining: Count, seed: int = 0) -> dict[str, float]:
-    """Per parameter, what flipping the remaining near elements could move its gradient by, in float64 (the
-    norm, absolute): FLIP_K x the root-sum-square of each element's effect, estimated from FLIP_DRAWS random-sign
-    flips of them all. Empty when none remain at an op whose flip can be priced."""
-    if not remaining.flippable:
-        return {}
-    normal = _gradients(step64, weights, batch, micro, None)
-    generator = torch.Generator().manual_seed(seed)
-    squares = dict.fromkeys(normal, 0.0)
-    for _ in range(FLIP_DRAWS):
-        moved = _gradients(step64, weights, batch, micro, _Flips(remaining.flippable, generator))
-        for n, g in normal.items():
-            squares[n] += float((moved[n] - g).pow(2).sum())
-    return {n: FLIP_K * math.sqrt(v / FLIP_DRAWS) for n, v in squares.items()}
