@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from conftest import cli
 from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
+from test_html_report import visit
 from torch import nn
 
 from speedladder.config import RunConfig
@@ -473,6 +474,12 @@ def test_the_gates_command_reruns_one_rung_alone_and_the_page_shows_why(tmp_path
     assert "scale-off: why — the divergence starts at blocks.0.attn" in out and command in out, out
     page = (run_dir / "report.html").read_text()
     assert "divergence starts at" in page and command in page and "kink census" in page
+
+    def look(p) -> None:  # in Chromium: the gates section shows the module and the command, as drawn
+        text = p.locator("#gates").inner_text()
+        assert "divergence starts at blocks.0.attn" in text and command in text, text[:2000]
+    requests, errors = visit(run_dir / "report.html", look)
+    assert requests == [] and errors == []
     rc, out, _ = cli("gates", str(run_dir), "scale-off", "--quiet")
     assert rc == 1 and "FAILED" in out and "again, alone: " + command in out, out
     rc, out, _ = cli("gates", str(run_dir), "sdpa", "--quiet")
