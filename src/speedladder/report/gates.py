@@ -129,19 +129,21 @@ def gate_lines(name: str, g: Gate, run_dir: str | None = None) -> list[str]:
 
 
 def divergence_html(results: Results, run_dir: str | None = None) -> str:
-    """Each failed gate's explanation, for report.html: where the divergence starts and the command that re-runs
-    the gates alone."""
-    rows = []
+    """Each failed gate's explanation, for report.html: where the divergence starts, function or kink, and the
+    command that re-runs the gates alone (below the table: a path does not wrap in a cell)."""
+    rows, commands = [], []
     for r in results.rungs:
         e = r.gate.explanation if r.gate is not None else None
         if e is None:
             continue
+        rows.append([r.name, e.check or "—", e.module or "—", e.kind or "—", e.summary])
         cmd = f"speedladder gates {run_dir} {r.name}" if run_dir else e.command
-        rows.append([r.name, e.check or "—", e.module or "—", e.kind or "—", e.summary, cmd or "—"])
+        if cmd:
+            commands.append(f"{r.name}, its gates again, alone: {cmd}")
     if not rows:
         return ""
-    return table(["rung", "check", "divergence starts at", "looks like", "why", "re-run its gates alone"], rows,
-                 left=("rung", "check", "divergence starts at", "looks like", "why", "re-run its gates alone"))
+    headers = ["rung", "check", "divergence starts at", "looks like", "why"]
+    return ("<h3>Why a gate failed</h3>" + table(headers, rows, left=headers, wrap=("why",)) + notes(commands))
 
 
 def census_notes(results: Results) -> list[str]:
