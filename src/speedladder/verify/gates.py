@@ -38,6 +38,23 @@ def precision_spec(spec: StepSpec) -> StepSpec:
 
 
 class Gates:
+    """Every check a measured rung must pass, and the references they compare with (docs/measurement.md, rules 7,
+    9 and 12).
+
+    Owns, per batch shape: the eager fp32 reference (its loss curve over the gate batches, its trained weights,
+    its outputs on the probe batch at the trained and the probe weights), the float64 truth beside it and the kink
+    census that chose the probe batch; per lower precision, eager fp32 with that precision emulated (the scale);
+    and the learns-check's eager curves. Each is made the first time a rung needs it, and kept.
+
+    In order, for one rung (check): the reference of its shape; its outputs at the trained weights; its loss curve
+    (or tokens to AdamW's loss, for a rung that changes the update); causality; its distances from fp64 judged
+    against eager's at its precision and its base's; on a failure, the explanation (bisect.py). After the climb,
+    learns() trains the fastest rung that passed beside eager fp32.
+
+    Leaves behind: a Gate record per rung (every check's figures, its census, an explanation when it failed) and
+    the rung's probe outputs, which the rungs built on it are checked against. Nothing is timed here.
+    """
+
     def __init__(self, work: Workload, progress: Progress) -> None:
         self.work = work
         self.progress = progress
