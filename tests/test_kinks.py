@@ -25,8 +25,8 @@ from speedladder.verify import correctness, flips, kinks, probes
 from speedladder.verify.gates import Gates
 from speedladder.workload import prepare
 
-# A verdict that must hold on any processor: run again in .ci/run with AVX2 forced.
-pytestmark = pytest.mark.isa
+# The verdicts that must hold on any processor (marked isa) run again in .ci/run with AVX2 forced.
+ISA = pytest.mark.isa
 
 SEEDS = (0, 1, 2)
 
@@ -145,6 +145,7 @@ def fuzz(monkeypatch):
     return use
 
 
+@ISA
 @pytest.mark.parametrize("position", ["eager", "bf16"])
 def test_the_rounding_fuzz_passes_every_gate_at_every_seed(tiny, bench, fuzz, position):
     for seed in SEEDS:
@@ -225,6 +226,7 @@ def kinked(tiny):
     return gates, ref, bf16, probe
 
 
+@ISA
 def test_a_planted_kink_is_seen_and_the_probe_moves_off_it(kinked):
     _, ref, _, _ = kinked
     census = ref.kinks["probe"]
@@ -233,6 +235,7 @@ def test_a_planted_kink_is_seen_and_the_probe_moves_off_it(kinked):
     assert census.rows[KINK_AT[1]][0] != 0, census.rows  # ... by a clean one of a later gate batch
 
 
+@ISA
 @pytest.mark.parametrize("position", ["eager", "bf16"])
 def test_at_a_planted_kink_the_fuzz_passes_and_wrong_rungs_are_still_caught(tiny, kinked, fuzz, monkeypatch,
                                                                                 position):
@@ -301,6 +304,7 @@ def _everywhere_kinked(tiny, monkeypatch, flip_k: float):
     return work, gates, ref
 
 
+@ISA
 def test_kinks_the_probe_cannot_avoid_are_priced_into_the_allowance(tiny, fuzz, monkeypatch):
     """Every sequence of the only gate batch holds an element at a ReLU's kink: the probe stays, the flips of those
     elements are priced in float64 and allowed for, gradient by gradient. The fuzz then passes at every seed;
@@ -380,6 +384,7 @@ def _drop_grad_under_autocast(monkeypatch, name: str = "blocks.0.attn.qkv.weight
     monkeypatch.setattr(TrainStep, "forward_backward", forward_backward)
 
 
+@ISA
 def test_a_bf16_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
     gates = Gates(tiny, Progress(quiet=True))
     ref = gates.reference(tiny.base_spec)
@@ -409,6 +414,7 @@ def test_a_bf16_rung_whose_attention_sees_the_future_under_autocast_fails(tiny, 
     assert not gate.passed and not gate.causality.passed, gate.detail
 
 
+@ISA
 def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
     pytest.importorskip("torchao.float8")
     import functools
