@@ -5,6 +5,7 @@ measured, --threads, and the bad input (docs/usage.md#the-recipe)."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 
@@ -145,6 +146,7 @@ def test_a_schedules_length_is_the_races_budget():
     assert race_length(cos, None, 200, 128)[:2] == (200, 200)
     assert race_length(cos, 300, 200, 128) == (300, 300, Span(300 * 128, "tokens"))  # the calibration to its end
     assert race_length(dataclasses.replace(cos, length=80), None, 200, 128)[:2] == (80, 80)
+    assert race_length(cos, 0, 200, 128) == (0, 200, Span(200 * 128, "tokens"))  # the criterion stays off
     with pytest.raises(UsageError, match="a schedule's length is the race's budget"):
         race_length(dataclasses.replace(cos, length=80), 300, 200, 128)
 
@@ -239,6 +241,31 @@ def test_clipping_scheduling_and_accumulating_read_nothing_back_to_the_host():
     assert step.optimizer.param_groups[0]["lr"] != lr  # the schedule moved
     counters = [st["step"] for st in step.optimizer.state.values()]
     assert all(any(t is c for c in counters) for t in read_back), "a step read a computed value back"
+
+
+def test_a_restored_step_goes_on_with_its_schedule_and_its_scaler():
+    """A checkpoint's round trip of a scheduled fp16 step: the rate and the scale go on from where they were, and
+    the next steps are the same, bit for bit."""
+    work = nanogpt_workload(warmup=2, length=6)
+    spec = RUNGS["fp16"].transform(work.base_spec, work.env)
+    step, stream = work.step(spec), work.stream(spec)
+    for _ in range(4):
+        step(*next(stream))
+    assert step.scaler is not None
+    buffer = io.BytesIO()  # as a checkpoint holds them: copies, not the live optimizer's tensors
+    torch.save({"model": step.reference_state(), "beyond": step.beyond_reference(),
+                "optimizer": step.optimizer.state_dict(), "stream": stream.state(), "updates": step.updates,
+                "scaler": step.scaler.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    again, other = work.step(spec), work.stream(spec)
+    again.restore(saved["model"], saved["beyond"], saved["optimizer"], saved["updates"], saved["scaler"])
+    other.load_state(saved["stream"])
+    assert again.optimizer.param_groups[0]["lr"] == step.optimizer.param_groups[0]["lr"] < 3e-3
+    for _ in range(4):  # through the end of the decay, to the floor
+        assert torch.equal(step(*next(stream)), again(*next(other)))
+    assert again.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4)
+    assert all(torch.equal(p, again.params[n]) for n, p in step.params.items())
 
 
 # -- the accum rung --------------------------------------------------------------------------------------------------

@@ -225,6 +225,8 @@ class TrainStep:
                 if name in self.init:  # a padded parameter: reset zeroed its padding
                     self.params[name][self.shapes[name][0]:].copy_(rows)
         self.optimizer.load_state_dict(optimizer_state)
+        if self.scheduler is not None:  # the loaded state made new parameter groups: the schedule acts on those
+            self.scheduler = RecipeLR(self.optimizer, self.schedule, self.spec.tokens_per_step, updates)
 
     def reset(self, weights: dict[str, torch.Tensor] | None = None, updates: int = 0) -> None:
         """Back to the initial weights (or the given ones) with a fresh optimizer, schedule and scaler; compiled
@@ -303,21 +305,22 @@ class TrainStep:
         global norm (nothing read back: clip_grad_norm_ scales on the device), the optimizer's step (the scaler
         skips it on inf or NaN, and the skip is counted on the device), the gradients cleared, the schedule moved to
         the next update."""
-        parts = optimizers_in(self.optimizer) if self.scaler is not None else []
-        for o in parts:
-            assert self.scaler is not None
-            self.scaler.unscale_(o)
+        scaler = self.scaler
+        parts = optimizers_in(self.optimizer) if scaler is not None else []
+        if scaler is not None:
+            for o in parts:
+                scaler.unscale_(o)
         if self.recipe.clips:
             torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.recipe.grad_clip)
-        if self.scaler is not None:
+        if scaler is None:
+            self.optimizer.step()
+        else:
             found = []
             for o in parts:
-                self.scaler.step(o)
-                found += list(self.scaler._found_inf_per_device(o).values())
+                scaler.step(o)
+                found += list(scaler._found_inf_per_device(o).values())
             self.skipped += (torch.stack(found).sum() > 0).float()
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+            scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()

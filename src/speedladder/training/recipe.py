@@ -143,12 +143,12 @@ class RecipeLR:
 
 def race_length(recipe: RecipeConfig, budget_steps: int | None, calibrate_steps: int,
                 base_tokens: int) -> tuple[int | None, int, Span]:
-    """A race's token budget (in base steps), its calibration's steps and its schedule's length: a schedule's
-    length is the race's budget, as in modded-nanogpt, and the target is eager fp32's val loss at its end. A
-    recipe whose rate never moves leaves the race as it was. The schedule's own length, when given, sets the
-    budget; given beside a budget of another length, it is a usage error."""
-    budget = calibrate_steps if budget_steps is None else budget_steps
+    """A race's token budget (in base steps; 0: its criterion off), its calibration's steps and its schedule's
+    length: a schedule's length is the race's budget, as in modded-nanogpt, and the target is eager fp32's val loss
+    at its end. A recipe whose rate never moves leaves the race as it was. The schedule's own length, when given,
+    sets the budget; given beside a budget of another length, it is a usage error."""
     if not recipe.scheduled:
+        budget = calibrate_steps if budget_steps is None else budget_steps
         return budget_steps, calibrate_steps, Span(budget * base_tokens, "tokens")
     if recipe.length is not None:
         tokens = recipe.length * (base_tokens if recipe.unit == "steps" else 1)
@@ -156,6 +156,7 @@ def race_length(recipe: RecipeConfig, budget_steps: int | None, calibrate_steps:
         if budget_steps and budget_steps != steps:
             raise UsageError(f"a schedule's length is the race's budget: --schedule-length is {steps:,} base steps' "
                              f"worth, --budget-steps {budget_steps:,}; give one of them")
-        return steps, steps, Span(tokens, "tokens")
-    budget = budget or calibrate_steps  # --budget-steps 0 (the criterion off): the calibration's steps
-    return budget, budget, Span(budget * base_tokens, "tokens")
+    else:
+        steps = budget_steps or calibrate_steps
+        tokens = steps * base_tokens
+    return (0 if budget_steps == 0 else steps), steps, Span(tokens, "tokens")
