@@ -180,6 +180,6 @@ def test_the_installed_command_fails_without_a_traceback(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip() == ("speedladder: error: unknown rung 'nope' (choose from eager, compile, bf16, "
-                                   "batch, ckpt, sdpa, fused-adamw, pad-vocab, max-autotune, cudagraphs, muon, fp8, "
-                                   "qk-norm, relu2, rotary, softcap)")
+                                   "batch, accum, fp16, ckpt, sdpa, fused-adamw, pad-vocab, max-autotune, cudagraphs, "
+                                   "muon, fp8, qk-norm, relu2, rotary, softcap)")
     assert "Traceback" not in proc.stdout + proc.stderr

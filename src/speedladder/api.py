@@ -116,6 +116,7 @@ def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data
     work = prepare(run, obj)
     work.val_set(work.cfg.seq_len)
     same_ruler(work)
+    cfg = work.raced(cfg)  # a schedule's length is the race's budget
     run_dir = results.new_run_dir(work.cfg.run.out)
     progress(f"{work.model.name}: {work.params:,} parameters on {work.device}; {work.data_line}; writing {run_dir}")
     contest = Race(work, run_dir, cfg, progress, role="combo" if given else "rung",  # it writes config.toml

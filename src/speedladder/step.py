@@ -1,8 +1,9 @@
 """A StepSpec made real: model, optimizer, precision and compilation.
 
 A TrainStep call does one whole training step (host batch -> device copy ->
-forward -> loss -> backward -> AdamW update) and returns the loss as a device
-tensor, never a Python number: reading it would synchronize the host.
+forward -> loss -> backward, over the spec's micro-batches -> the recipe's
+clipping, gradient scaler and schedule -> AdamW update) and returns the loss as
+a device tensor, never a Python number: reading it would synchronize the host.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import torch
 from torch import nn
 
 from speedladder import models
+from speedladder.config.recipe import RecipeConfig
 from speedladder.config.run import MuonConfig
 from speedladder.gpt import GPTConfig
 from speedladder.models import ModelDef
 from speedladder.rungs import NEW_PARAMS, OPTIMIZERS, RungError, StepSpec
 from speedladder.rungs.optim import MuonAdamW, is_hidden_matrix, muon_optimizer
+from speedladder.training.recipe import RecipeLR, Schedule, optimizers_in, param_groups
 
 if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
@@ -59,36 +62,52 @@ AdamWFactory = Callable[..., torch.optim.Optimizer]  # (params, **implementation
 
 
 def make_optimizer(params: dict[str, nn.Parameter], spec: StepSpec, lr: float, muon: MuonConfig,
-                   blocks_prefix: str = "blocks.", adamw: AdamWFactory | None = None) -> torch.optim.Optimizer | MuonAdamW:
+                   blocks_prefix: str = "blocks.", adamw: AdamWFactory | None = None,
+                   recipe: RecipeConfig | None = None) -> torch.optim.Optimizer | MuonAdamW:
     """The optimizer a spec asks for, over the model's parameters by name: AdamW in the implementation named
-    (fused, foreach, or torch's default), or Muon for the hidden matrices under `blocks_prefix` and AdamW for the
-    rest; every learning rate times spec.lr_scale. `adamw` builds the AdamW part (speedladder.apply passes the
-    user's own), given the parameters and the implementation's keywords (fused=True, foreach=True or none)."""
-    scale = spec.lr_scale
-    adamw = adamw or (lambda ps, **kind: torch.optim.AdamW(ps, lr=lr * scale, **kind))
+    (fused, foreach, or torch's default) with the recipe's weight decay, betas and eps and its split of what decays
+    (training/recipe.param_groups), or Muon for the hidden matrices under `blocks_prefix` and that AdamW for the rest; every
+    learning rate times spec.lr_scale. `adamw` builds the AdamW part (speedladder.apply passes the user's own),
+    given the parameters (or the recipe's groups) and the implementation's keywords (fused=True, foreach=True or
+    none)."""
+    scale, r = spec.lr_scale, recipe or RecipeConfig()
+    adamw = adamw or (lambda ps, **kind: torch.optim.AdamW(ps, lr=lr * scale, weight_decay=r.weight_decay,
+                                                           betas=r.betas, eps=r.eps, **kind))
     if spec.optimizer == "muon":
         hidden = [p for n, p in params.items() if is_hidden_matrix(n, p, blocks_prefix)]
-        rest = [p for n, p in params.items() if not is_hidden_matrix(n, p, blocks_prefix)]
+        rest = {n: p for n, p in params.items() if not is_hidden_matrix(n, p, blocks_prefix)}
         return MuonAdamW(muon_optimizer(hidden, lr=muon.lr * scale, momentum=muon.momentum, nesterov=muon.nesterov,
-                                        ns_steps=muon.ns_steps), adamw(rest))
+                                        ns_steps=muon.ns_steps), adamw(param_groups(rest, r)))
     if spec.optimizer in OPTIMIZERS:  # a rung's own (rungs/api.py): the named parameters and the learning rate
         return OPTIMIZERS[spec.optimizer](dict(params), lr * scale)
     if spec.optimizer not in ("adamw", "adamw-fused", "adamw-foreach"):
         raise ValueError(f"unknown optimizer {spec.optimizer!r}")
     # Plain "adamw" leaves the implementation to torch's default; the others ask for one.
     kind = {"adamw-fused": {"fused": True}, "adamw-foreach": {"foreach": True}}.get(spec.optimizer, {})
-    return adamw(list(params.values()), **kind)
+    return adamw(param_groups(params, r), **kind)
+
+
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # a spec's autocast, as a dtype
 
 
 class TrainStep:
+    """One spec's training step. It owns the model (built from the initial weights, transformed, wrapped, compiled),
+    the optimizer, the schedule and the gradient scaler, and counts its updates and the scaler's skipped ones.
+    A call: the micro-steps' forward and backward (`_micro_steps`), then `update`: unscale (fp16), clip, step,
+    clear, schedule. `forward_backward` is the gates' one pass (gradients left in .grad, unscaled); `reset` puts
+    back the initial weights with a fresh optimizer, schedule and scaler."""
+
     def __init__(self, spec: StepSpec, model: ModelDef | GPTConfig, init: dict[str, torch.Tensor],
                  device: torch.device, lr: float, wrap: Callable[[nn.Module], nn.Module] | None = None,
-                 muon: MuonConfig | None = None, dtype: torch.dtype | None = None) -> None:
+                 muon: MuonConfig | None = None, dtype: torch.dtype | None = None,
+                 recipe: RecipeConfig | None = None, schedule: Schedule | None = None) -> None:
         self.spec = spec
         self.source = model_def(model)
         self.device = device
         self.lr = lr
         self.muon = muon or MuonConfig()
+        self.recipe = recipe or RecipeConfig()
+        self.schedule = schedule or Schedule()
         self.init = init
         built: nn.Module = self.source.build(device)  # dropout off: two runs of one step compute the same
         built.load_state_dict(init)
@@ -112,9 +131,9 @@ class TrainStep:
         # dynamic=False: one fixed shape per rung; a shape change must recompile, and is counted.
         self.forward = (torch.compile(adapted, dynamic=False, mode=spec.compile_mode) if spec.compile
                         else adapted)
-        self.optimizer = self._new_optimizer()
-        self._autocast = torch.autocast(device.type, dtype=torch.bfloat16,
-                                        enabled=spec.autocast == "bf16")
+        self._autocast = torch.autocast(device.type, dtype=AUTOCAST.get(spec.autocast or "", torch.bfloat16),
+                                        enabled=spec.autocast in AUTOCAST)
+        self._fresh()
 
     def _added_params(self, spec: StepSpec) -> dict[str, torch.Tensor]:
         """Parameters the transforms made, each with its first value (reset() restores it), under its name in the
@@ -157,7 +176,20 @@ class TrainStep:
         return self.source.vocab_size
 
     def _new_optimizer(self) -> torch.optim.Optimizer | MuonAdamW:
-        return make_optimizer(self.params, self.spec, self.lr, self.muon, self.source.blocks_prefix or "blocks.")
+        return make_optimizer(self.params, self.spec, self.lr, self.muon, self.source.blocks_prefix or "blocks.",
+                              recipe=self.recipe)
+
+    def _fresh(self, updates: int = 0) -> None:
+        """A new optimizer, the schedule at update `updates` (none when the rate never moves), a new gradient scaler
+        (fp16) and its count of skipped updates at zero."""
+        self.optimizer = self._new_optimizer()
+        self.scheduler = (RecipeLR(self.optimizer, self.schedule, self.spec.tokens_per_step, updates)
+                          if self.schedule.moves else None)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.spec.autocast == "fp16" else None
+        if self.scaler is not None and not optimizers_in(self.optimizer):
+            raise RungError(f"fp16's gradient scaler needs a torch optimizer; {self.spec.optimizer}'s is not one")
+        self.updates = updates
+        self.skipped = torch.zeros((), device=self.device)  # updates the scaler skipped (inf or NaN gradients)
 
     def reference_part(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """The part of a (possibly padded) parameter or gradient that is the reference parameter."""
@@ -182,18 +214,23 @@ class TrainStep:
         return out
 
     def restore(self, weights: dict[str, torch.Tensor], beyond: dict[str, torch.Tensor],
-                optimizer_state: dict) -> None:
+                optimizer_state: dict, updates: int = 0, scaler_state: dict | None = None) -> None:
         """The parameters and the optimizer as a checkpoint saved them: reference_state's weights, the rest from
-        beyond_reference, then the optimizer's state dict."""
-        self.reset({**weights, **{n: t for n, t in beyond.items() if n not in self.init}})
+        beyond_reference, then the optimizer's state dict; the schedule at `updates`, the scaler's state."""
+        self.reset({**weights, **{n: t for n, t in beyond.items() if n not in self.init}}, updates)
+        if self.scaler is not None and scaler_state:
+            self.scaler.load_state_dict(scaler_state)
         with torch.no_grad():
             for name, rows in beyond.items():
                 if name in self.init:  # a padded parameter: reset zeroed its padding
                     self.params[name][self.shapes[name][0]:].copy_(rows)
         self.optimizer.load_state_dict(optimizer_state)
+        if self.scheduler is not None:  # the loaded state made new parameter groups: the schedule acts on those
+            self.scheduler = RecipeLR(self.optimizer, self.schedule, self.spec.tokens_per_step, updates)
 
-    def reset(self, weights: dict[str, torch.Tensor] | None = None) -> None:
-        """Back to the initial weights (or the given ones) with a fresh optimizer; compiled code is kept."""
+    def reset(self, weights: dict[str, torch.Tensor] | None = None, updates: int = 0) -> None:
+        """Back to the initial weights (or the given ones) with a fresh optimizer, schedule and scaler; compiled
+        code is kept."""
         weights = self.init if weights is None else weights
         with torch.no_grad():
             for name, p in self.params.items():
@@ -207,20 +244,91 @@ class TrainStep:
                 else:
                     self.reference_part(name, p).copy_(w)
                 p.grad = None
-        self.optimizer = self._new_optimizer()
+        self._fresh(updates)
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
-                         compiled: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Logits (None from a model whose forward returns a loss only) and loss of one batch, gradients left in
-        .grad; no update. compiled=False: through the uncompiled model (a failed gate's explanation hooks its
-        modules)."""
-        if self.spec.cudagraphs and compiled:
-            # A new iteration for CUDA graph trees: the previous step's graph outputs may be overwritten now.
-            torch.compiler.cudagraph_mark_step_begin()
-        with self._autocast:
-            logits, loss = (self.forward if compiled else self.eager_forward)(x, y)
-        loss.backward()
+    def _micro_steps(self, x: torch.Tensor, y: torch.Tensor, compiled: bool, scale: float | None,
+                     rows: int | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Forward and backward over the spec's micro-batches (one: the whole batch), each micro-batch's loss over
+        their number backpropagated, as nanoGPT's loop does, times `scale` (fp16's loss scale; None: the scaler's).
+        The logits of the first `rows` sequences (all: None) and the mean loss."""
+        n = self.spec.accum
+        forward = self.forward if compiled else self.eager_forward
+        kept: list[torch.Tensor] = []
+        total = torch.zeros((), device=x.device)
+        for xs, ys in zip(x.chunk(n), y.chunk(n)) if n > 1 else [(x, y)]:
+            if self.spec.cudagraphs and compiled:
+                # A new iteration for CUDA graph trees: the previous step's graph outputs may be overwritten now.
+                torch.compiler.cudagraph_mark_step_begin()
+            with self._autocast:
+                logits, loss = forward(xs, ys)
+            part = loss / n if n > 1 else loss
+            if scale is not None:
+                part = part * scale
+            elif self.scaler is not None:
+                part = self.scaler.scale(part)
+            part.backward()
+            if n == 1:
+                return logits, loss
+            need = (xs.shape[0] if rows is None else rows) - sum(k.shape[0] for k in kept)
+            if logits is not None and need > 0:
+                kept.append(logits[:need].detach().clone())  # a copy: the micro-batch's logits are freed
+            total = total + loss.detach().float()
+        return (torch.cat(kept) if kept else None), total / n
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, compiled: bool = True,
+                         rows: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Logits (None from a model whose forward returns a loss only; with accumulation, those of the first
+        `rows` sequences) and loss of one batch, over the spec's micro-steps, gradients added to .grad; no update.
+        Under fp16 the loss is scaled as the scaler would, halved until no gradient overflows, and the gradients
+        unscaled. compiled=False: through the uncompiled model (a failed gate's explanation hooks its modules)."""
+        if self.scaler is None:
+            return self._micro_steps(x, y, compiled, None, rows)
+        prior = {n: p.grad for n, p in self.params.items() if p.grad is not None}
+        s = self.scaler.get_scale()
+        while True:
+            for p in self.params.values():
+                p.grad = None
+            logits, loss = self._micro_steps(x, y, compiled, s, rows)
+            grads = [p.grad for p in self.params.values() if p.grad is not None]
+            if s <= 1 or all(bool(torch.isfinite(g).all()) for g in grads):
+                break
+            s /= 2  # what the scaler's backoff would do on an overflow
+        for g in grads:
+            g.div_(s)
+        for n, g in prior.items():
+            grad = self.params[n].grad
+            self.params[n].grad = g if grad is None else grad.add_(g)
         return logits, loss
+
+    def update(self) -> None:
+        """The update on the gradients in .grad: unscaled by the gradient scaler (fp16), clipped to the recipe's
+        global norm (nothing read back: clip_grad_norm_ scales on the device), the optimizer's step (the scaler
+        skips it on inf or NaN, and the skip is counted on the device), the gradients cleared, the schedule moved to
+        the next update."""
+        scaler = self.scaler
+        parts = optimizers_in(self.optimizer) if scaler is not None else []
+        if scaler is not None:
+            for o in parts:
+                scaler.unscale_(o)
+        if self.recipe.clips:
+            torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.recipe.grad_clip)
+        if scaler is None:
+            self.optimizer.step()
+        else:
+            found = []
+            for o in parts:
+                scaler.step(o)
+                found += list(scaler._found_inf_per_device(o).values())
+            self.skipped += (torch.stack(found).sum() > 0).float()
+            scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.updates += 1
+
+    def skipped_updates(self) -> int:
+        """The updates the gradient scaler skipped since the last reset (reads the device's count)."""
+        return int(self.skipped.item())
 
     @torch.no_grad()
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -246,9 +354,8 @@ class TrainStep:
         return total / len(x)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        _, loss = self.forward_backward(x, y)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        _, loss = self._micro_steps(x, y, True, None, 0)
+        self.update()
         # A CUDA graph's output lives in its memory pool and the next replay overwrites it: keep a copy
         # (a device-side copy, no host sync).
         return loss.detach().clone() if self.spec.cudagraphs else loss.detach()

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from speedladder import models, results
+from speedladder.config.commands import RaceConfig
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig, pick_device
 from speedladder.data import (
@@ -40,6 +41,7 @@ from speedladder.records import MachineLoad, Results
 from speedladder.rungs import RUNGS, Env, StepSpec, env_for
 from speedladder.rungs import load as rung_files
 from speedladder.step import TrainStep, matmul_precision
+from speedladder.training.recipe import Schedule, Span, race_length, schedule_of
 
 # The gate batches are drawn from a stream of their own, apart from the timing stream's.
 GATE_SEED_OFFSET = 1
@@ -56,6 +58,22 @@ class Workload:
     env: Env
     model: ModelDef  # ours, Hugging Face's or the user's: how to build, call, count and change it
     split: Split  # the training split and the held-out val split, never overlapping
+    # The recipe's learning-rate schedule, as long as the recipe says or else as the command's training
+    # (`horizon`): every step built here follows it, the gates' references included.
+    schedule: Schedule = field(default_factory=Schedule)
+
+    def with_horizon(self, horizon: Span, tokens_only: bool = False) -> None:
+        """The schedule made again for a training of this length (train's steps, a race's budget): a usage error
+        when the recipe's warm-up does not fit in it. tokens_only: a race's, every count in tokens."""
+        self.schedule = schedule_of(self.cfg.run.recipe, horizon, self.base_spec.tokens_per_step, tokens_only)
+
+    def raced(self, race: RaceConfig) -> RaceConfig:
+        """The race with its budget and calibration as long as the recipe's schedule, and this workload's schedule
+        as long as the race's budget, every count in tokens (training/recipe.race_length)."""
+        budget, calibrate, span = race_length(self.cfg.run.recipe, race.budget_steps, race.calibrate_steps,
+                                              self.base_spec.tokens_per_step)
+        self.with_horizon(span, tokens_only=True)
+        return dataclasses.replace(race, budget_steps=budget, calibrate_steps=calibrate)
 
     @property
     def val(self) -> Corpus:
@@ -99,7 +117,7 @@ class Workload:
         """The training step of a spec, from the workload's initial weights (in `dtype`, e.g. the gates' float64
         reference, when given)."""
         return TrainStep(spec, self.model, self.init, device or self.device, self.cfg.run.lr, wrap=wrap,
-                         muon=self.cfg.run.muon, dtype=dtype)
+                         muon=self.cfg.run.muon, dtype=dtype, recipe=self.cfg.run.recipe, schedule=self.schedule)
 
     def stream(self, spec: StepSpec, seed: int | None = None, device: torch.device | None = None) -> BatchStream:
         """The timing stream of a spec's shape (seeded by the run's seed unless told otherwise)."""
@@ -122,7 +140,10 @@ class Workload:
 
 def prepare(run: RunConfig, model: object = None) -> Workload:
     """Resolve the config, load the corpus (tokenize text, map a token file), define the model and draw its
-    initial weights. `model`: one given to the Python API as an object (else the config names it)."""
+    initial weights. `model`: one given to the Python API as an object (else the config names it). The schedule is
+    as long as the run's longest training, its learns-check (a command that trains longer says so: with_horizon)."""
+    if run.threads is not None:
+        torch.set_num_threads(run.threads)  # before anything runs: this process's steps, and its children's
     device = pick_device(run.device)
     run = with_rung_files(run)
     cfg = resolve(run, device, known_rungs=tuple(RUNGS))
@@ -139,8 +160,11 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     split = Split(dataclasses.replace(split.train, vocab_size=vocab), dataclasses.replace(split.val, vocab_size=vocab),
                   split.val_from)
     env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model_def.lacks,
-                  model_def.hooks, model_def.shapes)
-    return Workload(cfg, device, split.train, init, env, model_def, split)
+                  model_def.hooks, model_def.shapes, base_batch=cfg.batch_size, accum_steps=cfg.run.recipe.accum_steps)
+    work = Workload(cfg, device, split.train, init, env, model_def, split)
+    g = cfg.run.gates
+    work.with_horizon(Span(g.learns_steps or g.loss_steps, "steps"))
+    return work
 
 
 def with_rung_files(run: RunConfig) -> RunConfig:
@@ -165,7 +189,8 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
                            "vocab_size": c.vocab_size, "train_tokens": c.n_tokens, "val_tokens": work.val.n_tokens,
                            "val_from": work.split.val_from},
                    model={"preset": work.cfg.run.preset, "params": work.params,
-                          "matmul_params": work.matmul_params, **work.model.record()})
+                          "matmul_params": work.matmul_params, **work.model.record()},
+                   schedule=work.schedule.describe())
 
 
 def free_device_memory(device: torch.device) -> None:

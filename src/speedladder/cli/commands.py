@@ -34,7 +34,7 @@ from speedladder.workload import Workload, new_results, prepare
 WORKLOAD = (Group.MODEL, Group.BATCH)
 # How a climb times its rungs (run, tune; predict, ddp and sweep time with them too).
 WINDOWS = (Group.TIMING, Group.WARMUP, Group.MAX_WARMUP)
-CLIMB = (*WORKLOAD, Group.LEARNING, *WINDOWS, Group.CLIMB, Group.GATES, Group.MUON, Group.MEMORY, Group.OUTPUT,
+CLIMB = (*WORKLOAD, Group.LEARNING, Group.RECIPE, *WINDOWS, Group.CLIMB, Group.GATES, Group.MUON, Group.MEMORY, Group.OUTPUT,
          Group.QUIET, Group.WIDE)
 
 
@@ -187,8 +187,10 @@ def race_finalists(s: Settings, ladder: Ladder, section: TuneSection, budget: tu
         section.judged_by = "tokens/s: no configuration passed every gate, so there was nothing to race"
         return
 
+    raced = work.raced(s.race)  # a schedule's length is the race's budget (the ladder and its checks are done)
+
     def need() -> float | None:
-        return tune.race_seconds(configs, res, s.race.calibrate_steps, s.race.seeds, s.race.cap_factor)
+        return tune.race_seconds(configs, res, raced.calibrate_steps, raced.seeds, raced.cap_factor)
 
     while len(configs) > 1 and (need() or 0.0) > budget.left():
         configs.pop()
@@ -200,7 +202,7 @@ def race_finalists(s: Settings, ladder: Ladder, section: TuneSection, budget: tu
         return
     say(f"racing {len(configs)} finalist(s) beside eager to a target val loss over {s.race.seeds} seeds (about "
         f"{est:.0f} s): {', '.join(c.name for c in configs)}")
-    race = Race(work, run_dir, s.race, progress, role="finalist", results_=res)
+    race = Race(work, run_dir, raced, progress, role="finalist", results_=res)
     section.race = race.section
     race.prepare_configs([(c.name, c.rungs, c.spec) for c in configs], "finalist")
     race.run()
@@ -258,8 +260,8 @@ COMMANDS = (
             "categories that add to 100%, the regime (compute-, memory- or overhead-bound) with its evidence, and a "
             "predicted speed-up with its reason for every rung of the ladder. Writes profile.json and a "
             "Chrome/Perfetto trace.json to DIR/<timestamp>/.",
-            (*WORKLOAD, Group.RUNG_FILES, Group.RUNGS, Group.WARMUP, Group.PROFILE, Group.PROFILE_CMD, Group.OUTPUT,
-             Group.QUIET), cmd_profile),
+            (*WORKLOAD, Group.RUNG_FILES, Group.RECIPE, Group.RUNGS, Group.WARMUP, Group.PROFILE, Group.PROFILE_CMD,
+             Group.OUTPUT, Group.QUIET), cmd_profile),
     Command("tune", "find the fastest configuration that passes every gate, within a budget",
             "Climb the full ladder, drop each rung whose verdict is loss or noise (or that failed a gate or could not "
             "run), measure the survivors together (and, budget permitting, each left out in turn) with the same "
@@ -272,8 +274,8 @@ COMMANDS = (
             "and the val loss every --eval-every, then print a sample of generated text. DIR/<timestamp>/checkpoint.pt "
             "is saved every --save-every steps and after the last, best.pt beside it (load them with "
             "torch.load(path, weights_only=True)); --resume RUN_DIR continues a run from its checkpoint.",
-            (*WORKLOAD, Group.RUNG_FILES, Group.LEARNING, Group.VAL_SET, Group.MUON, Group.TRAIN, Group.OUTPUT,
-             Group.QUIET), cmd_train),
+            (*WORKLOAD, Group.RUNG_FILES, Group.LEARNING, Group.RECIPE, Group.VAL_SET, Group.MUON, Group.TRAIN,
+             Group.OUTPUT, Group.QUIET), cmd_train),
     Command("report", "print the table and redraw waterfall.png from a run folder",
             "Read RUN_DIR/results.json, print its table and redraw its waterfall.png (scaling.png for predict/ddp); "
             "for a profile folder, print the profile.", (Group.WIDE,), cmd_report, _report_inputs),

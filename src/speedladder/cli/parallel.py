@@ -12,7 +12,7 @@ from speedladder.config.run import RunConfig
 from speedladder.parallel import launch
 from speedladder.progress import show_on_stderr
 
-WORKLOAD = (Group.MODEL, Group.RUNG_FILES, Group.BATCH, Group.TIMING, Group.WARMUP, Group.MAX_WARMUP, Group.PARALLEL,
+WORKLOAD = (Group.MODEL, Group.RUNG_FILES, Group.RECIPE, Group.BATCH, Group.TIMING, Group.WARMUP, Group.MAX_WARMUP, Group.PARALLEL,
             Group.TORCHRUN, Group.OUTPUT, Group.QUIET)
 
 

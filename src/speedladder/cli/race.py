@@ -50,8 +50,10 @@ def cmd_race(s: Settings, _: argparse.Namespace) -> int:
     race_cfg, note, same_ruler = ruler.fixed(race_cfg)
 
     def refuse(work: Workload) -> None:  # refused before any folder is made
+        nonlocal race_cfg
         work.val_set(work.cfg.seq_len)  # a val split too small for one batch
         same_ruler(work)
+        race_cfg = work.raced(race_cfg)
 
     progress, work, run_dir = start(s, cfg, refuse=refuse)
     progress(header(work, run_dir))
@@ -92,6 +94,6 @@ COMMANDS = (
             "that did not reach counted as at least its clock (win or loss at p < 0.01, else noise). Writes "
             "DIR/<timestamp>/results.json, config.toml, waterfall.png (tokens/s beside × faster to the target) and "
             "report.html.",
-            (Group.MODEL, Group.RUNG_FILES, Group.LEARNING, Group.VAL_SET, Group.BATCH, Group.WARMUP,
+            (Group.MODEL, Group.RUNG_FILES, Group.LEARNING, Group.RECIPE, Group.VAL_SET, Group.BATCH, Group.WARMUP,
              Group.MAX_WARMUP, Group.MUON, Group.RACE, Group.RACE_RULE, Group.OUTPUT, Group.QUIET), cmd_race),
 )

@@ -40,6 +40,6 @@ COMMANDS = (
             "and plot each rung's × over eager with its spread, and name the crossover where a rung turns from loss "
             "to win (or back), or say that there is none in range. Writes DIR/<timestamp>/results.json, sweep.png, "
             "report.html and one ladder folder per point.",
-            (Group.MODEL, Group.RUNG_FILES, Group.LEARNING, Group.BATCH, Group.TIMING, Group.WARMUP, Group.MAX_WARMUP,
+            (Group.MODEL, Group.RUNG_FILES, Group.LEARNING, Group.RECIPE, Group.BATCH, Group.TIMING, Group.WARMUP, Group.MAX_WARMUP,
              Group.MEMORY, Group.SWEEP, Group.OUTPUT, Group.QUIET), cmd_sweep),
 )

@@ -143,6 +143,8 @@ class Ladder:
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
             r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
             r.warnings = m.warnings
+            if step.scaler is not None:  # fp16: the updates its gradient scaler skipped while it was measured
+                r.scaler_skipped, r.scaler_updates = step.skipped_updates(), step.updates
             if m.base_timing is not None:
                 r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
                 r.verdict, r.verdict_detail = judging.judge(m.timing, m.base_timing)

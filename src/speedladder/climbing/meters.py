@@ -22,8 +22,10 @@ from speedladder.workload import Workload, prepare
 
 
 def step_saved(step: TrainStep, x: torch.Tensor, y: torch.Tensor) -> Saved:
-    """The saved activations of one forward of a training step, as it runs in its windows (autocast, compile)."""
+    """The saved activations of one forward of a training step, as it runs in its windows (autocast, compile): one
+    micro-batch's where the step accumulates, since each micro-step's are freed by its backward."""
     model = step.model
+    x, y = x[: step.spec.micro_batch], y[: step.spec.micro_batch]
 
     def forward() -> object:
         if step.spec.cudagraphs:  # a new iteration for CUDA graph trees, as the step itself marks
@@ -63,8 +65,8 @@ def predicted_activation_bytes(m: GPTConfig | None, spec: StepSpec) -> tuple[int
         return None, "no account of this model's saves: it is not our GPT (the measurement stands alone)"
     if "float8" in spec.transforms:
         return None, "no account of float8's saved scales and casts"
-    B, T, C, H, M = spec.batch_size, spec.seq_len, m.n_embd, m.n_head, m.mlp_hidden
-    bf16 = spec.autocast == "bf16"
+    B, T, C, H, M = spec.micro_batch, spec.seq_len, m.n_embd, m.n_head, m.mlp_hidden  # one micro-step's saves
+    bf16 = spec.autocast in ("bf16", "fp16")  # either half precision: two bytes an activation, as autocast casts
     a = 2 if bf16 else FP32_BYTES
     vocab = padded_vocab(m.vocab_size) if "pad-vocab" in spec.transforms else m.vocab_size
     bt, btc = B * T, B * T * C
@@ -83,7 +85,7 @@ def predicted_activation_bytes(m: GPTConfig | None, spec: StepSpec) -> tuple[int
                + (2 * vocab * C if bf16 else 0))
     total = m.n_layer * block + outside
     compiled = "; compiled steps predicted as eager" if spec.compile else ""
-    return total, f"{how}, {m.n_layer} blocks, plus embeddings, head and loss ({'bf16' if bf16 else 'fp32'}{compiled})"
+    return total, f"{how}, {m.n_layer} blocks, plus embeddings, head and loss ({spec.autocast or 'fp32'}{compiled})"
 
 
 def _child(run_cfg: RunConfig, spec_dicts: list[dict], cfg: MemoryConfig) -> list[dict]:

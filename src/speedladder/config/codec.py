@@ -50,6 +50,7 @@ class Group(str, Enum):
     MODEL = "model"
     RUNG_FILES = "rung-files"
     LEARNING = "learning"
+    RECIPE = "recipe"
     VAL_SET = "val-set"
     BATCH = "batch"
     RUNGS = "rungs"
@@ -256,6 +257,12 @@ def from_data(cls: type[T], data: Mapping[str, Any], where: str = "", unknown: U
     if from_plain is not None:
         made: T = from_plain(data, where, unknown)
         return made
+    return from_fields(cls, data, where, unknown)
+
+
+def from_fields(cls: type[T], data: Mapping[str, Any], where: str = "", unknown: Unknown = "error") -> T:
+    """from_data's rules for a dataclass made from its own fields: what a `from_plain` calls once it has put its
+    data in that form."""
     assert dataclasses.is_dataclass(cls)
     names = {f.name: f for f in dataclasses.fields(cls)}
     others = [k for k in data if k not in names or k == EXTRA]

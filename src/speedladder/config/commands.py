@@ -14,6 +14,7 @@ from typing import Any
 
 from speedladder.config import codec
 from speedladder.config.codec import Group, at_least, int_list, option, positive, rungs_option
+from speedladder.config.ladders import one_precision
 from speedladder.config.parallel import ParallelConfig
 from speedladder.config.resolved import RESOLVED_EXTRAS
 from speedladder.config.run import RunConfig
@@ -105,6 +106,7 @@ class TrainConfig:
         at_least("--save-every", self.save_every, 0)
         if self.run and self.rungs:
             raise UsageError("give --run or --compose, not both")
+        one_precision(self.rungs or ())
         positive("the sample's temperature", self.temperature)
         at_least("top-k", self.top_k, 0)
         at_least("prompt tokens", self.prompt_tokens, 1)
@@ -172,6 +174,8 @@ class RaceConfig:
     def __post_init__(self) -> None:
         if sum(bool(x) for x in (self.rungs, self.combos, self.run)) > 1:
             raise UsageError("give one of --rungs, --combos and --run")
+        for names in (self.rungs or (), *self.combos):
+            one_precision(names)
         if self.target_loss is not None and self.target_from:
             raise UsageError("give --target-loss or --target-from, not both")
         if self.target_loss is not None and not (math.isfinite(self.target_loss) and self.target_loss > 0):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from speedladder.errors import UsageError
+
 # The source text's ladder, R0..R4.
 SOURCE_LADDER: tuple[str, ...] = ("eager", "compile", "bf16", "batch", "ckpt")
 # The ladder beyond: what the nanoGPT speedrun stacks on top, in the order each builds on the last.
@@ -33,3 +35,16 @@ LADDERS: dict[str, LadderDef] = {
     # Checkpointing is a memory rung: measured on the top of the full ladder, not a step for the rest to climb.
     "full": LadderDef(FULL_LADDER, beside=("ckpt",)),
 }
+
+
+# Rungs that each set the step's one autocast precision: two of them in one configuration would make the second
+# undo the first.
+PRECISION_RUNGS: tuple[str, ...] = ("bf16", "fp16")
+
+
+def one_precision(names: tuple[str, ...] | list[str]) -> None:
+    """A usage error when a ladder or a configuration names two autocast precisions (fp16 together with bf16)."""
+    both = [n for n in PRECISION_RUNGS if n in names]
+    if len(both) > 1:
+        raise UsageError(f"{' and '.join(both)} are two precisions of one step: give one of them (fp16 with its "
+                         "gradient scaler where bf16 is missing, bf16 where it runs)")

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from speedladder.config.codec import Unknown, from_data, to_data
-from speedladder.config.ladders import LADDERS
+from speedladder.config.ladders import LADDERS, PRECISION_RUNGS, one_precision
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS
 from speedladder.config.run import PRECISIONS, TOKEN_FILE_TOKENIZER, RunConfig, is_token_file
 from speedladder.errors import UsageError
@@ -114,6 +114,8 @@ def _rungs(cfg: RunConfig, known_rungs: tuple[str, ...]) -> tuple[str | None, tu
         raise UsageError(f"unknown rung {unknown[0]!r} to measure beside the ladder")
     if set(beside) & set(rungs):
         raise UsageError(f"a rung cannot be both climbed and measured beside: {min(set(beside) & set(rungs))}")
+    # A rung measured beside the top builds on the ladder's precision; beside rungs alone (a sweep's) each stand alone.
+    one_precision((*rungs, *(beside if set(rungs) & set(PRECISION_RUNGS) else ())))
     # A ladder's own rungs and beside rungs given one by one are that ladder: a resolved config read back (from a
     # config file, or by check) resolves to itself, name and all.
     named = cfg.ladder or "source"
@@ -157,6 +159,10 @@ def resolve(cfg: RunConfig, device: torch.device, known_rungs: tuple[str, ...] =
     if ours and seq_len > model.block_size:
         raise UsageError(f"sequence length {seq_len} exceeds preset {preset}'s context of {model.block_size}")
     ladder, rungs, beside = _rungs(cfg, known_rungs)
+    n = cfg.recipe.accum_steps
+    if n is not None and mult % n:
+        raise UsageError(f"--accum-steps {n} does not divide the batch rung's multiplier {mult}: the accum rung "
+                         f"reaches the batch rung's batch in whole micro-batches")
     data = cfg.data if cfg.data is not None else setup.corpus
     tokenizer = cfg.tokenizer or (TOKEN_FILE_TOKENIZER if is_token_file(data) else setup.tokenizer)
     run = dataclasses.replace(

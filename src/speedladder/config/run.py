@@ -14,14 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from speedladder.config.codec import Group, at_least, option, peak_list, positive, rungs_option
-from speedladder.config.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef
+from speedladder.config.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef, one_precision
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
+from speedladder.config.recipe import RecipeConfig
 from speedladder.errors import UsageError
 from speedladder.measure.processor import pick_device
 
 # presets.py's and ladders.py's, read through here too
 __all__ = ["CUDA_DEFAULT_PRESET", "FALLBACK_PRESET", "FULL_LADDER", "LADDERS", "PRESETS", "RACE_LADDER",
-           "SOURCE_LADDER", "LadderDef", "Preset", "pick_device"]
+           "SOURCE_LADDER", "LadderDef", "Preset", "RecipeConfig", "pick_device"]
 
 # nanoGPT's convention: the last tenth of a corpus (or of a token file with no --val-data) is held out for
 # validation, and no training batch is drawn from it.
@@ -30,7 +31,7 @@ VAL_FRACTION = 0.1
 # How the batch rung scales the learning rate with the batch (x K): kept, by sqrt(K), or by K (the linear rule).
 BATCH_LR_SCALES: tuple[str, ...] = ("none", "sqrt", "linear")
 
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp8")  # the arithmetic of a step's matmuls
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")  # the arithmetic of a step's matmuls
 TOKENIZER_NAMES: tuple[str, ...] = ("char", "gpt2", "ids")
 
 
@@ -133,6 +134,7 @@ class ProfileConfig:
         positive("the profile's timeout", self.timeout_s)
         if not self.explain_miss >= 0:
             raise UsageError(f"--explain-miss must be zero or more, got {self.explain_miss}")
+        one_precision(self.rungs)
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,9 @@ class RunConfig:
                                          "loss is drawn red and named, and the next rung builds on the best "
                                          "configuration so far", group=Group.STACK)
     device: str = option("auto", help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps", group=Group.MODEL)
+    threads: int | None = option(None, help="the CPU threads torch uses (torch.set_num_threads), in this process "
+                                            "and its children; recorded in the header", metavar="N",
+                                 shown="torch's own choice", group=Group.MODEL)
     lr: float = option(1e-3, help="AdamW learning rate", group=Group.LEARNING)
     seed: int = option(0, help="seed of the initial weights and the batches", group=Group.MODEL)
     out: str = option("runs", help="parent folder of the run folder DIR/<timestamp>/", metavar="DIR",
@@ -238,6 +243,7 @@ class RunConfig:
                    "datasheet's, else the one measured here", shown="the vendors' datasheets for the GPUs in the "
                    "table; elsewhere each precision's matmul ceiling, measured on the spot",
         metavar="P=X,...", parse=peak_list, group=Group.CLIMB)
+    recipe: RecipeConfig = option(factory=RecipeConfig, help="the training recipe")
     muon: MuonConfig = option(factory=MuonConfig, help="the muon rung's optimizer")
     timing: TimingConfig = option(factory=TimingConfig, help="how each rung is timed")
     gates: GateConfig = option(factory=GateConfig, help="the correctness gates")
@@ -248,7 +254,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for name, value in (("batch size", self.batch_size), ("sequence length", self.seq_len),
-                            ("batch multiplier", self.batch_multiplier), ("learning rate", self.lr)):
+                            ("batch multiplier", self.batch_multiplier), ("learning rate", self.lr),
+                            ("--threads", self.threads)):
             positive(name, value)
         if self.vocab_size is not None and self.vocab_size <= 0:
             raise UsageError(f"vocabulary size must be positive, got {self.vocab_size}")

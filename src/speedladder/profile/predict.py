@@ -173,6 +173,21 @@ def _batch(c: Context) -> tuple[dict[str, float], str]:
     return parts, f"per-step costs (host overhead + optimizer {fixed:.0%}) spread over {k:.0f}x the tokens; {source}"
 
 
+def _accum(c: Context) -> tuple[dict[str, float], str]:
+    n = c.after.accum / c.before.accum  # micro-steps per update, over the base's
+    m = c.after.micro_batch / c.before.micro_batch  # each micro-step's rows, over the base's step's
+    compute = {k: v * n * m for k, v in c.parts.items() if k not in ("optimizer", "overhead")}
+    parts = dict(c.parts, **compute, overhead=c.parts["overhead"] * n)
+    return parts, (f"{c.after.accum} micro-steps of {c.after.micro_batch} per update: forward and backward "
+                   f"scale with the rows (matmuls assumed linear in them), host overhead "
+                   f"({c.share('overhead'):.0%}) is paid per micro-step, the optimizer ({c.share('optimizer'):.0%}) "
+                   "once per update")
+
+
+def _fp16(c: Context) -> tuple[dict[str, float], str]:
+    return c.parts, "no fp16 matmul measurement in the profile: predicted unchanged"
+
+
 def _ckpt(c: Context) -> tuple[dict[str, float], str]:
     r = RECOMPUTE
     parts = c.scaled(matmul=r, attn_matmul=r, attention=r, attn_tail=r, tail=r, overhead=1 + (r - 1) / 2)
@@ -262,6 +277,8 @@ PREDICTORS: dict[str, Predictor] = {
     "compile": _compile,
     "bf16": _bf16,
     "batch": _batch,
+    "accum": _accum,
+    "fp16": _fp16,
     "ckpt": _ckpt,
     "sdpa": _sdpa,
     "fused-adamw": _fused_adamw,

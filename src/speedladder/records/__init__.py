@@ -164,6 +164,10 @@ class RungResult:
     process_peak_bytes: int | None = None
     memory_note: str = ""
     explanation: dict[str, Any] | None = None  # a prediction missed beyond the limit: base and rung profiled
+    # fp16's gradient scaler: the updates it skipped (inf or NaN gradients) of those the rung's measurement made
+    # (its first step, warm-up and windows); None without a scaler.
+    scaler_skipped: int | None = None
+    scaler_updates: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -288,6 +292,9 @@ class Results:
     sweep: dict[str, Any] | None = None  # `speedladder sweep`: the axis, its points and each rung's crossover
     race: RaceSection | None = None  # `speedladder race`: time to a target val loss, over seeds
     machine: MachineLoad | None = None  # run, tune, race: other processes' load before and during the windows
+    # The recipe's learning-rate schedule as the command made it (its length the recipe's, else the command's
+    # training: training/recipe.Schedule.describe); the recipe's values are in config.recipe.
+    schedule: str | None = None
     error: str | None = None
     detail: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)

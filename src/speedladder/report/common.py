@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 
 from speedladder.config.resolved import Resolved
-from speedladder.records import Role, RungResult
+from speedladder.records import Results, Role, RungResult
 
 STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
                 "pending": "interrupted"}
@@ -64,3 +64,22 @@ def model_label(config: Resolved, model: dict[str, Any] | None) -> str:
 
 def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
+
+
+def recipe_part(results: Results) -> str:
+    """What a title adds where a run was not trained as speedladder always trained: the recipe's name (and that its
+    values were changed), and the CPU threads when --threads set them."""
+    run = results.config.run
+    recipe = run.recipe
+    parts = [] if recipe.is_default else [f"recipe {recipe.name}" + (" (changed)" if recipe.changes() else "")]
+    if run.threads is not None:
+        parts.append(f"{run.threads} thread{'' if run.threads == 1 else 's'}")
+    return "".join(f" · {p}" for p in parts)
+
+
+def recipe_line(results: Results) -> list[str]:
+    """The notes' line on the recipe and its schedule, where it is not the default."""
+    recipe = results.config.run.recipe
+    if recipe.is_default:
+        return []
+    return [f"recipe: {recipe.describe()}" + (f"; schedule: {results.schedule}" if results.schedule else "") + "."]

@@ -90,8 +90,10 @@ def header(results: dict) -> str:
                   + (f" · {model['convention_means']}; FLOPs {model['flops_method']}; dropout {model['dropout']}"
                      if "convention_means" in model else "")),
         ("shape", f"B={c.batch_size} T={c.seq_len} (batch-up ×{c.batch_multiplier})"),
+        ("recipe", c.run.recipe.describe() + (f"; schedule: {results['schedule']}" if results.get("schedule") else "")),
         ("corpus", f"{corpus.get('source')} · {corpus.get('tokenizer')} tokenizer · {corpus.get('tokens', 0):,} tokens"),
-        ("device", f"{e.get('device_name')} ({e.get('device')})"),
+        ("device", f"{e.get('device_name')} ({e.get('device')})" + (
+            f" · {c.run.threads} threads (--threads)" if c.run.threads is not None else "")),
         ("torch / CUDA", f"{e.get('torch')} / {cuda}"),
         ("date", f"{results.get('created')} (last written {results.get('updated')})"),
         ("git commit", e.get("git_commit") or "unknown (not run from a speedladder checkout)"),

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.records import ParallelSection, Results
+from speedladder.report.common import recipe_part
 
 SCALING_PLOT = "scaling.png"
 
@@ -30,7 +31,7 @@ def title(saved: Results) -> str:
     s = p.spec
     return (f"speedladder {p.command} · {p.strategy} · {c.preset} on {e['device_name']} "
             f"({e['device_type']}) · {'+'.join(p.rungs)} · B={s['batch_size']} T={s['seq_len']} per process"
-            f" · torch {e['torch']}")
+            f"{recipe_part(saved)} · torch {e['torch']}")
 
 
 def probe_table(probe: dict) -> Table:

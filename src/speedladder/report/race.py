@@ -11,7 +11,7 @@ from rich.table import Table
 from speedladder.measure import judging, stats
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report import machine
-from speedladder.report.common import console, model_label, times
+from speedladder.report.common import console, model_label, recipe_line, recipe_part, times
 
 # The race's verdicts, coloured as the ladder's are; two more of its own.
 RACE_COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4",
@@ -87,7 +87,7 @@ def title(results: Results, section: RaceSection | None = None) -> str:
     assert s is not None
     target = "none" if s.target_loss is None else f"{s.target_loss:.4f}"
     return (f"speedladder race · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
-            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len} · target val loss "
+            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · target val loss "
             f"{target} · {len(s.seeds)} seeds · torch {e['torch']}")
 
 
@@ -238,6 +238,7 @@ def race_lines(results: Results, section: RaceSection | None = None) -> list[str
             f"{s.eval_tokens:,} tokens); the time to the target is interpolated between the evaluation above it and "
             f"the first at or below it; compile and warm-up are timed apart. {factor}: a run that stops first "
             "counts as at least its clock.")]
+    out.extend(recipe_line(results))
     out.extend(_stage_lines(s))
     if s.stages or not any(e.runs for e in s.entries):
         out.append(f"verdict: per seed, the log of the time over its base's in the same stage; a one-sided t-test "

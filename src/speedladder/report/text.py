@@ -10,7 +10,17 @@ from rich.table import Table
 
 from speedladder.records import LearnsCheck, Results, Role, RungResult
 from speedladder.report import machine
-from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, not_built_upon, times
+from speedladder.report.common import (
+    STATUS_LABEL,
+    console,
+    gib,
+    label,
+    model_label,
+    not_built_upon,
+    recipe_line,
+    recipe_part,
+    times,
+)
 from speedladder.report.memory import (
     explanation_notes,
     explanation_tables,
@@ -91,7 +101,8 @@ def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
 def title(results: Results) -> str:
     c, e = results.config, results.environment
     return (f"speedladder · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
-            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len} · torch {e['torch']}")
+            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · "
+            f"torch {e['torch']}")
 
 
 NOT_BUILT_UPON = "not built upon"  # the column: why the rungs above do not build on this one, in a word
@@ -206,6 +217,7 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     opt = r.spec.get("optimizer")
     if r.ok and opt and base is not None and opt != base.spec.get("optimizer"):
         out.append(f"{r.name}: optimizer {opt}.")
+    out.extend(_recipe_notes(r, base))
     gate = r.gate
     band = gate.loss_band if gate else None
     if band is not None and not band.applies:
@@ -217,6 +229,27 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
         out.append(f"{r.name}: to reach AdamW's loss {t.target_loss:.3f} over the same {t.steps} batches: "
                    f"{ours} vs AdamW {theirs}" + (f" ({t.token_ratio:.2f}× fewer)" if t.token_ratio else "")
                    + f"; tokens/s {r.tokens_per_s.median:,.0f}.")
+    return out
+
+
+def _recipe_notes(r: RungResult, base: RungResult | None) -> list[str]:
+    """fp16's skipped updates; an accumulating rung's speed and memory beside the rung it built on at its batch."""
+    out = []
+    if r.scaler_skipped is not None:
+        out.append(f"{r.name}: the gradient scaler skipped {r.scaler_skipped} of {r.scaler_updates} updates while it "
+                   "was measured (inf or NaN gradients: the scale halves and the update is not made).")
+    accum = r.spec.get("accum", 1)
+    if accum > 1 and r.ok:
+        text = f"{r.name}: B={r.spec['batch_size']} in {accum} micro-steps of {r.spec['batch_size'] // accum}"
+        same = base is not None and base.spec.get("batch_size") == r.spec["batch_size"] and base.ok
+        if same and base is not None and base.tokens_per_s is not None and r.speedup_prev is not None:
+            text += f", {r.speedup_prev:.2f}× {base.name}'s tokens/s (one batch of {r.spec['batch_size']})"
+            if r.peak_memory_bytes and base.peak_memory_bytes:
+                text += f", peak memory {gib(r.peak_memory_bytes)} vs {gib(base.peak_memory_bytes)}"
+            elif r.resident_rise and base.resident_rise:
+                text += (f", the step's resident rise {short_bytes(r.resident_rise)} vs "
+                         f"{short_bytes(base.resident_rise)}")
+        out.append(text + ".")
     return out
 
 
@@ -266,6 +299,7 @@ def notes(results: Results) -> list[str]:
         out.append(f"processor: {env['cpu_capability']}, bf16 {native} ({env.get('bf16_why')}); muon: "
                    f"{env.get('muon')}.")
     out.extend(_model_note(results.model))
+    out.extend(recipe_line(results))
     by_name = {r.name: r for r in results.rungs}
     for r in results.rungs:
         if not r.ok:

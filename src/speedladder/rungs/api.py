@@ -51,25 +51,32 @@ class StepSpec:
     batch_size: int
     seq_len: int
     compile: bool = False  # torch.compile the model (forward, loss and backward)
-    autocast: str | None = None  # None (fp32) or "bf16"
+    autocast: str | None = None  # None (fp32), "bf16", or "fp16" (with a gradient scaler)
     tf32: bool = False  # fp32 matmuls on tensor cores (CUDA only)
     transforms: tuple[str, ...] = ()  # names in MODEL_TRANSFORMS, applied in order
     compile_mode: str | None = None  # torch.compile's mode: None (default), "max-autotune", "reduce-overhead"
     optimizer: str = "adamw"  # "adamw", "adamw-fused", "adamw-foreach", "muon", or a rung's own (OPTIMIZERS)
     lr_scale: float = 1.0  # every optimizer's learning rate times this (the batch rung's --batch-lr-scale rule)
+    accum: int = 1  # micro-steps per update: each of batch_size / accum sequences, gradients accumulated (accum rung)
 
     @property
     def precision(self) -> str:
         """The arithmetic the matmuls run in: what the MFU peak and the gate tolerance depend on."""
         if "float8" in self.transforms:
             return "fp8"
-        if self.autocast == "bf16":
-            return "bf16"
+        if self.autocast in ("bf16", "fp16"):
+            return self.autocast
         return "tf32" if self.tf32 else "fp32"
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens one update trains on (every micro-step of it)."""
         return self.batch_size * self.seq_len
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences in one forward and backward: the batch, or a micro-batch of it under accumulation."""
+        return self.batch_size // self.accum
 
     @property
     def cudagraphs(self) -> bool:
@@ -119,6 +126,8 @@ class Env:
     batch_lr_scale: str = "none"  # the batch rung's learning-rate rule (config.BATCH_LR_SCALES)
     model_hooks: tuple[str, ...] = ()  # the model's speedladder_* methods (models/base.py hooks_of)
     model_shape: GPTConfig | None = None  # its architecture in our GPT's terms, where known
+    base_batch: int | None = None  # the workload's batch: the accum rung's micro-batch count starts from it
+    accum_steps: int | None = None  # the recipe's micro-steps for the accum rung (None: batch_multiplier)
 
 
 @dataclass(frozen=True)
@@ -354,8 +363,9 @@ def lr_factor(rule: str, multiplier: int) -> float:
 
 def env_for(device: torch.device, batch_multiplier: int, batch_lr_scale: str = "none",
             lacks: dict[str, str] | None = None, hooks: tuple[str, ...] = (),
-            shape: GPTConfig | None = None) -> Env:
+            shape: GPTConfig | None = None, base_batch: int | None = None, accum_steps: int | None = None) -> Env:
     """The Env of a device and a model."""
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
     return Env(device.type, cap, batch_multiplier, model_lacks=tuple(sorted((lacks or {}).items())),
-               batch_lr_scale=batch_lr_scale, model_hooks=hooks, model_shape=shape)
+               batch_lr_scale=batch_lr_scale, model_hooks=hooks, model_shape=shape, base_batch=base_batch,
+               accum_steps=accum_steps)

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from speedladder.gpt import GPT, Attention, Block, attention_heads, merge_heads
-from speedladder.rungs.api import Env, Requirement, StepSpec, lr_factor, rung
+from speedladder.rungs.api import Env, Requirement, RungError, StepSpec, lr_factor, rung
 
 
 class Checkpointed(nn.Module):
@@ -160,6 +160,40 @@ def _batch_up(spec: StepSpec, env: Env) -> StepSpec:
                                lr_scale=spec.lr_scale * lr_factor(env.batch_lr_scale, k))
 
 
+def _one_precision(spec: StepSpec, mine: str) -> None:
+    """A precision rung on a spec that already has the other autocast precision: the second would undo the first."""
+    if spec.autocast is not None and spec.autocast != mine:
+        raise RungError(f"{mine} on a {spec.autocast} step: fp16 and bf16 are two precisions of one step, give one "
+                        "of them")
+
+
+def _bf16(spec: StepSpec, env: Env) -> StepSpec:
+    _one_precision(spec, "bf16")
+    return dataclasses.replace(spec, autocast="bf16", tf32=env.device_type == "cuda")
+
+
+def _fp16(spec: StepSpec, env: Env) -> StepSpec:
+    _one_precision(spec, "fp16")
+    return dataclasses.replace(spec, autocast="fp16")
+
+
+def _accumulate(spec: StepSpec, env: Env) -> StepSpec:
+    """The batch rung's batch (the workload's times the multiplier, its learning-rate rule too), reached in the
+    recipe's micro-steps (by default the multiplier: micro-batches of the workload's batch). On the batch rung's
+    spec it keeps that batch and only splits it, so it is measured and gated beside it at the same shape."""
+    base = env.base_batch or spec.batch_size
+    k = env.batch_multiplier
+    if spec.batch_size == base:
+        spec = _batch_up(spec, env)
+    elif spec.batch_size != base * k:
+        raise RungError(f"accum reaches the batch rung's batch ({base} x {k}) from the workload's; this step's batch "
+                        f"is {spec.batch_size}")
+    n = env.accum_steps or k
+    if spec.batch_size % n:
+        raise RungError(f"a batch of {spec.batch_size} does not split into {n} equal micro-batches")
+    return dataclasses.replace(spec, accum=n)
+
+
 def _fused_adamw(spec: StepSpec, env: Env) -> StepSpec:
     # Fused AdamW kernels exist for CUDA and (since torch 2.4) the CPU; elsewhere foreach batches the update.
     return dataclasses.replace(spec, optimizer="adamw-fused" if env.device_type in ("cuda", "cpu") else "adamw-foreach")
@@ -171,12 +205,16 @@ rung("eager", "R0: the baseline, eager PyTorch in fp32", "speed", spec={})
 rung("compile", "R1: fuse the elementwise tail into fewer kernels, cut Python dispatch", "speed",
      spec={"compile": True}, requires=Requirement(compiler=True))
 rung("bf16", "R2: bf16 autocast halves bytes and runs matmuls on tensor cores (AVX-512 BF16 or AMX on a CPU: "
-     "measured anyway where bf16 is emulated); TF32 for what stays fp32", "speed",
-     spec=lambda s, e: dataclasses.replace(s, autocast="bf16", tf32=e.device_type == "cuda"),
+     "measured anyway where bf16 is emulated); TF32 for what stays fp32", "speed", spec=_bf16,
      requires=Requirement(min_capability=(8, 0)))
 rung("batch", "R3: a bigger batch fills the device and spreads per-step overhead over more tokens", "speed",
      spec=_batch_up, control=_fp32_control,
      control_reason="the same batch in fp32: did bf16 buy the memory headroom for it?")
+rung("accum", "the batch rung's batch by gradient accumulation over micro-batches of the workload's: the same "
+     "update in a micro-batch's activation memory, the optimizer's share spread over more tokens", "speed",
+     spec=_accumulate)
+rung("fp16", "fp16 autocast with a gradient scaler (torch.amp): half the bytes and tensor cores where bf16 is "
+     "missing (CUDA capability < 8.0: T4, V100)", "speed", spec=_fp16)
 rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
      "memory", model=checkpoint_blocks, transform="activation-checkpointing", requires=Requirement(model="blocks"))
 rung("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, Flash kernels "

@@ -36,6 +36,7 @@ from speedladder.gpt import GPT, GPTConfig
 from speedladder.measure import devicemem
 from speedladder.rungs import RUNGS, Env, StepSpec, compose
 from speedladder.step import TrainStep, matmul_precision
+from speedladder.training.recipe import Span
 from speedladder.workload import Workload, prepare
 
 CHECKPOINT = "checkpoint.pt"
@@ -61,6 +62,7 @@ def plan(s: Settings) -> tuple[Workload, StepSpec, str]:
         names = tuple(n for n in t.rungs or () if n != "eager")
         source = "--compose " + ",".join(t.rungs or ("eager",))
     work = _checked(prepare(s.run.with_rungs(("eager", *names))), t)
+    work.with_horizon(Span(t.steps, "steps"))  # the schedule, unless the recipe gives its length, is the training's
     if not t.run and t.rungs is None:
         names = default_rungs(work.env)
         source = "the top of the full ladder here (" + ",".join(names) + ")"
@@ -157,7 +159,8 @@ class Checkpoints:
         optimizer = getattr(step.optimizer, "state_dict", None)  # a rung's own optimizer may have none
         save_atomically({"model": out.state, **common, "resume": {
             "optimizer": optimizer() if optimizer else None, "beyond": step.beyond_reference(),
-            "stream": stream.state(), "rng": rng_state(step.device), "train_seconds": out.train_seconds}},
+            "stream": stream.state(), "rng": rng_state(step.device), "train_seconds": out.train_seconds,
+            "updates": step.updates, "scaler": step.scaler.state_dict() if step.scaler is not None else None}},
             self.run_dir / CHECKPOINT)
 
 
@@ -165,7 +168,9 @@ def continued(ckpt: dict[str, Any], step: TrainStep, stream: BatchStream) -> Tra
     """A run as its checkpoint left it, put back: the parameters and the optimizer, the batch stream's position and
     the generators, what it had logged and its best val loss so far (best.pt already holds those weights)."""
     r = ckpt["resume"]
-    step.restore(ckpt["model"], r["beyond"], r["optimizer"])
+    # The schedule goes on from the update it had reached (a checkpoint of before the recipe: its step), the
+    # gradient scaler from its scale.
+    step.restore(ckpt["model"], r["beyond"], r["optimizer"], r.get("updates", ckpt["step"]), r.get("scaler"))
     stream.load_state(r["stream"])
     set_rng_state(r["rng"], step.device)
     return Trained(ckpt["model"], list(ckpt["losses"]), [(int(s), float(v)) for s, v in ckpt["val"]], None,
@@ -281,6 +286,8 @@ def main(s: Settings) -> int:
           f"{'compiled' + (f' ({spec.compile_mode})' if spec.compile_mode else '') if spec.compile else 'eager'}, "
           f"{spec.optimizer}" + (f", {', '.join(spec.transforms)}" if spec.transforms else "")
           + f", on {work.device}")
+    if not cfg.run.recipe.is_default:
+        log(f"recipe: {cfg.run.recipe.describe()}; schedule: {work.schedule.describe()}")
     if args.eval_every:
         log(f"validation every {args.eval_every} steps on {work.split.val_from} ({work.val.n_tokens:,} tokens, "
             f"{cfg.run.val_sequences} sequences), the clock stopped meanwhile")

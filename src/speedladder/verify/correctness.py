@@ -56,6 +56,10 @@ TOLERANCES: dict[str, Tolerance] = {
     # TF32 keeps 10 mantissa bits (~5e-4 relative per product), compounded over the layers.
     "tf32": Tolerance(rtol=1e-2, atol_rms=2e-2, loss_rtol=1e-3, grad_rel=5e-2,
                       why="tf32: 10-bit mantissa in matmuls, ~5e-4 relative per product, compounded"),
+    # fp16 keeps 10 mantissa bits (~5e-4 relative per rounding), on every op autocast runs in it (bf16's policy):
+    # tf32's per rounding, with the outputs rounded too.
+    "fp16": Tolerance(rtol=2e-2, atol_rms=4e-2, loss_rtol=2e-3, grad_rel=5e-2,
+                      why="fp16: 10-bit mantissa, ~5e-4 relative per rounding, compounded; gradients loss-scaled"),
     # bf16 keeps 8 mantissa bits (~4e-3 relative per rounding), compounded over the layers.
     "bf16": Tolerance(rtol=5e-2, atol_rms=1e-1, loss_rtol=1e-2, grad_rel=1e-1,
                       why="bf16: 8-bit mantissa, ~4e-3 relative per rounding, compounded"),
@@ -118,8 +122,7 @@ def train_step(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | N
     if micro is None:
         return step(x, y)
     _, loss = probes.accumulate(step, x, y, micro, rows=0)
-    step.optimizer.step()
-    step.optimizer.zero_grad(set_to_none=True)
+    step.update()  # the recipe's clipping, schedule and optimizer, as the step's own call applies them
     return loss
 
 

@@ -12,6 +12,10 @@ autocast, not torchao, not the rung's code.
   norms, losses, exp, log, pow, sums); a view of bf16 values holds bf16 values. Each rounding rounds the gradient
   that flows back through it too, as bf16 kernels' gradients are bf16. On the tiny preset and d2l-cpu every
   gradient's distance from fp64 came within 0.96-1.06x of eager under autocast's.
+- fp16: bf16's policy with fp16 in its place (autocast's fp16 policy is its bf16 one): values rounded to fp16 on the
+  way forward, its range included; the gradients flowing back rounded to fp16's 10-bit mantissa in fp32's range,
+  as a gradient scaler keeps them (the fp16 rung's torch.amp.GradScaler scales the loss so that they neither
+  underflow nor overflow; what it cannot keep in range it skips, and the rung's record counts).
 - tf32: matmul inputs rounded to tf32's 10-bit mantissa; products and sums in fp32.
 - fp8: bf16's, and each linear the fp8 rung converts runs torchao's rowwise recipe: both operands of each of its
   three matmuls (the output, the input's gradient, the weight's gradient) scaled along the contraction by a power
@@ -55,16 +59,18 @@ def _to(x: torch.Tensor, fmt: torch.dtype | str) -> torch.Tensor:
 
 
 class Rounded(torch.autograd.Function):
-    """A tensor rounded to a narrower format, and its gradient rounded on the way back."""
+    """A tensor rounded to a narrower format, and its gradient rounded on the way back (to `grad_fmt`, by default the
+    same format)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, fmt: torch.dtype | str) -> torch.Tensor:
-        ctx.fmt = fmt
+    def forward(ctx: Any, x: torch.Tensor, fmt: torch.dtype | str,
+                grad_fmt: torch.dtype | str | None = None) -> torch.Tensor:
+        ctx.fmt = fmt if grad_fmt is None else grad_fmt
         return _to(x, fmt)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return _to(g, ctx.fmt), None
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return _to(g, ctx.fmt), None, None
 
 
 def e4m3_rowwise(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -114,7 +120,10 @@ class Emulated(TorchFunctionMode):
         super().__init__()
         # fp8 without autocast (a user's rung): the other matmuls stay fp32.
         self.precision = precision if bf16_rest or precision != "fp8" else "fp8-fp32"
-        self.fmt: torch.dtype | str = "tf32" if precision == "tf32" else torch.bfloat16
+        formats: dict[str, torch.dtype | str] = {"tf32": "tf32", "fp16": torch.float16}
+        self.fmt: torch.dtype | str = formats.get(precision, torch.bfloat16)
+        # fp16's gradients: its mantissa (tf32's 10 bits) in fp32's range, where a gradient scaler keeps them.
+        self.grad_fmt: torch.dtype | str = "tf32" if precision == "fp16" else self.fmt
         self.fp8 = fp8_weights or set()
         self.low: dict[int, weakref.ref[torch.Tensor]] = {}  # tensors that hold values of the narrow format
 
@@ -122,9 +131,12 @@ class Emulated(TorchFunctionMode):
         ref = self.low.get(id(t))
         return ref is not None and ref() is t
 
+    def _rounded(self, a: Any) -> Any:
+        return Rounded.apply(a, self.fmt, self.grad_fmt) if _floating(a) else a
+
     def _round(self, out: Any) -> Any:
         if isinstance(out, torch.Tensor) and out.is_floating_point():
-            r = Rounded.apply(out, self.fmt)
+            r = self._rounded(out)
             self.low[id(r)] = weakref.ref(r)
             return r
         if isinstance(out, (tuple, list)):
@@ -138,15 +150,15 @@ class Emulated(TorchFunctionMode):
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if self.precision == "fp8-fp32":
                 return Float8Linear.apply(args[0], args[1], bias)
-            x = Rounded.apply(args[0], self.fmt)  # the fp8 rung's linears see autocast's bf16 input
+            x = self._rounded(args[0])  # the fp8 rung's linears see autocast's bf16 input
             return self._round(Float8Linear.apply(x, args[1], bias))
         if self.precision == "fp8-fp32":
             return func(*args, **kwargs)
         if func in MATMULS:
             if self.precision == "tf32":  # inputs rounded, products and output in fp32
                 return func(*(Rounded.apply(a, self.fmt) if _floating(a) else a for a in args), **kwargs)
-            args = tuple(Rounded.apply(a, self.fmt) if _floating(a) else a for a in args)
-            kwargs = {k: Rounded.apply(v, self.fmt) if _floating(v) else v for k, v in kwargs.items()}
+            args = tuple(self._rounded(a) for a in args)
+            kwargs = {k: self._rounded(v) for k, v in kwargs.items()}
             return self._round(func(*args, **kwargs))
         out = func(*args, **kwargs)
         if self.precision == "tf32" or func in FP32_OPS or not isinstance(out, torch.Tensor):

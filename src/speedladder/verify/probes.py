@@ -37,9 +37,10 @@ DIFF_K = 4.0  # a correct rung differs from its base by ~1x the base's own dista
 CAUSAL_NOISE_K = 4.0  # the past may move at most this many times the rung's own run-to-run noise ...
 # ... or this fraction of the logits' RMS, by precision. fp8 is bf16's: the fp8 rung's rowwise recipe scales each
 # token's row on its own, so no scale sees the future (a per-tensor scale would, and this floor would catch it).
-CAUSAL_FLOOR = {"fp32": 1e-6, "tf32": 1e-5, "bf16": 1e-4, "fp8": 1e-4}
+# fp16 rounds to tf32's 10-bit mantissa (2^-11 unit roundoff, 8x finer than bf16's): tf32's floor.
+CAUSAL_FLOOR = {"fp32": 1e-6, "tf32": 1e-5, "fp16": 1e-5, "bf16": 1e-4, "fp8": 1e-4}
 # The smallest relative difference the differential check always allows, by precision: rounding-level.
-DIFF_FLOOR = {"fp32": 1e-4, "tf32": 2e-3, "bf16": 2e-3, "fp8": 2e-2}
+DIFF_FLOOR = {"fp32": 1e-4, "tf32": 2e-3, "fp16": 2e-3, "bf16": 2e-3, "fp8": 2e-2}
 
 
 @dataclass
@@ -73,7 +74,9 @@ def accumulate(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | N
     fits where the baseline fits. micro None (or the whole batch): one forward and backward.
     """
     if micro is None or micro >= x.shape[0]:
-        logits, loss = step.forward_backward(x, y)
+        # The step's own micro-steps when it accumulates, their logits kept for the first `rows` sequences only.
+        logits, loss = (step.forward_backward(x, y, rows=rows) if step.spec.accum > 1 else
+                        step.forward_backward(x, y))
         return (None if logits is None else logits[:rows]), loss
     if x.shape[0] % micro:
         raise ValueError(f"a batch of {x.shape[0]} does not split into micro-batches of {micro}")

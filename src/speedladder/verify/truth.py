@@ -41,7 +41,7 @@ CURVE_K = 10.0
 # The smallest relative distance always allowed, by precision, for a quantity eager happens to get almost exact: in
 # fp32 a long reduction reordered (~sqrt(n) roundings of 6e-8: ~1e-5 at n = 16k tokens); at lower precisions eager's
 # own distance is orders above its floor, which only keeps a zero from being demanded.
-FP64_FLOOR = {"fp32": 1e-5, "tf32": 1e-4, "bf16": 1e-3, "fp8": 1e-2}
+FP64_FLOOR = {"fp32": 1e-5, "tf32": 1e-4, "fp16": 1e-4, "bf16": 1e-3, "fp8": 1e-2}  # fp16: tf32's mantissa
 
 Outputs = tuple[torch.Tensor, float, dict[str, torch.Tensor]]  # logits, loss, gradients (probes.outputs)
 
