@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from speedladder.config import RunConfig
+from speedladder.config.recipe import RecipeConfig
 from speedladder.measure import processor
 from speedladder.progress import Progress
 from speedladder.records import Fp64, to_dict
@@ -56,17 +57,20 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=50)
     p.add_argument("--scale", type=float, default=1.0, help="the fuzz's magnitude, times the unit roundoff")
     p.add_argument("--out", default=None, help="write every gate's record here (JSON)")
+    p.add_argument("--recipe", default="default", help="the training recipe the references train with")
+    p.add_argument("--schedule-length", type=int, default=None, help="the recipe's schedule, in steps")
     a = p.parse_args()
     torch.set_num_threads(1)
     cpu = processor.cpu()
     print(f"{platform.processor() or platform.machine()} · {cpu.capability} · bf16 native: {cpu.bf16_native} · "
-          f"torch {torch.__version__} · {a.seeds} seeds, fuzz x{a.scale:g}", flush=True)
+          f"torch {torch.__version__} · {a.seeds} seeds, fuzz x{a.scale:g} · recipe {a.recipe}", flush=True)
     saved: dict = {"seeds": a.seeds, "scale": a.scale, "torch": torch.__version__, "isa": cpu.capability,
                    "models": {}}
     failures = 0
     for name in a.models.split(","):
         started = time.perf_counter()
-        work = prepare(MODELS[name])
+        recipe = RecipeConfig.named(a.recipe, **({"length": a.schedule_length} if a.schedule_length else {}))
+        work = prepare(dataclasses.replace(MODELS[name], recipe=recipe))
         gates = Gates(work, Progress(quiet=True))
         ref = gates.reference(work.base_spec)
         if isinstance(ref, str) or ref.fp64 is None:

@@ -21,7 +21,7 @@ from speedladder.config.run import GateConfig
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, RungError, SDPAttention, rounding_fuzz
 from speedladder.step import TrainStep
-from speedladder.verify import correctness, flips, kinks, probes
+from speedladder.verify import correctness, flips, kinks, probes, truth
 from speedladder.verify.gates import Gates
 from speedladder.workload import prepare
 
@@ -514,3 +514,19 @@ def off(model):
         b.attn = Off(b.attn)
     return model
 """
+
+
+# -- the loss curve's scale ------------------------------------------------------------------------------------
+
+def test_the_curves_scale_is_at_least_eager_re_rounded(bench):
+    """A loss curve is chaotic: the reference keeps the largest distance from fp64 of eager fp32 re-rounded at
+    CURVE_DRAWS seeds, and every curve's allowance is CURVE_K times at least that (recorded as `spread`)."""
+    _, ref, _, _ = bench
+    assert ref.fp64 is not None and ref.fp64.curve_spread is not None and ref.fp64.curve_spread > 0
+    e = truth.Errors(logits=0.0, loss=0.0, grads={}, curve=0.0)
+    tiny_eager = truth.Errors(logits=1e-9, loss=1e-9, grads={}, curve=1e-12)
+    judged = truth.judge(e, ("eager", tiny_eager), None, "fp32", curve_spread=ref.fp64.curve_spread)
+    assert judged.curve is not None and judged.curve.spread == ref.fp64.curve_spread
+    assert judged.curve.allowed == pytest.approx(truth.CURVE_K * ref.fp64.curve_spread + truth.FP64_FLOOR["fp32"])
+    without = truth.judge(e, ("eager", tiny_eager), None, "fp32")
+    assert without.curve is not None and without.curve.allowed < judged.curve.allowed

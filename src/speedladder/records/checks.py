@@ -47,6 +47,7 @@ class Distance:
     rung: float | None = None
     allowed: float | None = None
     kinks: float | None = None  # added to `allowed`: what kinks the probe could not avoid could move it by
+    spread: float | None = None  # the curve's: the largest distance of eager fp32 re-rounded, a floor of its scale
     extra: dict[str, Any] = field(default_factory=dict)
 
 

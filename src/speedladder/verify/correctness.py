@@ -159,10 +159,11 @@ def reference(step: TrainStep, batches: list[Batch], micro: int | None = None,
                      kinks=census, remaining=remaining)
 
 
-def with_truth(ref: Reference, step64: TrainStep) -> Reference:
+def with_truth(ref: Reference, step64: TrainStep, rerounded: list[TrainStep] | None = None) -> Reference:
     """The reference with its fp64 truth (truth.py): the same model in float64 trained over the same batches from
     the same initial weights, and its outputs at the reference's trained and probe weights on the probe batch;
-    eager fp32's own distances from it go on the reference's probe (the scale of every fp32 rung)."""
+    eager fp32's own distances from it go on the reference's probe (the scale of every fp32 rung). `rerounded`:
+    eager fp32 steps under the rounding fuzz, whose curves' largest distance is the curve's least scale."""
     curve = loss_curve(step64, ref.batches, ref.micro)
     trained = probes.outputs(step64, ref.weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
     at_probe = probes.outputs(step64, ref.probe_weights, ref.batch, ref.probe_rows, ref.micro, keep=torch.float64)
@@ -174,7 +175,9 @@ def with_truth(ref: Reference, step64: TrainStep) -> Reference:
     for k, priced in flips.items():
         if priced and k in ref.kinks:
             ref.kinks[k].priced = sum(t.numel() for t in ref.remaining[k].flippable.values())
-    ref.fp64 = truth.Truth(trained, at_probe, curve, flips)
+    spread = [truth.curve_error(loss_curve(s, ref.batches, ref.micro), curve) for s in rerounded or ()]
+    ref.fp64 = truth.Truth(trained, at_probe, curve, flips,
+                           max((v for v in spread if v is not None), default=None))
     ref.probe.errors = (truth.errors((ref.logits, ref.loss, ref.grads), trained),
                         truth.errors((ref.probe.logits, ref.probe.loss, ref.probe.grads), at_probe, ref.curve, curve))
     return ref

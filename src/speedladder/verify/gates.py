@@ -17,7 +17,7 @@ from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.records import Differential, Explanation, Fp64, Gate, Kinks, LearnsCheck, not_applicable
-from speedladder.rungs import StepSpec, float8_eligible
+from speedladder.rungs import StepSpec, float8_eligible, rounding_fuzz
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import bisect, correctness, emulate, kinks, probes, truth
 from speedladder.verify.truth import Errors
@@ -100,7 +100,7 @@ class Gates:
                     ref.fp64_why = why
                 else:
                     self.references[eager] = ref  # kept if the truth fails below: judged by the table, as said
-                    ref = self._with_truth(ref, step64)
+                    ref = self._with_truth(ref, step64, eager)
                 self.references[eager] = ref
             except Exception as e:  # noqa: BLE001 -- recorded in each gate that needed it; the ladder goes on
                 why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
@@ -133,11 +133,18 @@ class Gates:
                 return batches[0], {k: Kinks(ran=False, detail=why, band=kinks.BAND) for k in named}, {}
         return choose
 
-    def _with_truth(self, ref: correctness.Reference, step64: TrainStep) -> correctness.Reference:
-        """The reference with its float64 truth (truth.py), or the reason there is none: then the gates judge by
-        the per-precision table, as the record says."""
+    def _with_truth(self, ref: correctness.Reference, step64: TrainStep, eager: StepSpec) -> correctness.Reference:
+        """The reference with its float64 truth (truth.py), and the curve's least scale from eager fp32 re-rounded
+        (the rounding fuzz at truth.CURVE_DRAWS seeds); or the reason there is none: then the gates judge by the
+        per-precision table, as the record says."""
         try:
-            return correctness.with_truth(ref, step64)
+            rerounded = []
+            for seed in range(truth.CURVE_DRAWS):
+                step = self.work.step(eager)
+                rounding_fuzz(seed=seed)(step.model)
+                rerounded.append(step)
+            with matmul_precision(eager):
+                return correctness.with_truth(ref, step64, rerounded)
         except Exception as e:  # noqa: BLE001 -- a model that will not run in float64: the table's rule, said
             why = "ran out of memory" if is_oom(e) else f"failed ({one_line(e)})"
             ref.fp64, ref.fp64_why = None, (f"the float64 reference {why}: judged by the per-precision tolerances "
@@ -294,7 +301,8 @@ class Gates:
             below = (base_name, base.errors[0]), (base_name, base.errors[1])
         same = below[0] is not None
         eq = truth.judge(mine.errors[0], (name, eager_trained), below[0], spec.precision)
-        at_probe = truth.judge(mine.errors[1], (name, eager_probe), below[1], spec.precision)
+        at_probe = truth.judge(mine.errors[1], (name, eager_probe), below[1], spec.precision,
+                               curve_spread=ref.fp64.curve_spread)
         eq.kinks, at_probe.kinks = self.census_of(spec, ref, "trained"), self.census_of(spec, ref, "probe")
         d = at_probe
         diff = Differential(
