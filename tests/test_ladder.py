@@ -480,3 +480,41 @@ def test_noise_is_built_upon_only_above_one(tmp_path, monkeypatch, stack_all):
         lines = report.text.notes(results.load(run_dir(tmp_path)))
         assert any(line.startswith("down: not built upon — slower: noise") and "(pale on the waterfall" in line
                    for line in lines)
+
+
+def test_a_rung_predicted_far_below_its_base_is_timed_in_one_short_window_unless_it_surprises(tmp_path, slow_rung,
+                                                                                               monkeypatch):
+    """No minute spent on what is known (docs/measurement.md, rule 4): a rung predicted below 0.5x its base is timed
+    in one window beside it and stops there, neither gated nor built upon, its verdict `short` (one window claims
+    nothing). One predicted so that measures within 2x of its base is timed in full and gated."""
+    from speedladder.climbing.ladder import Ladder
+    from speedladder.records import Prediction
+
+    planted = {"slow": Prediction(0.1, "planted: it sleeps 20 ms a step"), "sdpa": Prediction(0.1, "planted, wrong")}
+    monkeypatch.setattr(Ladder, "_predicted", lambda self, rung: planted.get(rung.name))
+    assert main(["run", *FAST, "--learns-steps", "0", "--rungs", "eager,slow,sdpa", "--quiet",
+                 "--out", str(tmp_path)]) == 0
+    rungs = by_name(saved(tmp_path))
+    slow, sdpa = rungs["slow"], rungs["sdpa"]
+    assert slow["verdict"] == "short" and slow["timing"]["short"] and slow["speedup_prev"] < 0.5
+    assert len(slow["timing"]["windows"]) == len(slow["base_timing"]["windows"]) == 1
+    assert slow["gate"] is None and slow["saved_activation_bytes"] is None  # stopped there: no gate, no meter
+    assert "one window can claim neither a win nor a loss" in slow["verdict_detail"]
+    assert slow["not_built_upon"].startswith("slower:") and "in one short window" in slow["not_built_upon"]
+    assert sdpa["built_on"] == "eager" and sdpa["spec"]["transforms"] == ["sdpa"]
+    # The surprise: predicted at 0.1x, measured within 2x of its base: every window, every gate.
+    assert not sdpa["timing"]["short"] and len(sdpa["timing"]["windows"]) == 5 and sdpa["gate"]["passed"]
+    assert sdpa["verdict"] in ("win", "noise", "loss")
+    typed = results.load(run_dir(tmp_path))
+    row = next(r for r in report.rows(typed) if r["rung"] == "slow")
+    assert (row["verdict"], row["gate"], row["not built upon"]) == ("short", "—", "slower")
+    assert "(" not in row["× prev"]  # one window a side has no range
+    lines = report.text.notes(typed)
+    assert any(line.startswith("slow: verdict short — one short window beside its base") for line in lines)
+    assert typed.fastest != "slow"
+
+
+def test_an_fp32_control_runs_only_where_the_precision_changed(tmp_path):
+    """The batch rung on eager is fp32 already: its control would measure the same configuration again."""
+    assert main(["run", *FAST, "--learns-steps", "0", "--rungs", "eager,batch", "--quiet", "--out", str(tmp_path)]) == 0
+    assert [r["name"] for r in saved(tmp_path)["rungs"]] == ["eager", "batch"]
