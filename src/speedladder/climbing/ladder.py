@@ -283,9 +283,9 @@ class Ladder:
             self._climb_all()
             if after_climb is not None:
                 after_climb()
-            # Each prediction missed beyond the limit: the rung's step and its base's profiled side by side.
+            # Each loss and each miss beyond the limit: the rung's step and its base's profiled side by side.
             explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget,
-                                   self.profile_wall_s)
+                                   self.profile_wall_s, self.run_dir)
             self._learns_check()
             self.peaks.measure(self.progress.scoped("memory"))  # off CUDA, in a child process, after all else
             failed = self.results.failed_baseline

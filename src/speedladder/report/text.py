@@ -12,14 +12,8 @@ from speedladder.measure.judging import SHORT
 from speedladder.records import LearnsCheck, Results, Role, RungResult
 from speedladder.report import machine
 from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, not_built_upon, times
-from speedladder.report.memory import (
-    explanation_notes,
-    explanation_tables,
-    memory_notes,
-    peak_cell,
-    saved_cell,
-    short_bytes,
-)
+from speedladder.report.explained import explanation_notes, explanation_tables
+from speedladder.report.memory import memory_notes, peak_cell, saved_cell, short_bytes
 from speedladder.report.mfu import mfu_cell, mfu_notes
 from speedladder.report.profile import profile_notes
 
