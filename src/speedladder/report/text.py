@@ -10,7 +10,7 @@ from rich.table import Table
 
 from speedladder.measure.judging import SHORT
 from speedladder.records import LearnsCheck, Results, Role, RungResult
-from speedladder.report import machine
+from speedladder.report import conclusion, machine
 from speedladder.report.common import STATUS_LABEL, console, gib, label, model_label, not_built_upon, times
 from speedladder.report.explained import explanation_notes, explanation_tables
 from speedladder.report.memory import memory_notes, peak_cell, saved_cell, short_bytes
@@ -313,11 +313,12 @@ MORE_COLUMNS = ("columns: the compact table; --wide prints every column in a ter
                 "them all.")
 
 
-def print_report(results: Results, out: Console | None = None, wide: bool = False) -> None:
+def print_report(results: Results, out: Console | None = None, wide: bool = False, folder: str = "RUN_DIR") -> None:
     """The title, the rung table and the notes. In a terminal the compact table fits the terminal's width, and
     wide prints every column at its natural width. To a file or a pipe the compact table fits COMPACT_WIDTH columns
     and wide is ignored: report.html and results.json hold every column. rich never squeezes the table: a line
-    longer than the terminal wraps there rather than a cell losing its end."""
+    longer than the terminal wraps there rather than a cell losing its end. Last, the conclusion: what paid, what
+    did not and why, and the next two commands, on `folder` (the run's folder or file)."""
     out = out or console()
     wide = wide and out.is_terminal
     shared = machine.header_line(results)  # other processes ran beside the windows: said before anything else
@@ -335,3 +336,6 @@ def print_report(results: Results, out: Console | None = None, wide: bool = Fals
         out.print(escape(line), soft_wrap=True)
     for t in explanation_tables(results):
         out.print(t)
+    c = conclusion.of(results, folder)
+    for line in conclusion.lines(c) if c is not None else []:
+        out.print(escape(line), soft_wrap=True)
