@@ -104,8 +104,11 @@ def compare(base: dict, rung: dict, before: dict[str, float], after: dict[str, f
 
 def sums(e: dict[str, Any]) -> str:
     """How the profiled steps set against the timed ones: both ratios, and whether the profile adds up."""
-    px, t = e.get("profiled_x"), e.get("timed")
-    line = f"profiled {e['base_step_ms']:.1f} → {e['rung_step_ms']:.1f} ms a step" + (f" ({px:.2f}×)" if px else "")
+    t = e.get("timed")
+    px = e.get("profiled_x") or ratio(e["base_step_ms"], e["rung_step_ms"], e.get("base_tokens_per_step"),
+                                      e.get("rung_tokens_per_step"))
+    line = (f"{e['base_step_ms']:.1f} → {e['rung_step_ms']:.1f} ms a step under the profiler"
+            + (f" ({px:.2f}×)" if px else ""))
     if not t:
         return line
     line += f", timed {t['base_ms']:.1f} → {t['rung_ms']:.1f} ms ({t['x']:.2f}×)"

@@ -35,7 +35,7 @@ def lines_of(r: RungResult) -> list[str]:
     if e.get("error"):
         return [f"{_why(r)}; unexplained: {e['error']}."]
     base = "+".join(e.get("base_rungs", [])) or "eager"
-    out = [f"{_why(r)}; profiled beside {base}, {sums(e)}.", f"{r.name}: {e['note']}."]
+    out = [f"{_why(r)}; profiled beside {base}: {sums(e)}.", f"{r.name}: {e['note']}."]
     if grew_line(e):
         out[-1] = out[-1][:-1] + f"; {grew_line(e)}."
     if compiler_line(e):
