@@ -529,6 +529,11 @@ def test_a_rung_predicted_far_below_its_base_is_timed_in_one_short_window_unless
     lines = report.text.notes(typed)
     assert any(line.startswith("slow: verdict short — one short window beside its base") for line in lines)
     assert typed.fastest != "slow"
+    # --stack-all builds on every rung that passes its gates: each is timed and gated in full.
+    assert main(["run", *FAST, "--learns-steps", "0", "--rungs", "eager,slow", "--stack-all", "--quiet",
+                 "--out", str(tmp_path / "all")]) == 0
+    slow = by_name(saved(tmp_path / "all"))["slow"]
+    assert slow["verdict"] == "loss" and len(slow["timing"]["windows"]) == 5 and slow["gate"]["passed"]
 
 
 def test_an_fp32_control_runs_only_where_the_precision_changed(tmp_path):

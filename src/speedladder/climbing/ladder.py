@@ -192,9 +192,11 @@ class Ladder:
 
     def _short_below(self, r: RungResult, base: RungResult | None) -> float | None:
         """SHORT_BELOW for a ladder rung whose prediction is below it (timed in one short window beside its base,
-        docs/measurement.md, rule 4); None otherwise (no base, no prediction, a control, a rung beside the top)."""
+        docs/measurement.md, rule 4); None otherwise (no base, no prediction, a control, a rung beside the top, and
+        with --stack-all, which builds on every rung that passes its gates, so each is gated)."""
         pred = r.predicted.speedup if r.predicted else None
-        known = base is not None and r.role == Role.RUNG and pred is not None and pred < SHORT_BELOW
+        known = (base is not None and r.role == Role.RUNG and pred is not None and pred < SHORT_BELOW
+                 and not self.work.cfg.run.stack_all)
         return SHORT_BELOW if known else None
 
     def _derive(self, r: RungResult, base: RungResult | None) -> None:
