@@ -112,6 +112,17 @@ def test_a_run_that_paid_names_what_paid_and_races_and_trains_it():
     assert "more tokens" in c.commands[0][1]  # the batch rung changes how it learns: the race says whether it pays
 
 
+def test_a_gain_inside_the_noise_is_no_claim():
+    """Built upon (its best estimate above 1.0x), claimed by no test: the conclusion says nothing paid."""
+    res = nothing_paid()
+    res.rungs[3] = rung("batch", 21_000, 1.05, "eager", "noise", predicted=1.3, why="per-step costs", speedup_cum=1.05)
+    res.fastest = "batch"
+    c = conclusion.of(res)
+    assert c is not None and c.nothing_paid and c.change
+    assert c.headline.startswith("nothing paid beyond the noise on this machine: batch ran 1.05× eager")
+    assert c.paid == ["batch 1.05× eager (noise)"] and c.commands[0][0] == "speedladder run --ladder full"
+
+
 @pytest.mark.parametrize("regime, overhead, expected", [
     ("overhead-bound", 0.6, "speedladder run --batch-size 64"),
     ("compute-bound", 0.1, "speedladder run --preset d2l-512"),

@@ -132,7 +132,7 @@ def test_compiles_loss_on_a_cpu_adds_up_and_says_what_the_compiler_did():
     eager = {"matmul": 19.2, "elementwise & norm": 7.0, "reductions & softmax": 1.6, "optimizer": 3.9,
              "copies & H2D": 2.0, IDLE: 6.4}
     compiled = {"matmul": 22.3, "elementwise & norm": 22.7, "optimizer": 5.1, "copies & H2D": 0.1, IDLE: 2.0}
-    base = {**profile(eager), "ops_per_step": 1328, "trace": "trace.json"}
+    base = {**profile(eager), "ops_per_step": 1328, "trace": "trace-eager.json"}
     rung = compiled_profile(compiled, 352)
     before = baseline_parts(from_dict(ProfileSummary, base))
     after = {**before, "tail": before["tail"] * 0.9, "overhead": before["overhead"] / 3}
@@ -148,14 +148,14 @@ def test_compiles_loss_on_a_cpu_adds_up_and_says_what_the_compiler_did():
                    predicted=Prediction(1.17, "fusion"), explanation={"rungs": ["eager", "compile"],
                                                                       "base_rungs": ["eager"], **e,
                                                                       "trace": "trace-compile.json",
-                                                                      "base_trace": "trace.json"})
+                                                                      "base_trace": "trace-eager.json"})
     text = " ".join(lines_of(r))
     assert text.startswith("compile lost: 0.78× eager where 1.17× was predicted (-33%)")
     assert "adds up to the timed ratio" in text
     assert "the category that grew most: elementwise & norm +" in text
     assert "3 graph(s), 1 graph break(s) (1× Tensor.item() call), 1 recompile(s) after the first step" in text
     assert "kernels a step: 1,328 operators before, 383 after (31 fused C++ loops and 39 library calls" in text
-    assert "trace trace-compile.json beside trace.json (eager)" in text and "ui.perfetto.dev" in text
+    assert "trace trace-compile.json beside trace-eager.json (eager)" in text and "ui.perfetto.dev" in text
 
 
 def test_kernel_calls_are_read_from_inductors_generated_code(tmp_path, monkeypatch):
@@ -225,10 +225,12 @@ def test_a_run_with_a_miss_shows_the_side_by_side_table_and_names_the_part(tmp_p
     # Against the timed figures, with a trace of each profiled spec beside results.json.
     assert e["basis"] == "timed" and e["timed"]["x"] == pytest.approx(ckpt["speedup_prev"])
     assert e["trace"] == "trace-ckpt.json" and (folder / "trace-ckpt.json").exists()
+    # Like with like: the base profiled again beside the rung, in the same child, not the baseline's earlier one.
+    assert e["base_trace"] == "trace-eager.json" and (folder / "trace-eager.json").exists()
     out, err = capsys.readouterr()
     assert "rung ms" in out and "model's Δ ms" in out and e["note"] in out
     # The profiles in their child show their progress while they run, against the baseline's profile's time.
-    what = "explain profiling ckpt in a child process, one after the other"
+    what = "explain profiling eager, ckpt in a child process, one after the other"
     assert f"{what} (about " in err and f"{what}: done in " in err
 
 

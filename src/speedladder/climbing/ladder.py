@@ -348,9 +348,11 @@ class Ladder:
         return steps * (r.step_ms + eager_ms) / 1e3
 
     def _learns_check(self) -> None:
-        """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried."""
+        """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried. Fastest
+        by × cum, its ratios each measured beside its base: the absolute tokens/s of rows timed minutes apart are not
+        comparable on a machine whose load moves (docs/measurement.md, rule 8)."""
         candidates = sorted((r for r in self.results.rungs if r.role != Role.CONTROL and r.passed),
-                            key=lambda r: r.tokens_per_s.median if r.tokens_per_s else 0.0, reverse=True)
+                            key=lambda r: r.speedup_cum or 0.0, reverse=True)
         if self.finalists is not None:  # tune: the finalists re-measured beside eager, best ratio first
             candidates = [r for name in self.finalists if (r := self.results.rung(name)) is not None]
         if self.work.cfg.run.gates.learns_steps == 0 and candidates:

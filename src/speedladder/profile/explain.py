@@ -4,8 +4,8 @@ side.
 A rung is explained when it lost (a speed rung whose × prev is below 1.0), or when its measured × misses its
 prediction by more than ProfileConfig.explain_miss (±25% by default); a rung stopped short (one window, as
 predicted far below its base) is explained by its prediction. Its own step and the step it built on are profiled
-in a child process, as the baseline is (docs/measurement.md, rule 5; a profile already taken is reused), each
-with a Perfetto-readable trace beside results.json. The two breakdowns are set side by side against the timed
+in a child process, as the baseline is (docs/measurement.md, rule 5), one after the other, each with a
+Perfetto-readable trace beside results.json. The two breakdowns are set side by side against the timed
 figures (profile/sides.py): category by category, and in the prediction model's parts beside the change the model
 expected in each; the note names the part that moved against the prediction most, in the direction of the miss,
 and for a compiled rung what the compiler did.
@@ -24,7 +24,7 @@ from speedladder.measure.judging import SHORT
 from speedladder.profile import child, sides
 from speedladder.profile.predict import baseline_parts, chain
 from speedladder.progress import task_of
-from speedladder.records import ProfileSummary, Results, Role, RungResult, to_dict
+from speedladder.records import Results, Role, RungResult
 from speedladder.workload import Workload
 
 
@@ -51,8 +51,8 @@ def timed(r: RungResult) -> dict[str, float] | None:
 
 
 def trace_name(key: tuple[str, ...]) -> str:
-    """The trace file of a profiled spec (the baseline's is child.TRACE)."""
-    return f"trace-{'+'.join(key)}.json" if key else child.TRACE
+    """The trace file of a spec profiled to explain a rung (the baseline's own profile's is child.TRACE)."""
+    return f"trace-{'+'.join(key) or 'eager'}.json"
 
 
 def names_of(results: Results, r: RungResult) -> list[str]:
@@ -70,9 +70,10 @@ def names_of(results: Results, r: RungResult) -> list[str]:
 def explain_misses(results: Results, work: Workload, save: Callable[[], None], say: Callable[[str], None],
                    budget: Callable[[], str | None] | None = None, profile_s: float | None = None,
                    run_dir: Path | None = None) -> None:
-    """Profile each rung that lost or missed and its base (each spec once, the baseline's profile reused, all of them
-    in one child process, each spec's trace into run_dir), and compare. profile_s: what the baseline's profile took
-    in its child, to estimate the rest."""
+    """Profile each rung that lost or missed and its base (each spec once, all of them in one child process, one
+    after the other, each spec's trace into run_dir), and compare. The baseline is profiled again beside the others
+    rather than its profile reused: taken minutes earlier, on a machine whose load has moved since, it would not be
+    like with like. profile_s: what the baseline's profile took in its child, to estimate each."""
     limit = work.cfg.run.profile.explain_miss
     b = results.profile
     if not limit or b is None or b.error:
@@ -87,7 +88,7 @@ def explain_misses(results: Results, work: Workload, save: Callable[[], None], s
     # Each profile takes about what the baseline's did, and a compiled one compiles cold again in the child.
     compile_s = {_key(names): rec.compile_s or 0.0 for rec in results.rungs if rec.ok
                  for names in [names_of(results, rec)]}
-    profiles = _profiles(pairs, b, work, say, lambda key: profile_s + compile_s.get(key, 0.0) if profile_s else None,
+    profiles = _profiles(pairs, work, say, lambda key: profile_s + compile_s.get(key, 0.0) if profile_s else None,
                          run_dir)
     for r, names, base_names in pairs:
         base, mine = profiles[_key(base_names)], profiles[_key(names)]
@@ -115,23 +116,21 @@ def _key(names: list[str]) -> tuple[str, ...]:
     return tuple(n for n in names if n != "eager")
 
 
-def _profiles(pairs: list, b: ProfileSummary, work: Workload, say: Callable[[str], None],
+def _profiles(pairs: list, work: Workload, say: Callable[[str], None],
               estimate: Callable[[tuple[str, ...]], float | None], run_dir: Path | None) -> dict[tuple, dict]:
-    """The profile of every key the explanations need: the baseline's as saved, the others taken in one child (each
-    with its trace in run_dir), shown as a task while it runs (each key's `estimate` summed)."""
-    profiles: dict[tuple[str, ...], dict] = {(): to_dict(b)}
-    keys = list(dict.fromkeys(_key(n) for _, names, base in pairs for n in (base, names)))
-    todo = [k for k in keys if k not in profiles]
+    """The profile of every key the explanations need, each base before its rungs, all taken in one child (each with
+    its trace in run_dir), shown as a task while it runs (each key's `estimate` summed)."""
+    todo = list(dict.fromkeys(_key(n) for _, names, base in pairs for n in (base, names)))
     if not todo:
-        return profiles
+        return {}
     run = work.cfg.run.with_rungs(("eager",))
     each = [estimate(k) for k in todo]
     try:
-        with task_of(say, f"profiling {', '.join('+'.join(k) for k in todo)} in a child process, one after the other",
+        names = ", ".join("+".join(k) or "eager" for k in todo)
+        with task_of(say, f"profiling {names} in a child process, one after the other",
                      estimate_s=sum(e for e in each if e is not None) if None not in each else None):
             taken = child.profiles_in_child(run, todo, work.cfg.run.profile.timeout_s, facts=False,
                                             traces=[run_dir / trace_name(k) if run_dir else None for k in todo])
     except Exception as e:  # noqa: BLE001 -- the misses stay unexplained, and say why
         taken = [{"error": one_line(e)}] * len(todo)
-    profiles.update(zip(todo, taken, strict=True))
-    return profiles
+    return dict(zip(todo, taken, strict=True))

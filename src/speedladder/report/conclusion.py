@@ -111,7 +111,7 @@ def _commands(results: Results, folder: str, best: RungResult | None) -> list[tu
     """The next two commands worth running here: the fastest raced to a loss and trained when something paid;
     else the ladder widened where the profile says it could pay."""
     c, flags = results.config, workload_flags(results)
-    if best is not None and best.name != (results.baseline.name if results.baseline else None):
+    if best is not None and any(x.verdict == "win" for n in results.chain(best) if (x := results.rung(n)) is not None):
         batch = " A bigger batch can run faster and still need more tokens." if "batch" in results.chain(best) else ""
         return [(f"speedladder race --run {folder}",
                  f"is {best.name} also sooner to a target loss than eager, over seeds?{batch}"),
@@ -145,11 +145,15 @@ def of(results: Results, folder: str = "RUN_DIR") -> Conclusion | None:
     skipped = [r.name for r in rungs if r.status == "skipped"]
     if skipped:
         not_paid.append(f"not run here: {', '.join(skipped)} (their reasons are in the notes)")
-    nothing = not chain
+    won = [n for n in chain if (x := results.rung(n)) is not None and x.verdict == "win"]
+    nothing = not won  # a gain inside the windows' spread (noise above 1.0x, built upon) is no claim (rule 13)
     if best is None:
         headline = "no rung passed every gate: nothing here can be trained faster than it is measured."
-    elif nothing:
+    elif not chain:
         headline = f"nothing paid on this machine: no rung ran faster than {base.name} and passed every gate."
+    elif nothing:
+        headline = (f"nothing paid beyond the noise on this machine: {best.name} ran {times(best.speedup_cum)} "
+                    f"{base.name}, a gain its windows cannot tell from noise.")
     else:
         headline = (f"{best.name} paid most: {times(best.speedup_cum)} {base.name} in tokens/s, every gate passed"
                     + (" and it learns" if results.learns_check and results.learns_check.passed else "") + ".")
