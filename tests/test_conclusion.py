@@ -121,6 +121,7 @@ def test_a_gain_inside_the_noise_is_no_claim():
     assert c is not None and c.nothing_paid and c.change
     assert c.headline.startswith("nothing paid beyond the noise on this machine: batch ran 1.05× eager")
     assert c.paid == ["batch 1.05× eager (noise)"] and c.commands[0][0] == "speedladder run --ladder full"
+    assert "  built upon, no gain claimed: batch 1.05× eager (noise)." in conclusion.lines(c)
 
 
 @pytest.mark.parametrize("regime, overhead, expected", [

@@ -148,7 +148,7 @@ def of(results: Results, folder: str = "RUN_DIR") -> Conclusion | None:
     won = [n for n in chain if (x := results.rung(n)) is not None and x.verdict == "win"]
     nothing = not won  # a gain inside the windows' spread (noise above 1.0x, built upon) is no claim (rule 13)
     if best is None:
-        headline = "no rung passed every gate: nothing here can be trained faster than it is measured."
+        headline = "no configuration passed every gate and the learns-check: there is nothing here to train."
     elif not chain:
         headline = f"nothing paid on this machine: no rung ran faster than {base.name} and passed every gate."
     elif nothing:
@@ -161,11 +161,17 @@ def of(results: Results, folder: str = "RUN_DIR") -> Conclusion | None:
                       _changes(results) if nothing else [], _commands(results, folder, best))
 
 
+def paid_label(c: Conclusion) -> str:
+    """What the fastest configuration's rungs are called: what paid, or, where no test claims a gain, what was built
+    upon."""
+    return "built upon, no gain claimed" if c.nothing_paid else "paid"
+
+
 def lines(c: Conclusion) -> list[str]:
     """The conclusion as the console prints it, after the table and the notes."""
     out = [f"conclusion: {c.headline}"]
     if c.paid:
-        out.append("  paid: " + "; ".join(c.paid) + ".")
+        out.append(f"  {paid_label(c)}: " + "; ".join(c.paid) + ".")
     out.extend(f"  did not pay: {n}." for n in c.not_paid)
     if c.regime:
         out.append(f"  why: {c.regime}.")

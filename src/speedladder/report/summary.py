@@ -128,7 +128,7 @@ def _conclusion_html(c: Conclusion | None) -> str:
 
     if c is None:
         return ""
-    items = [("paid", c.paid), ("did not pay", c.not_paid), ("why", [c.regime] if c.regime else []),
+    items = [(conclusion.paid_label(c), c.paid), ("did not pay", c.not_paid), ("why", [c.regime] if c.regime else []),
              ("what would change that", c.change)]
     body = "".join(f"<h3>{esc(title)}</h3><ul>{''.join(f'<li>{esc(x)}</li>' for x in xs)}</ul>"
                    for title, xs in items if xs)
