@@ -96,12 +96,12 @@ def of(results: Results, folder: str = "RUN_DIR") -> Summary | None:
     if best is None:
         return Summary(None, "tokens/s", notes=["no rung passed every gate."], conclusion=said)
     rungs = [n for n in results.chain(best) if n != "eager"]
-    raced = (f"not raced: speedladder race --run {folder}" if rungs else
-             "not raced: nothing paid, so there is nothing to race against eager")
+    to_race = (f"not raced: speedladder race --run {folder}" if rungs else
+               "not raced: nothing paid, so there is nothing to race against eager")
     return Summary(best.name, "tokens/s in timed windows, every gate passed",
                    "eager + " + (" + ".join(rungs) or "nothing"),
                    f"{times(best.speedup_cum)} ({best.tokens_per_s.median:,.0f} tokens/s)" if best.tokens_per_s else "—",
-                   raced, _uses(folder), conclusion=said)
+                   to_race, _uses(folder), conclusion=said)
 
 
 def html(results: Results, folder: str = "RUN_DIR") -> str:
