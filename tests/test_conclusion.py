@@ -79,15 +79,16 @@ def test_a_run_in_which_nothing_paid_says_so_why_and_two_commands(tmp_path, caps
         assert words in changes
     # Two commands worth running here, chosen from what was measured; never a race of eager against eager.
     assert len(c.commands) == 2 and len({cmd for cmd, _ in c.commands}) == 2
-    assert c.commands[0][0] == "speedladder run --ladder full" and c.commands[1][0] == "speedladder run --preset d2l-512"
-    assert all("race" not in cmd and "train" not in cmd for cmd, _ in c.commands)
+    assert c.commands[0][0] == "speedladder run --ladder full" and c.commands[1][0] == "speedladder race"
+    assert "Muon" in c.commands[1][1]  # a rung that pays in time to a loss: the default race's, not this ladder's
+    assert all("--run" not in cmd and "train" not in cmd for cmd, _ in c.commands)
 
     out = Console(file=io.StringIO(), width=160)
     print_report(res, out, folder="RUNS/x")
     printed = out.file.getvalue().splitlines()  # type: ignore[attr-defined]
     tail = printed[-(len(conclusion.lines(c))):]
     assert tail[0].startswith("conclusion: nothing paid") and tail[-2].startswith("next: speedladder run --ladder full")
-    assert tail[-1].startswith("next: speedladder run --preset d2l-512")
+    assert tail[-1].startswith("next: speedladder race ")
 
     page = html.build(res)
     summary = page.split('id="summary"', 1)[1].split("</section>", 1)[0]
@@ -124,14 +125,16 @@ def test_a_gain_inside_the_noise_is_no_claim():
     assert "  built upon, no gain claimed: batch 1.05× eager (noise)." in conclusion.lines(c)
 
 
-@pytest.mark.parametrize("regime, overhead, expected", [
-    ("overhead-bound", 0.6, "speedladder run --batch-size 64"),
-    ("compute-bound", 0.1, "speedladder run --preset d2l-512"),
+@pytest.mark.parametrize("regime, overhead, device, expected", [
+    ("overhead-bound", 0.6, "cpu", ["speedladder run --batch-size 64", "speedladder race"]),
+    ("compute-bound", 0.1, "cpu", ["speedladder race", "speedladder sweep --batch-sizes 16,32,64"]),
+    ("compute-bound", 0.1, "cuda", ["speedladder run --preset d2l-512", "speedladder race"]),
 ])
-def test_the_commands_follow_the_profile(regime, overhead, expected):
+def test_the_commands_follow_the_profile(regime, overhead, device, expected):
     res = nothing_paid()
     res.config = resolved(ladder="full")
+    res.environment["device_type"] = device
     res.profile = ProfileSummary(regime=regime, buckets={"compute": 0.3, "memory": 0.1, "overhead": overhead})
     c = conclusion.of(res)
-    assert c is not None and c.commands[0][0] == expected
+    assert c is not None and [cmd for cmd, _ in c.commands] == expected
     assert not any("--ladder full" in cmd for cmd, _ in c.commands)  # climbed already

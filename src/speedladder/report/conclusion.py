@@ -123,8 +123,12 @@ def _commands(results: Results, folder: str, best: RungResult | None) -> list[tu
     if p is not None and not p.error and (p.regime == "overhead-bound" or p.buckets.get("overhead", 0) >= OVERHEAD_HEAVY):
         out.append((f"speedladder run{flags} --batch-size {4 * c.batch_size}",
                     "the step is overhead-bound: a bigger batch spreads each operator's fixed cost"))
-    if c.preset in SMALL_PRESETS and not (c.run.model_source or c.run.hf):
+    if c.preset in SMALL_PRESETS and results.environment.get("device_type") == "cuda" and not (
+            c.run.model_source or c.run.hf):  # on a CPU the bigger preset would climb for an hour: named, not run
         out.append((f"speedladder run --preset {CUDA_DEFAULT_PRESET}", "bigger matmuls, the reference setup"))
+    if "muon" not in c.rungs:
+        out.append((f"speedladder race{flags}", ("the race to a target loss over seeds, Muon among its rungs: a "
+                                                  "rung can pay in time to a loss where no rung paid in tokens/s")))
     out.append((f"speedladder sweep{flags} --batch-sizes {c.batch_size},{2 * c.batch_size},{4 * c.batch_size}",
                 "each rung beside eager as the batch grows: where, if anywhere, one starts to pay"))
     return out[:2]
