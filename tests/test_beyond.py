@@ -259,11 +259,11 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
         gpt2 = GPT(PRESETS["gpt2-124m"].model)
     fpt = 855_166_464  # GPT-2 at T=1024: 6N + 12LHQT
     bf16 = StepSpec(16, 1024, autocast="bf16")
-    peak, basis = ladder._peak(dataclasses.replace(bf16, transforms=("float8",)), gpt2, fpt)
+    peak, basis = ladder.flop_peaks.of(dataclasses.replace(bf16, transforms=("float8",)), gpt2, fpt)
     assert peak == pytest.approx(1409.35, abs=0.01)  # test_measure.py works the blend out by hand
     assert "60% of the FLOPs" in basis and "bf16's for the rest" in basis
     assert "both the peak given by --peak-tflops" in basis
-    assert ladder._peak(bf16, gpt2, fpt) == (989.4, "peak given by --peak-tflops")
+    assert ladder.flop_peaks.of(bf16, gpt2, fpt) == (989.4, "peak given by --peak-tflops")
 
 
 @pytest.mark.isa

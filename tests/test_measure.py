@@ -273,6 +273,7 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     matmuls run on the CPU) is taken against its own ceiling measured on the spot, at each precision, once; a
     listed GPU is taken against its datasheet with nothing measured. The MFU shows the basis in the cell and note."""
     from speedladder.climbing import ladder as ladder_module
+    from speedladder.climbing import meters
     from speedladder.config import RunConfig
     from speedladder.profile import facts
     from speedladder.records import Role, RungResult
@@ -284,20 +285,21 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     ladder = ladder_module.Ladder(work, tmp_path)
     ladder.work = dataclasses.replace(work, device=torch.device("cuda"), env=dataclasses.replace(
         work.env, device_type="cuda", cuda_capability=(8, 9)))
+    ladder.flop_peaks = meters.FlopPeaks(ladder.work)
     measured: list[tuple[str, int]] = []
 
     def ceiling(device, precision, side, budget_s):  # the real product, on the CPU standing in for the GPU
         measured.append((precision, side))
         return facts.matmul_ceiling(CPU, precision, 256, 0.05)
 
-    monkeypatch.setattr(ladder_module, "matmul_ceiling", ceiling)
-    monkeypatch.setattr(ladder_module.results, "device_name", lambda device: "NVIDIA GeForce RTX 4080")
+    monkeypatch.setattr(meters, "matmul_ceiling", ceiling)
+    monkeypatch.setattr(meters.results, "device_name", lambda device: "NVIDIA GeForce RTX 4080")
     model, fpt = torch.nn.Linear(4, 4), 1_000_000
     fp32, bf16 = StepSpec(2, 8), StepSpec(2, 8, autocast="bf16")
-    peaks = {spec.precision: ladder._peak(spec, model, fpt) for spec in (fp32, bf16, fp32)}
+    peaks = {spec.precision: ladder.flop_peaks.of(spec, model, fpt) for spec in (fp32, bf16, fp32)}
     assert measured == [("fp32", 4096), ("bf16", 4096)]  # once per precision, at a GPU's size
     for precision, (peak, basis) in peaks.items():
-        assert peak is not None and 0 < peak < float("inf") and peak == ladder.ceilings[precision]
+        assert peak is not None and 0 < peak < float("inf") and peak == ladder.flop_peaks.ceilings[precision]
         assert basis.startswith("measured peak, a 4096×4096×4096 matmul's throughput on this device")
     r = RungResult(name="eager", rung="eager", role=Role.RUNG, reason="", kind="speed", built_on=None, spec={},
                    precision="fp32", requirement={}, peak_tflops=peaks["fp32"][0], peak_basis=peaks["fp32"][1],
@@ -307,8 +309,8 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     (note,) = mfu_notes([r])
     assert note.startswith(f"MFU marked{MEASURED_MARK}: against the measured peak") and "fp32 " in note
     # A listed GPU: its datasheet, nothing measured.
-    monkeypatch.setattr(ladder_module.results, "device_name", lambda device: "NVIDIA GeForce RTX 4090")
-    assert ladder._peak(bf16, model, fpt) == (165.2, "datasheet peak of the RTX 4090")
+    monkeypatch.setattr(meters.results, "device_name", lambda device: "NVIDIA GeForce RTX 4090")
+    assert ladder.flop_peaks.of(bf16, model, fpt) == (165.2, "datasheet peak of the RTX 4090")
     assert len(measured) == 2
     r.peak_tflops, r.peak_basis, r.mfu = 165.2, "datasheet peak of the RTX 4090", 0.4
     assert mfu_cell(r) == "40.0%"

@@ -333,8 +333,8 @@ def synthetic_windows(monkeypatch):
         return measure.Window(steps * seconds, steps, steps * tokens_per_step, 0)
 
     def interleave(step, base, timing, base_timing, device, tps, base_tps, steps, windows, counter=None,
-                   on_progress=None, meter=None):
-        for i in range(windows):
+                   on_progress=None, meter=None, start=0):
+        for i in range(start, start + windows):
             timing.windows.append(window(step, device, tps, steps, seconds=0.01 * (1 - 0.001 * i)))
             base_timing.windows.append(window(base, device, base_tps, steps, seconds=0.01 * state["slow"]))
 

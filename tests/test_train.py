@@ -21,11 +21,10 @@ from torch import nn
 
 from speedladder import rungs
 from speedladder.cli import main
-from speedladder.config import FULL_LADDER
 from speedladder.data import BatchStream
 from speedladder.gpt import GPT
-from speedladder.rungs import Env, compose
-from speedladder.train import BEST, CHECKPOINT, default_rungs, load_checkpoint
+from speedladder.rungs import compose
+from speedladder.train import BEST, CHECKPOINT, NO_CONFIGURATION, load_checkpoint
 
 LOG = re.compile(r"^step (\d+), loss (\d+\.\d{3})(?:, val (\d+\.\d{3}))?, time (\d+\.\d)ms, tokens/s ([\d,]+)"
                  r"(?: \(includes compiling\))?$", re.MULTILINE)
@@ -74,12 +73,29 @@ def test_train_takes_the_winner_of_a_run(tmp_path, capsys):
     assert f"with {fastest} from {run_dir}" in out and "step 10, loss" in out and "sample" not in out
 
 
-def test_the_default_is_the_top_of_the_full_ladder_that_runs_here(monkeypatch):
-    cpu = default_rungs(Env("cpu", None, 4))
-    assert cpu == tuple(n for n in FULL_LADDER if n not in ("max-autotune", "fp8"))
-    monkeypatch.setattr("importlib.util.find_spec", lambda name: object())  # Triton and torchao "installed"
-    assert default_rungs(Env("cuda", (9, 0), 4)) == FULL_LADDER
-    assert default_rungs(Env("cuda", (8, 0), 4)) == FULL_LADDER[:-1]  # fp8 needs compute capability 8.9
+def test_with_no_configuration_named_train_trains_eager_and_says_how_to_train_a_measured_one(tmp_path, capsys):
+    """Never an unmeasured composition: with neither --run, --config nor --compose, eager, with a one-line hint."""
+    assert main(["train", "--preset", "tiny", "--device", "cpu", "--steps", "10", "--sample-tokens", "0",
+                 "--eval-every", "0", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert NO_CONFIGURATION in out and "speedladder train --run RUN_DIR" in out
+    assert " with eager: " in out and ", fp32, eager, adamw, on cpu" in out
+    (path,) = tmp_path.glob(f"*/{CHECKPOINT}")
+    spec = torch.load(path, weights_only=True)["spec"]
+    assert not spec["compile"] and spec["autocast"] is None and spec["transforms"] == []
+
+
+def test_a_run_whose_fastest_is_eager_trains_eager_and_says_so(tmp_path, capsys):
+    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--window-steps", "2",
+                 "--learns-steps", "0", "--no-profile", "--no-process-peak", "--quiet",
+                 "--out", str(tmp_path / "runs")]) == 0
+    run_dir = only_folder(tmp_path / "runs")
+    capsys.readouterr()
+    assert main(["train", "--run", str(run_dir), "--device", "cpu", "--steps", "10", "--sample-tokens", "0",
+                 "--eval-every", "0", "--out", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert f"with eager from {run_dir} (nothing there paid: its fastest is eager)" in out
+    assert NO_CONFIGURATION not in out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -45,18 +45,20 @@ def fake() -> Results:
         rung("max-autotune", status="skipped", detail="needs cuda; this device is cpu"),
         rung("fp8", status="oom", detail="CUDA out of memory"),
         rung("ckpt", prev=1.05, role="beside", built_on="batch"),
+        rung("slow", verdict="short", prev=0.08, built_on="batch"),  # one window, as predicted: never gated
     ])
 
 
 def test_survivors_are_the_rungs_that_won_and_passed():
     assert tune.survivors(fake()) == ("compile", "sdpa", "batch", "ckpt")
     gone = tune.dropped(fake())
-    assert set(gone) == {"bf16", "fused-adamw", "pad-vocab", "max-autotune", "fp8"}
+    assert set(gone) == {"bf16", "fused-adamw", "pad-vocab", "max-autotune", "fp8", "slow"}
     assert gone["bf16"] == "noise: 1.01×, inside the spread of compile"
     assert gone["fused-adamw"] == "loss: 0.90×, below sdpa"
     assert gone["pad-vocab"] == "failed a gate: logits differ"
     assert gone["max-autotune"] == "skipped: needs cuda; this device is cpu"
     assert gone["fp8"] == "oom: CUDA out of memory"
+    assert gone["slow"] == "short: 0.08× batch in one window, as predicted"
 
 
 def test_candidates_combine_the_survivors_then_leave_each_out_smallest_gain_first():

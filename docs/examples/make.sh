@@ -39,12 +39,13 @@ out=docs/examples
 [[ $check == 1 ]] && out="$tmp/out"
 mkdir -p "$out"
 
-report() {  # report FOLDER SHOWN: print `speedladder report FOLDER`, with FOLDER/ written as SHOWN
+report() {  # report FOLDER SHOWN [FILE]: print `speedladder report FOLDER`, with FOLDER/ written as SHOWN and
+            # FOLDER itself (the conclusion's commands name the run) as FILE
   local text
   text=$("$PY" -m speedladder report "$1")
   [[ -n "$text" ]] || { echo "make.sh: speedladder report $1 printed nothing" >&2; return 1; }
   # The temporary folder is written as the folder the command names; rich pads lines with spaces.
-  printf '%s\n' "$text" | sed -e "s#$1/#$2#g" -e 's/[[:space:]]*$//'
+  printf '%s\n' "$text" | sed -e "s#$1/#$2#g" -e "s#$1\b#${3:-$1}#g" -e 's/[[:space:]]*$//'
 }
 
 found=0
@@ -57,7 +58,7 @@ for results in docs/*-results.json; do
   cp "$results" "$run/results.json"
   {
     echo "\$ speedladder report $results"
-    report "$run" "docs/"
+    report "$run" "docs/" "$results"
   } > "$out/$name.txt"
   echo "wrote $out/$name.txt"
 

@@ -9,6 +9,7 @@ docs/measurement.md are applied in one place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import statistics
 from collections.abc import Callable
@@ -282,6 +283,31 @@ def _window_warnings(timing: timer.Timing, max_warmup: int) -> list[str]:
     return out
 
 
+def _alone(window: Callable[[], timer.Window], timing: timer.Timing, windows: int, say: Callable[[str], None]) -> None:
+    """A spec's windows with no base beside it, each said as it ends."""
+    for i in range(windows):
+        timing.windows.append(window())
+        say(timer.window_line(timing.windows[-1], i, windows))
+
+
+def _interleave(beside: Callable[..., None], timing: timer.Timing, base_timing: timer.Timing, windows: int,
+                short_below: float | None, say: Callable[[str], None]) -> None:
+    """The rung's windows and its base's, interleaved. With `short_below` (a rung predicted below that ratio to its
+    base), one window of each first: a rung that measures below it stops there, its timing marked short; one that
+    surprises gets the rest of its windows (docs/measurement.md, rule 4)."""
+    done = 0
+    if short_below is not None:
+        beside(windows=1)
+        done = 1
+        ratio = timing.windows[-1].tokens_per_s / base_timing.windows[-1].tokens_per_s
+        if timing.windows[-1].recompiles == 0 and ratio < short_below:
+            timing.short = True
+            say(f"one short window: {ratio:.2f}x its base, below {short_below:g}x as predicted: stopped there")
+            return
+        say(f"one short window: {ratio:.2f}x its base, not below {short_below:g}x as predicted: timed in full")
+    beside(windows=windows - done, start=done)
+
+
 def _others(meter: load.Meter | None, first: load.Snapshot | None, windows: list[timer.Window]) -> list[load.Busy]:
     """The busiest other processes since the snapshot before the first window, when a window was shared."""
     if meter is None or first is None or not any(w.shared for w in windows):
@@ -294,7 +320,8 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
                  counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None,
                  world: int = 1, size_windows: bool | None = None,
                  agree: Callable[[int], int] = lambda n: n, meter: load.Meter | None = None,
-                 compile_estimate_s: float | None = None) -> tuple[Measurement, TrainStep]:
+                 compile_estimate_s: float | None = None, short_below: float | None = None
+                 ) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
     With `base`, the base spec is built too and its windows interleaved with the spec's (timer.interleave), so the
@@ -303,7 +330,7 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     across ranks and take one window length. On CUDA (or with `size_windows`) the steps per window come from the
     warm-up's steady steps, so that a window lasts at least min_window_s. With a `meter` the machine's load is read
     at each window's edges (load.py). A compiled warm-up is shown as a task while it runs (against
-    `compile_estimate_s`), its ticker stopped before the first window.
+    `compile_estimate_s`), its ticker stopped before the first window. `short_below`: see _interleave.
     """
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
@@ -323,10 +350,8 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
         if base is None:
             steps = _window_steps(work, [timing], size, agree)
             first = meter.snapshot() if meter is not None else None
-            for i in range(t.windows):
-                timing.windows.append(timer.time_window(run, device, world * spec.tokens_per_step, steps,
-                                                          counter, edge, meter=meter))
-                say(timer.window_line(timing.windows[-1], i, t.windows))
+            _alone(functools.partial(timer.time_window, run, device, world * spec.tokens_per_step, steps, counter,
+                                     edge, meter=meter), timing, t.windows, say)
         else:
             base_step = work.step(base)
             base_run = _in_precision(base, timer.stepper(base_step, work.stream(base)))
@@ -335,8 +360,9 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
                                               lambda m: say("base: " + m), None, recorded if base.cudagraphs else None)
             steps = _window_steps(work, [timing, base_timing], size, agree)
             first = meter.snapshot() if meter is not None else None
-            timer.interleave(run, base_run, timing, base_timing, device, spec.tokens_per_step,
-                               base.tokens_per_step, steps, t.windows, counter, say, meter=meter)
+            _interleave(functools.partial(timer.interleave, run, base_run, timing, base_timing, device,
+                                          spec.tokens_per_step, base.tokens_per_step, steps, counter=counter,
+                                          on_progress=say, meter=meter), timing, base_timing, t.windows, short_below, say)
             del base_step, base_run
     others = _others(meter, first, timing.windows + (base_timing.windows if base_timing is not None else []))
     spread = judging.tokens_per_s(timing)

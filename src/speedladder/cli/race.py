@@ -28,6 +28,9 @@ def plan(s: Settings) -> tuple[RunConfig, RaceConfig, RaceRole]:
         won = results.load(race.run).winner()  # its saved workload is under the flags already (cli/gen.py)
         if won is None:
             raise UsageError(f"{race.run} names no configuration that passed every gate")
+        if not won[1]:  # its fastest is eager: raced beside eager, it would race eager against itself
+            raise UsageError(f"{race.run}'s fastest configuration is eager: nothing there paid, so there is nothing "
+                             "to race against eager (speedladder race races the default ladder)")
         race, role = dataclasses.replace(race, run=None, combos=(won[1],)), "winner"
     elif race.combos:
         unknown = [n for c in race.combos for n in c if n not in RUNGS]

@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from torch import nn
-
 from speedladder import results
 from speedladder.climbing import meters, regate
 from speedladder.config.commands import CONFIG_FILE, Settings
@@ -25,12 +23,12 @@ from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
 from speedladder.measure import judging, load, peakflops
 from speedladder.profile import child, explain
-from speedladder.profile.facts import ceiling_side, matmul_ceiling
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
-from speedladder.rungs import RUNGS, Rung, RungError, StepSpec, float8_matmul_params
-from speedladder.step import matmul_precision
+from speedladder.rungs import RUNGS, Rung, RungError, StepSpec
+from speedladder.step import TrainStep, matmul_precision
+from speedladder.verify import correctness
 from speedladder.verify.gates import Gates
 from speedladder.verify.probes import Probe
 from speedladder.workload import (
@@ -43,7 +41,19 @@ from speedladder.workload import (
 )
 
 AUTO = "auto"  # predict a ladder rung on the spec it builds on
-CEILING_BUDGET_S = 0.5  # seconds of back-to-back products behind each precision's measured matmul ceiling
+
+
+# A rung the profile predicts below this ratio to its base is timed in one short window beside it, and stops there
+# unless it measures at or above it (within 2x of its base): the profile already knew (docs/measurement.md, rule 4).
+SHORT_BELOW = 0.5
+
+
+def short_detail(r: RungResult) -> str:
+    """Why a rung stopped short has no verdict: what its one window measured against what was predicted."""
+    pred = r.predicted.speedup if r.predicted and r.predicted.speedup is not None else float("nan")
+    x = f"{r.speedup_prev:.2f}x" if r.speedup_prev is not None else "below"
+    return (f"one short window beside its base, {x} where {pred:.2f}x was predicted (below {SHORT_BELOW:g}x): "
+            "stopped there, neither gated nor timed further; one window can claim neither a win nor a loss")
 
 
 def pays(r: RungResult) -> bool:
@@ -57,7 +67,9 @@ def pays(r: RungResult) -> bool:
 def not_built_upon(r: RungResult, base: str) -> str:
     """Why the rungs above do not build on a rung that passed its gates, its reason word first."""
     x = f"{r.speedup_prev:.2f}x {base} re-timed beside it" if r.speedup_prev is not None else f"no ratio to {base}"
-    if r.verdict == "loss":
+    if r.verdict == judging.SHORT:
+        why = f"{x} in one short window, below {SHORT_BELOW:g}x as predicted"
+    elif r.verdict == "loss":
         why = f"a loss, {x}"
     else:
         why = f"{r.verdict}, {x}: the windows overlap, but the best estimate is not above 1.0x"
@@ -80,8 +92,7 @@ class Ladder:
         self.probes: dict[str, Probe] = {}
         self.finalists: list[str] | None = None  # set by tune: the learns-check tries these, in this order
         self.peaks = meters.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
-        # Each precision's matmul ceiling (TFLOP/s), measured here where no peak is given or in the datasheets.
-        self.ceilings: dict[str, float] = {}
+        self.flop_peaks = meters.FlopPeaks(work)  # each precision's peak FLOP/s, for the MFU
         self.meter = load.Meter.open()  # other processes' load around each window (None off Linux)
         self.compile_wall_s: float | None = None  # the last compiled rung's warm-up: the next one's estimate
         self.profile_wall_s: float | None = None  # the baseline's profile in its child: the explanation's estimate
@@ -133,9 +144,11 @@ class Ladder:
         w = self.work
         base_spec = StepSpec.from_dict(base.spec) if base is not None else None
         with matmul_precision(spec):
-            ref = None if self.gates.is_reference(spec) else self.gates.reference(spec)
+            # Made before the rung's step is built (its memory is handed back first); for a rung that may stop short,
+            # only once it has not (_gate).
+            ref = None if self.gates.is_reference(spec) or self._short_below(r, base) else self.gates.reference(spec)
             m, step = measure_spec(w, spec, say, base=base_spec, meter=self.meter,
-                                   compile_estimate_s=self.compile_wall_s)
+                                   compile_estimate_s=self.compile_wall_s, short_below=self._short_below(r, base))
             if spec.compile:
                 self.compile_wall_s = m.timing.first_step_s + sum(m.timing.warmup_step_s)
             note_load(self.results.machine, m)
@@ -148,59 +161,45 @@ class Ladder:
             if m.base_timing is not None:
                 r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
                 r.verdict, r.verdict_detail = judging.judge(m.timing, m.base_timing)
-            meters.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
+            if not m.timing.short:  # a rung stopped short is neither metered nor gated: nothing builds on it
+                meters.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
             fpt = w.flops_per_token(spec)
-            peak, r.peak_basis = self._peak(spec, step.model, fpt)
+            peak, r.peak_basis = self.flop_peaks.of(spec, step.model, fpt)
             r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
             r.mfu = peakflops.mfu(m.tokens_per_s.median, fpt, peak)
             r.status = "ok"
-            r.gate, probe = self.gates.check(step, ref, self.probes.get(base.name) if base else None,
-                                             base.name if base else None, say)
-            if r.gate.explanation is not None:
-                r.gate.explanation.command = regate.command(self.run_dir, r.name)
-                say(f"why: {r.gate.explanation.summary}")
-            if r.gate.passed and probe is not None:
-                self.probes[r.name] = probe
+            if m.timing.short:
+                r.verdict = judging.SHORT  # its detail once its x prev is known (_derive)
+            else:
+                self._gate(r, spec, step, ref, base, say)
         t = m.tokens_per_s
         say(f"{t.median:,.0f} tokens/s (min {t.min:,.0f}, max {t.max:,.0f})"
             + (f", {r.verdict} against {base.name} re-timed beside it" if base is not None else "")
-            + "; gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}"))
+            + ("; not gated" if r.gate is None else
+               "; gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}")))
 
-    def _peak(self, spec: StepSpec, model: nn.Module, fpt: int) -> tuple[float | None, str]:
-        """The peak TFLOP/s a rung's MFU is taken against, and how it was had (results.json's peak_basis).
+    def _gate(self, r: RungResult, spec: StepSpec, step: TrainStep, ref: correctness.Reference | str | None,
+              base: RungResult | None, say: Callable[[str], None]) -> None:
+        """The rung's gates against eager fp32 (ref, made here if not yet) and the rung it built on; a failure
+        explains itself."""
+        if ref is None and not self.gates.is_reference(spec):
+            ref = self.gates.reference(spec)
+        r.gate, probe = self.gates.check(step, ref, self.probes.get(base.name) if base else None,
+                                         base.name if base else None, say)
+        if r.gate.explanation is not None:
+            r.gate.explanation.command = regate.command(self.run_dir, r.name)
+            say(f"why: {r.gate.explanation.summary}")
+        if r.gate.passed and probe is not None:
+            self.probes[r.name] = probe
 
-        Each precision's peak is --peak-tflops's, else the datasheet's, else this device's matmul ceiling at
-        that precision, measured here once (peakflops.known_peak, profile.facts.matmul_ceiling). An fp8 rung runs
-        only the block linears in fp8; the head and attention stay at the precision below (bf16): its peak is the
-        FLOP-weighted harmonic blend of the two (peakflops.blended_peak).
-        """
-        if spec.precision != "fp8":
-            return self._precision_peak(spec.precision)
-        rest = "bf16" if spec.autocast == "bf16" else "tf32" if spec.tf32 else "fp32"
-        fp8 = min(6 * float8_matmul_params(model, self.work.model.blocks_prefix or "blocks."), fpt)
-        (p8, basis8), (p_rest, basis_rest) = self._precision_peak("fp8"), self._precision_peak(rest)
-        blended = peakflops.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": p8, rest: p_rest})
-        parts = f"both the {basis8}" if basis8 == basis_rest else f"fp8's the {basis8}, {rest}'s the {basis_rest}"
-        return blended, (f"fp8's peak for the block linears' {fp8 / fpt:.0%} of the FLOPs, {rest}'s for the rest "
-                         f"(head, attention), blended by FLOP share; {parts}")
-
-    def _precision_peak(self, precision: str) -> tuple[float | None, str]:
-        """One precision's peak and its basis: given or from the datasheet, else the matmul ceiling measured on
-        this device, once per precision for the whole ladder (every rung at a precision is taken against one
-        figure). None, and why, only where that measurement failed."""
-        w = self.work
-        known = peakflops.known_peak(w.cfg.run.peak_tflops, results.device_name(w.device), w.device.type,
-                                     w.env.cuda_capability, precision)
-        if known is not None:
-            return known.tflops, known.basis
-        side = ceiling_side(w.device)
-        if precision not in self.ceilings:
-            try:
-                self.ceilings[precision] = matmul_ceiling(w.device, precision, side, CEILING_BUDGET_S)
-            except RuntimeError as e:  # out of memory beside the rung's step, or a product this build lacks
-                return None, f"no peak: measuring the {precision} matmul ceiling failed ({one_line(e)})"
-        measured = peakflops.measured_peak(self.ceilings[precision], side)
-        return measured.tflops, measured.basis
+    def _short_below(self, r: RungResult, base: RungResult | None) -> float | None:
+        """SHORT_BELOW for a ladder rung whose prediction is below it (timed in one short window beside its base,
+        docs/measurement.md, rule 4); None otherwise (no base, no prediction, a control, a rung beside the top, and
+        with --stack-all, which builds on every rung that passes its gates, so each is gated)."""
+        pred = r.predicted.speedup if r.predicted else None
+        known = (base is not None and r.role == Role.RUNG and pred is not None and pred < SHORT_BELOW
+                 and not self.work.cfg.run.stack_all)
+        return SHORT_BELOW if known else None
 
     def _derive(self, r: RungResult, base: RungResult | None) -> None:
         """Speed-ups against the rung built on (re-timed beside it) and, chained, against the baseline."""
@@ -218,6 +217,8 @@ class Ladder:
         r.speedup_cum = (base.speedup_cum or 1.0) * r.speedup_prev
         if r.predicted and r.predicted.speedup:
             r.prediction_error = r.speedup_prev / r.predicted.speedup - 1  # > 0: faster than predicted
+        if r.verdict == judging.SHORT:
+            r.verdict_detail = short_detail(r)
         if r.role == Role.CONTROL:  # not a step up the ladder: its x prev is against its own rung, in the notes
             r.verdict = "control"
         elif r.verdict is None:
@@ -286,9 +287,9 @@ class Ladder:
             self._climb_all()
             if after_climb is not None:
                 after_climb()
-            # Each prediction missed beyond the limit: the rung's step and its base's profiled side by side.
+            # Each loss and each miss beyond the limit: the rung's step and its base's profiled side by side.
             explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget,
-                                   self.profile_wall_s)
+                                   self.profile_wall_s, self.run_dir)
             self._learns_check()
             self.peaks.measure(self.progress.scoped("memory"))  # off CUDA, in a child process, after all else
             failed = self.results.failed_baseline
@@ -312,9 +313,12 @@ class Ladder:
                 self._failed(rung, base, str(e))
                 continue
             r = self.climb(rung, new, base)
-            if r.ok and rung.control is not None:
-                self.climb(rung, rung.control(new), r, role=Role.CONTROL)
-            if r.passed and base is not None and not self.work.cfg.run.stack_all and not pays(r):
+            control = rung.control(new) if rung.control is not None else None
+            # Only where the control changes the precision: one the rung's own spec already is measures nothing new.
+            if r.ok and r.verdict != judging.SHORT and control is not None and control != new:
+                self.climb(rung, control, r, role=Role.CONTROL)
+            if base is not None and (r.verdict == judging.SHORT or (
+                    r.passed and not self.work.cfg.run.stack_all and not pays(r))):
                 r.not_built_upon = not_built_upon(r, base.name)
                 self.progress.scoped(r.name)(f"not built upon: {r.not_built_upon}")
                 self.save()
@@ -346,9 +350,11 @@ class Ladder:
         return steps * (r.step_ms + eager_ms) / 1e3
 
     def _learns_check(self) -> None:
-        """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried."""
+        """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried. Fastest
+        by × cum, its ratios each measured beside its base: the absolute tokens/s of rows timed minutes apart are not
+        comparable on a machine whose load moves (docs/measurement.md, rule 8)."""
         candidates = sorted((r for r in self.results.rungs if r.role != Role.CONTROL and r.passed),
-                            key=lambda r: r.tokens_per_s.median if r.tokens_per_s else 0.0, reverse=True)
+                            key=lambda r: r.speedup_cum or 0.0, reverse=True)
         if self.finalists is not None:  # tune: the finalists re-measured beside eager, best ratio first
             candidates = [r for name in self.finalists if (r := self.results.rung(name)) is not None]
         if self.work.cfg.run.gates.learns_steps == 0 and candidates:

@@ -9,14 +9,17 @@ import sys
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
-from speedladder import subproc
+from speedladder import results, subproc
 from speedladder.config.run import MemoryConfig, RunConfig
 from speedladder.errors import one_line
 from speedladder.gpt import GPTConfig
+from speedladder.measure import peakflops
 from speedladder.measure.memory import MMAP_THRESHOLD, Saved, count_saved, process_peak_unsupported, resident_peak
+from speedladder.profile.facts import ceiling_side, matmul_ceiling
 from speedladder.records import RungResult
-from speedladder.rungs import StepSpec, padded_vocab
+from speedladder.rungs import StepSpec, float8_matmul_params, padded_vocab
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, prepare
 
@@ -186,6 +189,55 @@ class Peaks:
         if todo:
             say(f"the resident peaks of {len(todo)} rungs, one after the other in a child process")
             measure_peaks(todo, self.work)
+
+
+
+CEILING_BUDGET_S = 0.5  # seconds of back-to-back products behind each precision's measured matmul ceiling
+
+
+class FlopPeaks:
+    """The peak FLOP/s each rung's MFU is taken against, per precision: given, from the datasheets, or this device's
+    matmul ceiling measured here once per precision for the whole ladder (docs/measurement.md, the meters)."""
+
+    def __init__(self, work: Workload) -> None:
+        self.work = work
+        self.ceilings: dict[str, float] = {}  # each precision's measured matmul ceiling (TFLOP/s)
+
+    def of(self, spec: StepSpec, model: nn.Module, fpt: int) -> tuple[float | None, str]:
+        """The peak TFLOP/s a rung's MFU is taken against, and how it was had (results.json's peak_basis).
+
+        Each precision's peak is --peak-tflops's, else the datasheet's, else this device's matmul ceiling at
+        that precision, measured here once (peakflops.known_peak, profile.facts.matmul_ceiling). An fp8 rung runs
+        only the block linears in fp8; the head and attention stay at the precision below (bf16): its peak is the
+        FLOP-weighted harmonic blend of the two (peakflops.blended_peak).
+        """
+        if spec.precision != "fp8":
+            return self._precision(spec.precision)
+        rest = "bf16" if spec.autocast == "bf16" else "tf32" if spec.tf32 else "fp32"
+        fp8 = min(6 * float8_matmul_params(model, self.work.model.blocks_prefix or "blocks."), fpt)
+        (p8, basis8), (p_rest, basis_rest) = self._precision("fp8"), self._precision(rest)
+        blended = peakflops.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": p8, rest: p_rest})
+        parts = f"both the {basis8}" if basis8 == basis_rest else f"fp8's the {basis8}, {rest}'s the {basis_rest}"
+        return blended, (f"fp8's peak for the block linears' {fp8 / fpt:.0%} of the FLOPs, {rest}'s for the rest "
+                         f"(head, attention), blended by FLOP share; {parts}")
+
+    def _precision(self, precision: str) -> tuple[float | None, str]:
+        """One precision's peak and its basis: given or from the datasheet, else the matmul ceiling measured on
+        this device, once per precision for the whole ladder (every rung at a precision is taken against one
+        figure). None, and why, only where that measurement failed."""
+        w = self.work
+        known = peakflops.known_peak(w.cfg.run.peak_tflops, results.device_name(w.device), w.device.type,
+                                     w.env.cuda_capability, precision)
+        if known is not None:
+            return known.tflops, known.basis
+        side = ceiling_side(w.device)
+        if precision not in self.ceilings:
+            try:
+                self.ceilings[precision] = matmul_ceiling(w.device, precision, side, CEILING_BUDGET_S)
+            except RuntimeError as e:  # out of memory beside the rung's step, or a product this build lacks
+                return None, f"no peak: measuring the {precision} matmul ceiling failed ({one_line(e)})"
+        measured = peakflops.measured_peak(self.ceilings[precision], side)
+        return measured.tflops, measured.basis
 
 
 if __name__ == "__main__":

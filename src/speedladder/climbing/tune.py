@@ -28,6 +28,7 @@ from pathlib import Path
 from speedladder.climbing.ladder import Ladder
 from speedladder.config.commands import WINNER_FILE, Settings
 from speedladder.config.run import RunConfig
+from speedladder.measure.judging import SHORT
 from speedladder.records import RaceSection, Results, Role, RungResult, TuneJudge, TuneSection
 from speedladder.rungs import Env, Rung, StepSpec, compose, kind_of
 
@@ -44,6 +45,8 @@ def dropped(results: Results) -> dict[str, str]:
             continue
         if not r.ok:
             out[r.name] = f"{r.status}: {r.detail}"
+        elif r.verdict == SHORT:  # stopped after one window, as predicted far below its base: never gated
+            out[r.name] = f"{SHORT}: {r.speedup_prev:.2f}× {r.built_on} in one window, as predicted"
         elif r.gate is None or not r.gate.passed:
             out[r.name] = f"failed a gate: {r.gate.detail if r.gate else 'not run'}"
         elif r.verdict != "win":

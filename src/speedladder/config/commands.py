@@ -79,8 +79,7 @@ class TrainConfig:
     rungs: tuple[str, ...] | None = rungs_option(
         None, help="train the configuration these rungs compose to, applied in order without gates",
         group=Group.TRAIN, flag="--compose", was="--rungs",
-        shown="the top of the full ladder here: every full-ladder rung whose requirement this machine meets, "
-              "composed (not measured)")
+        shown="eager, with a hint (--run trains a run's fastest; nothing unmeasured is trained)")
     steps: int = option(300, help="training steps", metavar="N", group=Group.TRAIN)
     log_every: int = option(10, help="log loss, step time and tokens/s every N steps", metavar="N", group=Group.TRAIN)
     eval_every: int = option(50, help="val loss on the held-out split every N steps and after the last, the clock "

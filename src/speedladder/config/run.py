@@ -121,7 +121,8 @@ class ProfileConfig:
     timeout_s: float = option(900.0, help="the profiling process is given up on after this many seconds",
                               metavar="S", flag="--profile-timeout", group=Group.PROFILE)
     explain_miss: float = option(0.25, help="a rung whose measured x misses its prediction by more than this "
-                                            "fraction has its step and its base's profiled side by side; 0: none",
+                                            "fraction, and a speed rung that lost, has its step and its base's "
+                                            "profiled side by side; 0: none",
                                  metavar="F", flag="--explain-miss", group=Group.EXPLAIN)
     rungs: tuple[str, ...] = rungs_option((), help="`profile`: profile the configuration these rungs compose to, "
                                                    "applied in order without gates, instead of the baseline "

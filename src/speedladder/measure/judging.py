@@ -63,6 +63,9 @@ def builds_on(verdict: str | None, ratio: float | None) -> bool:
 
 
 SLOWER = "slower"  # why a rung is not built upon when its best estimate is at or below its base
+# The verdict of a rung timed in one short window beside its base and stopped there (predicted and measured far
+# below it): no claim, since one window has no spread; never built upon (builds_on: not noise or inconclusive).
+SHORT = "short"
 
 
 def why_not_built(verdict: str | None) -> str:

@@ -54,6 +54,9 @@ class Timing:
     window_steps: int | None = None
     sized_from_step_s: float | None = None
     min_window_s: float | None = None
+    # One short window beside its base, and no more: a rung predicted far below its base that measured so
+    # (docs/measurement.md, rule 4). Its windows claim nothing: fewer than a verdict needs.
+    short: bool = False
 
     @property
     def steady_warmup_s(self) -> list[float]:
@@ -150,8 +153,9 @@ def window_line(window: Window, i: int, n: int, who: str = "") -> str:
 def interleave(step: Step, base: Step, timing: Timing, base_timing: Timing, device: torch.device,
                tokens_per_step: int, base_tokens_per_step: int, steps: int, windows: int,
                counter: Callable[[], int] = counters.compile_count, on_progress: Callable[[str], None] = lambda msg: None,
-               meter: load.Meter | None = None) -> None:
-    """The windows of a rung and of its base (both warmed up), interleaved A B B A A B ... (rule 8).
+               meter: load.Meter | None = None, start: int = 0) -> None:
+    """The windows of a rung and of its base (both warmed up), interleaved A B B A A B ... (rule 8); `start`: the
+    windows already timed, whose pattern the new ones continue.
 
     Drift of the machine (heat, another process, clocks) during the
     measurement lands on both sides alike, inside the comparison, instead of
@@ -159,10 +163,10 @@ def interleave(step: Step, base: Step, timing: Timing, base_timing: Timing, devi
     drift from favouring either side.
     """
     sides = ((step, timing, tokens_per_step, ""), (base, base_timing, base_tokens_per_step, "base "))
-    for i in range(windows):
+    for i in range(start, start + windows):
         for fn, t, tps, who in (sides if i % 2 == 0 else sides[::-1]):
             t.windows.append(time_window(fn, device, tps, steps, counter, meter=meter))
-            on_progress(window_line(t.windows[-1], i, windows, who))
+            on_progress(window_line(t.windows[-1], i, start + windows, who))
 
 
 def stepper(train_step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],

@@ -22,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from speedladder import subproc
 from speedladder.errors import one_line
+from speedladder.measure import counters
 from speedladder.measure.devicemem import sync
 from speedladder.measure.timer import stepper
 from speedladder.models.user import LIVE
@@ -125,16 +126,16 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def profile_workload(run_cfg, keys: list[tuple[str, ...]], trace: str | None, facts: bool = True) -> list[dict]:
+def profile_workload(run_cfg, keys: list[tuple[str, ...]], traces: list[str | None], facts: bool = True) -> list[dict]:
     """Build the workload of a RunConfig once, and profile the spec of each key's rungs (the baseline when
     empty), one after the other; a key that failed has {"error": ...} instead. facts: also measure the
     microbenchmarks the predictions need (matmul_facts, copy_gbps; ~4 s), which a profile taken to explain a
-    miss does without. trace: where the first key's Chrome trace goes."""
+    miss does without. traces: where each key's Chrome trace goes (None: none)."""
     work = prepare(run_cfg)
     out: list[dict] = []
-    for i, rungs in enumerate(keys):
+    for rungs, trace in zip(keys, traces, strict=True):
         try:
-            out.append(_profile_spec(work, tuple(rungs), Path(trace) if trace and i == 0 else None, facts))
+            out.append(_profile_spec(work, tuple(rungs), Path(trace) if trace else None, facts))
         except Exception as e:  # noqa: BLE001 -- this key's error is its answer; the others still run
             out.append({"error": one_line(e)})
         gc.collect()
@@ -147,10 +148,17 @@ def _profile_spec(work, rungs: tuple[str, ...], trace_path: Path | None, facts: 
     spec = compose(rungs, work.base_spec, work.env)
     torch.manual_seed(cfg.run.seed)
     with matmul_precision(spec):
+        counters.clear()
+        loaded = counters.compiled_modules() if spec.compile else 0
         step = work.step(spec)
+        run = stepper(step, work.stream(spec))
+        run()  # the first step: a compiled step compiles every graph it needs here
+        first_graphs = counters.compile_count()
         warmup = max(cfg.run.timing.warmup or 0, 3) + (5 if spec.compile else 0)
-        b = profile_step(stepper(step, work.stream(spec)), work.device, cfg.run.profile.steps, warmup, trace_path)
-        del step
+        b = profile_step(run, work.device, cfg.run.profile.steps, warmup - 1, trace_path)
+        if spec.compile:
+            b["compiler"] = compiler_facts(first_graphs, loaded)
+        del step, run
         cuda = work.device.type == "cuda"
         # The matmul facts need the architecture in our GPT's terms (ours, Hugging Face GPT-2); for any other
         # there are none, and the predictions that need them say so (profile/predict.py).
@@ -164,17 +172,30 @@ def _profile_spec(work, rungs: tuple[str, ...], trace_path: Path | None, facts: 
     return b
 
 
+def compiler_facts(first_graphs: int, loaded: int) -> dict:
+    """What the compiler did for a compiled spec, read after its warm-up: the graphs it compiled, those compiled after
+    the first step (recompiles), its graph breaks (by reason), and the kernel calls in its generated code, each graph
+    run once a step (counters.kernel_calls; None where that code could not be read)."""
+    breaks = counters.graph_breaks()
+    graphs = counters.compile_count()
+    return {"graphs": graphs, "recompiles": graphs - first_graphs, "graph_breaks": sum(breaks.values()),
+            "break_reasons": dict(sorted(breaks.items(), key=lambda kv: -kv[1])[:3]),
+            "kernel_calls": counters.kernel_calls(loaded)}
+
+
 def profiles_in_child(run_cfg, keys: list[tuple[str, ...]], timeout_s: float, trace_path: Path | None = None,
-                      facts: bool = True) -> list[dict]:
+                      facts: bool = True, traces: list[Path | None] | None = None) -> list[dict]:
     """Profile the specs of several keys one after the other in one fresh Python process: nothing of the
     profiler stays in the one that times, and the process, the workload and the compiler start once.
 
-    timeout_s is each key's; a key that failed has {"error": ...} instead.
+    timeout_s is each key's; a key that failed has {"error": ...} instead. trace_path: the first key's trace;
+    traces: each key's (None: none).
     """
     if (run_cfg.model_source or "").startswith(LIVE):  # from the Python API: nothing to import in the child
         raise RuntimeError("the model was given as a Python object, which the profiling process cannot build "
                            "again: no profile and no predictions (give the model as FILE.py:NAME to get them)")
-    request = (run_cfg, [tuple(k) for k in keys], str(trace_path) if trace_path else None, facts)
+    paths = traces if traces is not None else [trace_path, *[None] * (len(keys) - 1)]
+    request = (run_cfg, [tuple(k) for k in keys], [str(t) if t else None for t in paths], facts)
     answer = subproc.run_module("speedladder.profile.child", request, "the profiling process",
                                 timeout_s * len(keys))
     assert isinstance(answer, list)

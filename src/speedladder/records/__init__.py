@@ -218,6 +218,9 @@ class ProfileSummary:
     matmuls: dict[str, Any] = field(default_factory=dict)
     copy_gbps: float | None = None
     trace: str | None = None
+    # A compiled spec's: graphs, recompiles, graph breaks (count and reasons), kernel calls of its generated code
+    # (profile/child.compiler_facts); None for an eager one, or a file from before it.
+    compiler: dict[str, Any] | None = None
     # Step by step (issue 16): `categories` is the median step (each category's median across the steps, with its
     # "ms_iqr" and "share_iqr"); these keep the steps themselves and what their spread says.
     per_step: list[dict[str, Any]] = field(default_factory=list)  # wall_ms, ops, minor_faults; ms, floor_ms by category

@@ -20,6 +20,7 @@ from speedladder.records import Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import machine, summary
 from speedladder.report import parallel as parallel_report
 from speedladder.report.common import label, model_label
+from speedladder.report.explained import explanation_html
 from speedladder.report.gates import divergence_html, gates_html
 from speedladder.report.htmlkit import (
     _figure,
@@ -36,7 +37,7 @@ from speedladder.report.htmlkit import (
     svg_settings,
     table,
 )
-from speedladder.report.memory import explanation_html, field_of, memory_chart, memory_fields
+from speedladder.report.memory import field_of, memory_chart, memory_fields
 from speedladder.report.profile import roofline_line
 from speedladder.report.race_charts import race_figure, race_html
 from speedladder.report.text import NOT_BUILT_UPON

@@ -1,12 +1,9 @@
-"""Memory and miss explanations in words and tables: read from saved results alone."""
+"""Memory in words, tables and a chart: read from saved results alone."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-
-from rich.markup import escape
-from rich.table import Table
 
 from speedladder.records import Results, Role, RungResult
 
@@ -90,78 +87,7 @@ def memory_notes(results: Results) -> list[str]:
     return out
 
 
-def explained(results: Results) -> list[RungResult]:
-    return [r for r in results.rungs if r.explanation]
-
-
-def explanation_notes(results: Results) -> list[str]:
-    """One line per missed prediction: the part of the step that moved against the model."""
-    out = []
-    for r in explained(results):
-        e = r.explanation or {}
-        miss = f"{100 * (r.prediction_error or 0.0):+.0f}%"
-        if e.get("error"):
-            out.append(f"{r.name} missed its prediction by {miss}, unexplained: {e['error']}.")
-            continue
-        out.append(f"{r.name} missed its prediction by {miss}; profiled beside {'+'.join(e['base_rungs']) or 'eager'}: "
-                   f"{e['note']} (profiled step {e['base_step_ms']:.1f} → {e['rung_step_ms']:.1f} ms).")
-    return out
-
-
-def explanation_rows(r: RungResult) -> tuple[list[list[str]], list[list[str]]]:
-    """The side-by-side category rows (base, rung, change) and the model's part rows (with the expected change)."""
-    e = r.explanation or {}
-    cats = [[c, f"{v['base_ms']:.2f}", f"{v['rung_ms']:.2f}", f"{v['rung_ms'] - v['base_ms']:+.2f}"]
-            for c, v in (e.get("categories") or {}).items()]
-    parts = [[g + (" ◀" if g == e.get("culprit") else ""), f"{v['base_ms']:.2f}", f"{v['rung_ms']:.2f}",
-              f"{v['rung_ms'] - v['base_ms']:+.2f}", f"{v['expected_ms'] - v['base_ms']:+.2f}"]
-             for g, v in (e.get("parts") or {}).items()]
-    return cats, parts
-
-
-CATEGORY_HEADERS = ("category", "base ms", "rung ms", "Δ ms")
-PART_HEADERS = ("model part", "base ms", "rung ms", "Δ ms", "model's Δ ms")
-
-
-def explanation_tables(results: Results) -> list[Table]:
-    """For each explained miss: the profiled categories of base and rung side by side, then the model's parts."""
-    out = []
-    for r in explained(results):
-        if (r.explanation or {}).get("error"):
-            continue
-        cats, parts = explanation_rows(r)
-        base = "+".join((r.explanation or {}).get("base_rungs", [])) or "eager"
-        for title, headers, rows in ((f"{r.name} vs {base}, profiled ms/step", CATEGORY_HEADERS, cats),
-                                     (f"{r.name}: model parts (◀ most against)", PART_HEADERS, parts)):
-            t = Table(title=escape(title), title_justify="left")
-            for col in headers:
-                t.add_column(col, justify="left" if col in ("category", "model part") else "right")
-            for row in rows:
-                t.add_row(*(escape(v) for v in row))
-            out.append(t)
-    return out
-
-
 # -- report.html --------------------------------------------------------------------------------
-
-
-def explanation_html(results: Results) -> list[str]:
-    """The side-by-side tables of each explained miss, for report.html's profile section."""
-    from speedladder.report.htmlkit import esc, table
-
-    out = []
-    for r in explained(results):
-        e = r.explanation or {}
-        if e.get("error"):
-            text = f"{r.name}: miss unexplained ({e['error']})"
-            out.append(f"<p>{esc(text)}</p>")
-            continue
-        cats, parts = explanation_rows(r)
-        head = f"{r.name} against {'+'.join(e.get('base_rungs', [])) or 'eager'}: {e['note']}"
-        out.append(f"<h3>{esc(head)}</h3>")
-        out.append(table(list(CATEGORY_HEADERS), cats, left=("category",)))
-        out.append(table(list(PART_HEADERS), parts, left=("model part",)))
-    return out
 
 
 def memory_chart(results: Results) -> str | None:

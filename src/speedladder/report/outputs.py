@@ -38,9 +38,10 @@ def files(saved: Results, run_dir: Path) -> dict[str, Path]:
     return {"waterfall": draw(saved, run_dir), "report": html.write(saved, run_dir)}
 
 
-def print_view(saved: Results, wide: bool = False) -> None:
+def print_view(saved: Results, wide: bool = False, folder: str = "RUN_DIR") -> None:
     """The printed view of a saved result, by its kind: a profile, a race, a sweep, predict/ddp, a ladder (a tune's
-    with its candidates and winner; wide: every column of its rung table, in a terminal)."""
+    with its candidates and winner; wide: every column of its rung table, in a terminal; folder: what its
+    conclusion's commands name)."""
     if saved.kind == "profile":
         print_profile(saved)
     elif saved.race is not None:
@@ -50,7 +51,7 @@ def print_view(saved: Results, wide: bool = False) -> None:
     elif saved.parallel is not None:
         parallel.print_parallel(saved)
     else:
-        print_report(saved, wide=wide)
+        print_report(saved, wide=wide, folder=folder)
         print_tune(saved)  # nothing unless it is a tune's
 
 
@@ -63,7 +64,7 @@ def show(saved: Results, run_dir: Path, quiet: bool = False, source: Path | None
     run_dir = Path(run_dir)
     written = files(saved, run_dir)
     if not quiet:
-        print_view(saved, wide)
+        print_view(saved, wide, str(source or run_dir))
         if saved.kind == "profile":
             named = {"profile": source or run_dir / child.FILENAME}
             if (run_dir / child.TRACE).exists():

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 
 from speedladder.config.commands import WINNER_FILE
 from speedladder.records import RaceEntry, RaceSection, Results
+from speedladder.report import conclusion
 from speedladder.report.common import times
+from speedladder.report.conclusion import Conclusion
 from speedladder.report.race import BOUND_MARK
 
 
@@ -23,6 +25,7 @@ class Summary:
     time_x: str = "—"  # × faster than eager to the target, with its p
     lines: list[str] = field(default_factory=list)  # the commands that use it
     notes: list[str] = field(default_factory=list)
+    conclusion: Conclusion | None = None  # a ladder's: what paid, what did not and why, the next two commands
 
 
 def _p(v: float | None) -> str:
@@ -89,13 +92,16 @@ def of(results: Results, folder: str = "RUN_DIR") -> Summary | None:
                        "eager + " + (" + ".join(rungs) or "nothing"),
                        times(raced.tokens_per_s_cum) + " (during the race)", _race_time(s, raced), _uses(folder))
     best = results.rung(results.fastest) if results.fastest else None
+    said = conclusion.of(results, folder)
     if best is None:
-        return Summary(None, "tokens/s", notes=["no rung passed every gate."])
+        return Summary(None, "tokens/s", notes=["no rung passed every gate."], conclusion=said)
     rungs = [n for n in results.chain(best) if n != "eager"]
+    to_race = (f"not raced: speedladder race --run {folder}" if rungs else
+               "not raced: nothing paid, so there is nothing to race against eager")
     return Summary(best.name, "tokens/s in timed windows, every gate passed",
                    "eager + " + (" + ".join(rungs) or "nothing"),
                    f"{times(best.speedup_cum)} ({best.tokens_per_s.median:,.0f} tokens/s)" if best.tokens_per_s else "—",
-                   f"not raced: speedladder race --run {folder}", _uses(folder))
+                   to_race, _uses(folder), conclusion=said)
 
 
 def html(results: Results, folder: str = "RUN_DIR") -> str:
@@ -104,12 +110,28 @@ def html(results: Results, folder: str = "RUN_DIR") -> str:
     s = of(results, folder)
     if s is None:
         return missing("no winner to summarize: this command measures one configuration, or a sweep of them.")
+    said = _conclusion_html(s.conclusion)
     if s.winner is None:
-        return missing(" ".join(s.notes) or "no winner.")
+        return missing(" ".join(s.notes) or "no winner.") + said
     pairs = [("winner", s.winner), ("named by", s.judge), ("built from", s.built_from),
              ("× eager tokens/s", s.tokens_x), ("× eager to the target", s.time_x)]
     uses = "".join(f"<pre>{esc(line)}</pre>" for line in s.lines)
-    if any("RUN_DIR" in line for line in s.lines):
+    if any("RUN_DIR" in line for line in s.lines + [cmd for cmd, _ in (s.conclusion.commands if s.conclusion else [])]):
         uses += "<p>RUN_DIR: the folder this report is in.</p>"
     notes = "".join(f"<p>{esc(n)}</p>" for n in s.notes)
-    return f'<div class="summary">{kv(pairs)}<h3>use it</h3>{uses}{notes}</div>'
+    return f'<div class="summary">{said}{kv(pairs)}<h3>use it</h3>{uses}{notes}</div>'
+
+
+def _conclusion_html(c: Conclusion | None) -> str:
+    """The conclusion first: the headline, what paid and what did not, why, what would change it, what to run next."""
+    from speedladder.report.htmlkit import esc
+
+    if c is None:
+        return ""
+    items = [(conclusion.paid_label(c), c.paid), ("did not pay", c.not_paid), ("why", [c.regime] if c.regime else []),
+             ("what would change that", c.change)]
+    body = "".join(f"<h3>{esc(title)}</h3><ul>{''.join(f'<li>{esc(x)}</li>' for x in xs)}</ul>"
+                   for title, xs in items if xs)
+    nexts = "".join(f"<pre>{esc(cmd)}</pre><p>{esc(why)}</p>" for cmd, why in c.commands)
+    return (f'<div class="conclusion"><p><strong>{esc(c.headline)}</strong></p>{body}'
+            f"<h3>next</h3>{nexts}</div>")

@@ -8,8 +8,9 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
+from speedladder.measure.judging import SHORT
 from speedladder.records import LearnsCheck, Results, Role, RungResult
-from speedladder.report import machine
+from speedladder.report import conclusion, machine
 from speedladder.report.common import (
     STATUS_LABEL,
     console,
@@ -21,14 +22,8 @@ from speedladder.report.common import (
     recipe_part,
     times,
 )
-from speedladder.report.memory import (
-    explanation_notes,
-    explanation_tables,
-    memory_notes,
-    peak_cell,
-    saved_cell,
-    short_bytes,
-)
+from speedladder.report.explained import explanation_notes, explanation_tables
+from speedladder.report.memory import memory_notes, peak_cell, saved_cell, short_bytes
 from speedladder.report.mfu import mfu_cell, mfu_notes
 from speedladder.report.profile import profile_notes
 
@@ -60,7 +55,8 @@ def prev_range(r: RungResult) -> tuple[float, float] | None:
 def _prev(r: RungResult, spread: bool) -> str:
     """× prev, with the range its windows allow in brackets (spread) and the drift mark."""
     text = times(r.speedup_prev)
-    span = prev_range(r) if spread and r.speedup_prev is not None else None
+    # One short window a side has no range: the verdict column says `short`.
+    span = prev_range(r) if spread and r.speedup_prev is not None and r.verdict != SHORT else None
     if span is not None:
         text += f" ({span[0]:.2f}–{span[1]:.2f})"
     return text + (DRIFT_MARK if r.base_drift is not None else "")
@@ -76,7 +72,7 @@ def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
                "pred ×": times(pred), "err": "—", "× cum": "—", "step ms": "—", "peak mem": "—", "saved act": "—",
                "pred act": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—",
                "gate": _gate(r), "verdict": STATUS_LABEL.get(r.status, ""), NOT_BUILT_UPON: not_built_upon(r)}
-        if r.ok and r.tokens_per_s is not None and r.gate is not None:
+        if r.ok and r.tokens_per_s is not None:  # gated, or stopped short (not gated: `—`)
             t = r.tokens_per_s
             row.update({
                 "tokens/s": f"{t.median:,.0f}", "min–max": f"{t.min:,.0f}–{t.max:,.0f}",
@@ -207,7 +203,7 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
     if r.not_built_upon:  # its reason word first (slower); a file from before it has the sentence alone
-        colour = "red" if r.verdict == "loss" else "pale"
+        colour = {"loss": "red", SHORT: "pale red"}.get(r.verdict or "", "pale")
         out.append(f"{r.name}: not built upon — {r.not_built_upon} ({colour} on the waterfall; --stack-all builds "
                    "on it).")
     if r.role == Role.BESIDE and r.ok:
@@ -310,8 +306,8 @@ def notes(results: Results) -> list[str]:
             if e is not None:
                 out.append(f"{r.name}: why — {e.summary}" + (f"; again, alone: {e.command}" if e.command else ""))
         out.extend(f"{r.name}: warning — {w}" for w in r.warnings)
-        if r.verdict == "inconclusive":
-            out.append(f"{r.name}: verdict inconclusive — {r.verdict_detail}")
+        if r.verdict in ("inconclusive", SHORT):
+            out.append(f"{r.name}: verdict {r.verdict} — {r.verdict_detail}")
         out.extend(_rung_notes(r, by_name))
         if r.role == Role.CONTROL:
             out.append(f"{r.rung}: " + _control_note(by_name[r.rung], r))
@@ -351,11 +347,12 @@ MORE_COLUMNS = ("columns: the compact table; --wide prints every column in a ter
                 "them all.")
 
 
-def print_report(results: Results, out: Console | None = None, wide: bool = False) -> None:
+def print_report(results: Results, out: Console | None = None, wide: bool = False, folder: str = "RUN_DIR") -> None:
     """The title, the rung table and the notes. In a terminal the compact table fits the terminal's width, and
     wide prints every column at its natural width. To a file or a pipe the compact table fits COMPACT_WIDTH columns
     and wide is ignored: report.html and results.json hold every column. rich never squeezes the table: a line
-    longer than the terminal wraps there rather than a cell losing its end."""
+    longer than the terminal wraps there rather than a cell losing its end. Last, the conclusion: what paid, what
+    did not and why, and the next two commands, on `folder` (the run's folder or file)."""
     out = out or console()
     wide = wide and out.is_terminal
     shared = machine.header_line(results)  # other processes ran beside the windows: said before anything else
@@ -373,3 +370,6 @@ def print_report(results: Results, out: Console | None = None, wide: bool = Fals
         out.print(escape(line), soft_wrap=True)
     for t in explanation_tables(results):
         out.print(t)
+    c = conclusion.of(results, folder)
+    for line in conclusion.lines(c) if c is not None else []:
+        out.print(escape(line), soft_wrap=True)

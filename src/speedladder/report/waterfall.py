@@ -9,7 +9,8 @@ from speedladder.report.common import STATUS_LABEL, model_label, not_built_upon
 from speedladder.report.memory import bar_label
 
 WATERFALL = "waterfall.png"
-COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4"}
+# A rung stopped short (one window, as predicted far below its base) claims nothing: pale red, an edge of red.
+COLOURS = {"baseline": "#8c8c8c", "win": "#1f6fb4", "loss": "#d62728", "noise": "#9bb7d4", "short": "#f2b8b8"}
 PREDICTED = "#ff7f0e"
 
 
@@ -34,11 +35,11 @@ def _predicted_level(r: RungResult, by_name: dict[str, RungResult]) -> float | N
 
 def _bar(ax, i: int, r: RungResult, results: Results, by_name: dict[str, RungResult], top: float) -> None:
     """One measured rung: its bar, the spread of its windows, its label, its predicted mark, its fp32 control."""
-    assert r.tokens_per_s is not None and r.speedup_cum is not None and r.gate is not None
+    assert r.tokens_per_s is not None and r.speedup_cum is not None
     level = r.speedup_cum
     base = by_name.get(r.built_on or "")
     start = base.speedup_cum if base is not None and base.speedup_cum is not None else 0.0
-    failed = not r.gate.passed
+    failed = r.gate is not None and not r.gate.passed  # not gated (stopped short): no gate to fail
     lo, hi = sorted((start, level))
     ax.bar(i, hi - lo, bottom=lo, width=0.6, color=COLOURS.get(r.verdict or "", "#cccccc"),
            hatch="///" if failed else None, edgecolor="black" if failed else "none", linewidth=0.8, gid=r.name)
@@ -101,7 +102,8 @@ def waterfall_figure(results: Results):
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
     ax.set_title(f"{model_label(c, results.model)} · B={c.batch_size} T={c.seq_len} · {e['device_name']}", fontsize=10)
-    handles: list[Artist] = [Patch(color=COLOURS[k], label=k) for k in ("baseline", "win", "noise", "loss")]
+    shown = ("baseline", "win", "noise", "loss") + (("short",) if any(r.verdict == "short" for r in rungs) else ())
+    handles: list[Artist] = [Patch(color=COLOURS[k], label=k) for k in shown]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))
     if any(r.predicted and r.predicted.speedup for r in rungs):
         handles.append(Line2D([], [], color=PREDICTED, linewidth=2.5, label="predicted"))

@@ -1,10 +1,8 @@
 """`speedladder train`: train one configuration, log like the source text, sample text, save checkpoints.
 
 The configuration is a tuned or measured winner (`--run RUN_DIR`, or
-`--config winner.toml`), the spec that `--compose` gives, or by default the
-top of the full ladder on this machine: every full-ladder rung whose
-requirement is met here, composed in order (not measured; a measured winner
-needs `--run` or tune's winner.toml).
+`--config winner.toml`), the spec that `--compose` gives, or by default eager,
+with a one-line hint: a composition nobody measured is never trained.
 
 A checkpoint holds what continuing needs (the optimizer's state, the step,
 the batch stream's position, the generators' states), so `--resume RUN_DIR`
@@ -29,12 +27,11 @@ from speedladder import models, results
 from speedladder.config import codec
 from speedladder.config import commands as settings
 from speedladder.config.commands import Settings, TrainConfig
-from speedladder.config.run import FULL_LADDER
 from speedladder.data import BatchStream, get_tokenizer
 from speedladder.errors import UsageError
 from speedladder.gpt import GPT, GPTConfig
 from speedladder.measure import devicemem
-from speedladder.rungs import RUNGS, Env, StepSpec, compose
+from speedladder.rungs import RUNGS, StepSpec, compose
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.training.recipe import Span
 from speedladder.workload import Workload, prepare
@@ -43,29 +40,27 @@ CHECKPOINT = "checkpoint.pt"
 BEST = "best.pt"  # the weights at the lowest val loss
 
 
-def default_rungs(env: Env) -> tuple[str, ...]:
-    """The full ladder's rungs that can run on this machine, in order."""
-    return tuple(n for n in FULL_LADDER if RUNGS[n].requires.unmet(env) is None)
+# What `train` with no configuration named says: it trains eager, the one configuration measured by definition.
+NO_CONFIGURATION = ("no configuration named: training eager; `speedladder train --run RUN_DIR` trains the fastest "
+                    "configuration a run measured, --config winner.toml a tune's winner")
 
 
 def plan(s: Settings) -> tuple[Workload, StepSpec, str]:
     """The workload and the spec to train, and a phrase saying where the spec came from: the winner of --run
-    (whose saved workload the command line has put under the flags), --compose, or the top of the full ladder."""
+    (whose saved workload the command line has put under the flags; eager when nothing there paid, said), --compose,
+    or eager when neither is given."""
     t = s.train
     if t.run:
         won = results.load(t.run).winner()
         if won is None:
             raise UsageError(f"{t.run} names no configuration that passed every gate")
         name, names = won
-        source = f"{name} from {t.run}"
+        source = f"{name} from {t.run}" + ("" if names else " (nothing there paid: its fastest is eager)")
     else:  # given rungs (an empty list: eager alone, a winner that was eager)
         names = tuple(n for n in t.rungs or () if n != "eager")
-        source = "--compose " + ",".join(t.rungs or ("eager",))
+        source = "--compose " + ",".join(t.rungs or ("eager",)) if t.rungs is not None else "eager"
     work = _checked(prepare(s.run.with_rungs(("eager", *names))), t)
     work.with_horizon(Span(t.steps, "steps"))  # the schedule, unless the recipe gives its length, is the training's
-    if not t.run and t.rungs is None:
-        names = default_rungs(work.env)
-        source = "the top of the full ladder here (" + ",".join(names) + ")"
     for n in names:
         why = RUNGS[n].requires.unmet(work.env)
         if why:
@@ -280,6 +275,8 @@ def main(s: Settings) -> int:
     work, spec, source = plan(s)
     cfg, args = work.cfg, s.train
     log = (lambda line: None) if s.quiet else (lambda line: print(line, flush=True))
+    if not args.run and args.rungs is None and resume is None:
+        log(NO_CONFIGURATION)
     log(f"training {work.model.name if cfg.model is None else cfg.run.preset} ({work.params:,} parameters; "
           f"{work.model.convention_line}) on {work.corpus.source} with {source}: "
           f"B={spec.batch_size} T={spec.seq_len}, {spec.precision}, "
