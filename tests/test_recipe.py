@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from conftest import cli, only_folder
+from conftest import cli, header_of, only_folder
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedladder
@@ -312,8 +312,7 @@ def test_run_with_the_nanogpt_recipe_shows_it_measures_accum_beside_batch_and_co
     assert saved["config"]["recipe"]["name"] == "nanogpt" and saved["config"]["recipe"]["decay"] == "2d"
     assert saved["config"]["threads"] == 2 and saved["environment"]["cpu_threads"] == 2
     assert saved["schedule"].startswith("cosine decay to 0.1x at 4 steps")  # the run's longest training: 4 steps
-    first = out.splitlines()[0]
-    assert "· recipe nanogpt · 2 threads ·" in first
+    assert "· recipe nanogpt · 2 threads ·" in header_of(out)
     assert "recipe: nanogpt: AdamW weight decay 0.1 on 2-D parameters, betas 0.9,0.95" in out
     rungs = {r["name"]: r for r in saved["rungs"]}
     fp16, batch, accum = rungs["fp16"], rungs["batch"], rungs["accum"]
@@ -341,5 +340,5 @@ def test_race_with_the_nanogpt_recipe_trains_its_schedule_over_the_budget(tmp_pa
     assert race["budget_steps"] == race["calibrate_steps"] == 30
     tokens = 30 * 4 * 32
     assert saved["schedule"].endswith(f"cosine decay to 0.1x at {tokens:,} tokens")
-    assert saved["config"]["recipe"]["name"] == "nanogpt" and "· recipe nanogpt ·" in out.splitlines()[0]
+    assert saved["config"]["recipe"]["name"] == "nanogpt" and "· recipe nanogpt ·" in header_of(out)
     assert all(e["status"] == "ok" for e in race["entries"])
