@@ -37,7 +37,7 @@ def child(point: dict) -> dict:
     """One point, in this (fresh) process: the cold compile, its parts, then the warm one."""
     import torch
 
-    from speedladder.config import RunConfig
+    from speedladder.config.run import RunConfig
     from speedladder.rungs import compose
     from speedladder.workload import free_device_memory, prepare
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from speedladder.config import RunConfig
 from speedladder.config.recipe import RecipeConfig
+from speedladder.config.run import RunConfig
 from speedladder.measure import processor
 from speedladder.progress import Progress
 from speedladder.records import Fp64, to_dict

@@ -23,23 +23,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch
 from torch.profiler import profile as torch_profile
 
-from speedladder import measure
-from speedladder.config import RunConfig
+from speedladder.config.run import RunConfig
+from speedladder.measure import judging, timer
 from speedladder.profile import child
 from speedladder.workload import prepare
 
 CPU = torch.device("cpu")
 
 
-def windows(step, tokens_per_step: int, steps: int, n: int) -> measure.Timing:
-    timing = measure.warm_up(step, CPU, 1, 5)
-    timing.windows = [measure.time_window(step, CPU, tokens_per_step, steps) for _ in range(n)]
+def windows(step, tokens_per_step: int, steps: int, n: int) -> timer.Timing:
+    timing = timer.warm_up(step, CPU, 1, 5)
+    timing.windows = [timer.time_window(step, CPU, tokens_per_step, steps) for _ in range(n)]
     return timing
 
 
 def sleep_check() -> bool:
     t = windows(lambda: time.sleep(0.02), 1000, 5, 5)
-    rate, ms = measure.tokens_per_s(t), measure.step_ms(t)
+    rate, ms = judging.tokens_per_s(t), judging.step_ms(t)
     ok = 0.85 * 50_000 < rate.median <= 1.01 * 50_000 and abs(ms - 20) < 3  # sleep can overshoot, never undershoot
     print(f"sleep 20 ms: step {ms:.2f} ms, {rate.median:,.0f} tokens/s (50,000 expected): {'ok' if ok else 'OFF'}")
     return ok
@@ -49,7 +49,7 @@ def profile_tax_check() -> bool:
     torch.set_num_threads(1)
     work = prepare(RunConfig(preset="tiny", device="cpu", rungs=("eager",)))
     step, stream = work.step(work.base_spec), work.stream(work.base_spec)
-    run = measure.stepper(step, stream)
+    run = timer.stepper(step, stream)
 
     def rates() -> list[float]:
         return [w.tokens_per_s for w in windows(run, work.base_spec.tokens_per_step, 20, 7).windows]

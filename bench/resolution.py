@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from speedladder.config import RunConfig
+from speedladder.config.run import RunConfig
 from speedladder.measure import processor
 from speedladder.progress import Progress
 from speedladder.records import Gate

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedladder import measure
 from speedladder.cli import main
-from speedladder.config import RunConfig
 from speedladder.config.resolved import Resolved, resolve
+from speedladder.config.run import RunConfig
+from speedladder.measure import counters, timer
 from speedladder.workload import Workload, prepare
 
 torch.set_num_threads(1)
@@ -68,11 +68,11 @@ def only_folder(parent: Path) -> Path:
 
 
 def run_windows(step: Callable[[], object], device: torch.device, tokens_per_step: int, steps: int, windows: int,
-                warmup: int, max_warmup: int, counter: Callable[[], int] = measure.compile_count) -> measure.Timing:
+                warmup: int, max_warmup: int, counter: Callable[[], int] = counters.compile_count) -> timer.Timing:
     """Warm up, then time `windows` windows of `steps` steps: what workload.measure_spec does with a base-less spec,
     for the meters' own tests."""
-    timing = measure.warm_up(step, device, warmup, max_warmup, counter)
-    timing.windows = [measure.time_window(step, device, tokens_per_step, steps, counter) for _ in range(windows)]
+    timing = timer.warm_up(step, device, warmup, max_warmup, counter)
+    timing.windows = [timer.time_window(step, device, tokens_per_step, steps, counter) for _ in range(windows)]
     return timing
 
 

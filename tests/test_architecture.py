@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-import inspect
+import re
 import shutil
 import subprocess
 import sys
@@ -88,37 +88,20 @@ def test_few_modules_stay_flat():
     assert len(flat) <= 12, flat
 
 
-def test_every_old_name_is_the_moved_module_itself():
-    """`import speedladder.gates` and the other flat names of before still import, for one release, and give the
-    very module that moved (a patch of one is a patch of the other)."""
+def test_the_old_flat_names_are_gone():
+    """Modules live under their folders' names only: no finder answers a name of before, no package hands on its
+    modules' names, and meta.py holds the version alone."""
     import importlib
 
     import speedladder
+    from speedladder import meta
 
-    assert speedladder.meta.MOVED
-    for old, new in speedladder.meta.MOVED.items():
-        module = importlib.import_module(old)
-        assert module is importlib.import_module(new) is sys.modules[old], old
-        assert module.__spec__.name == new and module.__name__ == new
-        parent, _, name = old.rpartition(".")
-        assert getattr(importlib.import_module(parent), name) is module
-
-
-def test_the_packages_that_kept_a_modules_name_hand_on_its_names():
-    """`speedladder.config`, `.verify` and `.measure` were modules: their names are still there, and a patch of
-    one on the package reaches the module that reads it."""
+    assert [n for n in vars(meta) if not n.startswith("__")] == ["annotations"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+", speedladder.__version__)
+    for old in ("speedladder.gates", "speedladder.settings", "speedladder.train", "speedladder.stats"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
     from speedladder import config, measure, verify
-    from speedladder.config import run
-    from speedladder.measure import timer
-    from speedladder.verify import correctness
 
-    for package, module in ((config, run), (verify, correctness), (measure, timer)):
-        names = [n for n, v in vars(module).items() if not n.startswith("_") and not inspect.ismodule(v)]
-        assert names and all(getattr(package, n) is getattr(module, n) for n in names), package.__name__
-    real = timer.time_window
-    measure.time_window = None
-    try:
-        assert timer.time_window is None
-    finally:
-        measure.time_window = real
-    assert timer.time_window is real and measure.time_window is real
+    assert not hasattr(config, "RunConfig") and not hasattr(verify, "equivalence")
+    assert not hasattr(measure, "time_window")

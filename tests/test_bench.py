@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from speedladder.ladders import FULL_LADDER
+from speedladder.config.ladders import FULL_LADDER
 from speedladder.rungs import RUNGS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def test_the_carried_wheels_are_the_dependencies_the_device_image_lacks():
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    from speedladder.codec import tomllib  # the standard library's from 3.11, tomli on 3.10
+    from speedladder.config.codec import tomllib  # the standard library's from 3.11, tomli on 3.10
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = [Requirement(d) for d in (*project["dependencies"], *project["optional-dependencies"]["fp8"])]

@@ -7,12 +7,13 @@ import dataclasses
 import pytest
 import torch
 
-from speedladder import verify
-from speedladder.config import FULL_LADDER, PRESETS
+from speedladder.config.ladders import FULL_LADDER
+from speedladder.config.presets import PRESETS
 from speedladder.gpt import GPT
-from speedladder.optim import Muon, MuonAdamW, orthogonalize
 from speedladder.rungs import RUNGS, Env, PaddedHead, SDPAttention, StepSpec, compose, pad_vocab, padded_vocab, use_sdpa
+from speedladder.rungs.optim import Muon, MuonAdamW, orthogonalize
 from speedladder.step import TrainStep
+from speedladder.verify import correctness
 
 CPU = Env("cpu", None, batch_multiplier=4)
 H100 = Env("cuda", (9, 0), batch_multiplier=4)
@@ -22,7 +23,7 @@ A100 = Env("cuda", (8, 0), batch_multiplier=4)
 @pytest.fixture(scope="module")
 def ref(tiny):
     """Eager fp32 at the tiny shape: the reference every new rung's gate is checked against."""
-    return verify.reference(tiny.step(tiny.base_spec), tiny.gate_batches(tiny.base_spec, 20))
+    return correctness.reference(tiny.step(tiny.base_spec), tiny.gate_batches(tiny.base_spec, 20))
 
 
 def test_full_ladder_specs_on_a_gpu():
@@ -93,10 +94,10 @@ def test_padded_vocabulary_gives_the_same_loss_and_logits(vocab, tied):
 def test_new_rungs_pass_their_gates_against_eager_fp32(tiny, ref, names):
     spec = compose(names, tiny.base_spec, tiny.env)
     step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
-    eq = verify.equivalence(step, ref)
+    eq = correctness.equivalence(step, ref)
     assert eq.passed, eq.detail
     assert eq.precision == "fp32" and eq.logits_rel_err < 1e-5
-    band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
+    band = correctness.loss_band(correctness.loss_curve(step, ref.batches), ref.curve, 0.02)
     assert band.passed and band.max_rel_diff < 1e-5  # the same update rule: the same curve
     if "pad-vocab" in names:
         # Reset and gradients map the padded parameters back to the reference names and shapes.
@@ -121,7 +122,7 @@ def test_a_gate_catches_a_padded_head_that_leaks_probability(tiny, ref, monkeypa
     monkeypatch.setattr(PaddedHead, "forward", lambda self, x: torch.nn.functional.linear(x, self.weight))
     step = TrainStep(compose(("pad-vocab",), tiny.base_spec, tiny.env), tiny.cfg.model, tiny.init, tiny.device,
                      tiny.cfg.run.lr)
-    eq = verify.equivalence(step, ref)
+    eq = correctness.equivalence(step, ref)
     assert not eq.passed and "loss" in eq.detail
 
 
@@ -162,11 +163,11 @@ def test_muon_gate_has_no_loss_band_but_a_tokens_to_target_comparison(tiny, ref)
     spec = compose(("muon",), tiny.base_spec, tiny.env)
     assert not spec.same_update and compose(("fused-adamw",), tiny.base_spec, tiny.env).same_update
     step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
-    assert verify.equivalence(step, ref).passed  # same weights, same batch: the same forward and backward
-    band = verify.no_loss_band(spec)
+    assert correctness.equivalence(step, ref).passed  # same weights, same batch: the same forward and backward
+    band = correctness.no_loss_band(spec)
     assert not band.applies and band.passed and "not applicable" in band.detail
     adamw = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
-    t = verify.tokens_to_target(step, adamw, ref.batches)
+    t = correctness.tokens_to_target(step, adamw, ref.batches)
     assert t.steps == 20 and t.window == 2 and len(t.losses) == len(t.adamw_losses) == 20
     assert t.adamw_losses == pytest.approx(ref.curve, rel=1e-6)  # AdamW over the same batches: eager's curve
     assert t.target_loss == pytest.approx(sum(ref.curve[-2:]) / 2)
@@ -175,9 +176,9 @@ def test_muon_gate_has_no_loss_band_but_a_tokens_to_target_comparison(tiny, ref)
 
 
 def test_tokens_to_a_target_loss():
-    assert verify.tokens_to([4.0, 3.0, 2.0, 1.0], 2.5, 2, 10) == 30  # mean(3, 2) first <= 2.5 at step 3
-    assert verify.tokens_to([4.0, 3.0], 1.0, 1, 10) is None
-    assert verify.tokens_to([1.0], 1.0, 1, 7) == 7
+    assert correctness.tokens_to([4.0, 3.0, 2.0, 1.0], 2.5, 2, 10) == 30  # mean(3, 2) first <= 2.5 at step 3
+    assert correctness.tokens_to([4.0, 3.0], 1.0, 1, 10) is None
+    assert correctness.tokens_to([1.0], 1.0, 1, 7) == 7
 
 
 def test_fp8_transform_converts_the_block_linears_only(monkeypatch):
@@ -218,7 +219,7 @@ def test_fp8_transform_converts_the_block_linears_only(monkeypatch):
 @pytest.mark.parametrize("shape", [(64, 96), (96, 64)])
 def test_our_muon_fallback_matches_torchs_muon(shape):
     """The fallback (for torch < 2.9) and torch.optim.Muon, which the muon rung uses here, make the same updates."""
-    from speedladder.optim import NS_COEFFICIENTS
+    from speedladder.rungs.optim import NS_COEFFICIENTS
 
     torch.manual_seed(0)
     start = torch.randn(shape)
@@ -249,8 +250,8 @@ def test_our_muon_fallback_matches_torchs_muon(shape):
 def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(tmp_path):
     """The ladder's MFU peak for an fp8 rung: fp8's for the block linears it converted, bf16's for the rest; any
     other rung keeps its precision's peak (GPT-2's shapes, the H200's datasheet peaks given as --peak-tflops)."""
-    from speedladder.config import RunConfig
-    from speedladder.ladder import Ladder
+    from speedladder.climbing.ladder import Ladder
+    from speedladder.config.run import RunConfig
     from speedladder.workload import prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu", peak_tflops={"fp8": 1978.9, "bf16": 989.4}))
@@ -270,8 +271,9 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
 def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
     """torch.optim.Muon always iterates in bf16; on a CPU whose oneDNN is capped below AVX-512 BF16 (as on an AVX2
     processor) bf16 is emulated, so the rung takes our Muon in fp32, and results.json says which it took."""
-    from speedladder import processor, results
-    from speedladder.optim import muon_optimizer, ns_dtype_for
+    from speedladder import results
+    from speedladder.measure import processor
+    from speedladder.rungs.optim import muon_optimizer, ns_dtype_for
 
     p = torch.nn.Parameter(torch.randn(8, 8))
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")

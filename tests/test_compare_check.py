@@ -13,10 +13,11 @@ from conftest import TINY, load_dict
 
 from speedladder import results
 from speedladder.cli import check, main
-from speedladder.config import FULL_LADDER, resolve
+from speedladder.config.commands import DRIFT_LIMIT
+from speedladder.config.ladders import FULL_LADDER
+from speedladder.config.resolved import resolve
 from speedladder.report import compare
 from speedladder.rungs import RUNGS
-from speedladder.settings import DRIFT_LIMIT
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
 
@@ -186,15 +187,15 @@ def test_bad_baseline_is_one_line_and_exit_2(make, args, tmp_path, capsys):
 @pytest.mark.slow
 def test_the_rerun_resolves_to_the_saved_config(runs, tmp_path):
     """What check runs again is the saved config through the codec, and its config file reads back the same."""
-    from speedladder import codec, settings
+    from speedladder.config import codec, commands
 
     a, _ = runs
     saved = load_dict(a)
     for config in (saved["config"], {**saved["config"], "ladder": "full", "rungs": list(FULL_LADDER),
                                      "beside": ["ckpt"]}):
         command, again = check.rerun_settings({**saved, "config": config})
-        path = settings.write(tmp_path / "config.toml", again, "check", ("run", "race"))
-        read = codec.from_data(settings.Settings, settings.read(path))
+        path = commands.write(tmp_path / "config.toml", again, "check", ("run", "race"))
+        read = codec.from_data(commands.Settings, commands.read(path))
         assert command == "run" and read == again
         resolved = resolve(read.run, torch.device("cpu"), tuple(RUNGS)).with_vocab(config["model"]["vocab_size"])
         assert json.loads(json.dumps(codec.to_data(resolved, json=True))) == config

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from speedladder import results
 from speedladder.cli import main
-from speedladder.measure import Spread
+from speedladder.measure.judging import Spread
 from speedladder.records import Gate, LearnsCheck, Prediction, ProfileSummary, Results, RungResult
 from speedladder.report import conclusion, html
 from speedladder.report.text import print_report

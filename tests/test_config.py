@@ -14,14 +14,16 @@ import torch
 from conftest import only_folder
 from usermodels import write_models
 
-from speedladder import codec, models, settings, tune
+from speedladder import models
 from speedladder.cli import ALL, build_parser, main
 from speedladder.cli.gen import DEST, leaves, shown_default, to_settings
-from speedladder.config import RunConfig, TimingConfig
+from speedladder.climbing import tune
+from speedladder.config import codec, commands
+from speedladder.config.commands import Settings
+from speedladder.config.run import RunConfig, TimingConfig
 from speedladder.errors import UsageError
 from speedladder.gpt import GPT
 from speedladder.rungs import RUNGS, Env, StepSpec, compose
-from speedladder.settings import Settings
 from speedladder.workload import prepare
 
 QUICK = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--window-steps", "2", "--loss-steps", "2",
@@ -103,7 +105,7 @@ def test_toml_round_trips_every_kind_of_value(tmp_path):
                  quiet=True)
     s = dataclasses.replace(s, race=dataclasses.replace(s.race, combos=(("bf16",), ("bf16", "muon")),
                                                         target_loss=2.5))
-    back = codec.from_data(Settings, settings.read(settings.write(tmp_path / "s.toml", s, "a\nheader", (
+    back = codec.from_data(Settings, commands.read(commands.write(tmp_path / "s.toml", s, "a\nheader", (
         "run", "race", "quiet"))))
     assert back == s
 
@@ -131,7 +133,7 @@ def test_run_config_toml_reproduces_the_run_field_for_field_and_check_re_runs_th
         pytest.importorskip("transformers")
     assert main(["run", *QUICK, *model, "--out", str(tmp_path / "a")]) == 0
     first, saved = _one(tmp_path / "a")
-    assert main(["run", "--config", str(first / settings.CONFIG_FILE), "--out", str(tmp_path / "b")]) == 0
+    assert main(["run", "--config", str(first / commands.CONFIG_FILE), "--out", str(tmp_path / "b")]) == 0
     _second, again = _one(tmp_path / "b")
     drop = ("out",)  # the one field changed on purpose
     assert {k: v for k, v in again["config"].items() if k not in drop} == \
@@ -151,7 +153,7 @@ def test_run_config_toml_reproduces_the_run_field_for_field_and_check_re_runs_th
 
 def test_an_old_results_file_loads_and_its_config_reads_as_todays():
     from speedladder import results
-    from speedladder.settings import run_from_results
+    from speedladder.config.commands import run_from_results
 
     raw = json.loads((Path(__file__).parent / "data" / "results-schema1.json").read_text())["config"]  # written before the codec
     assert "timing" not in raw
@@ -216,7 +218,7 @@ def test_apply_takes_a_user_model_a_config_file_and_the_users_own_optimizer(made
     spec_path = str(made / "nano.py:GPT")
     work = prepare(RunConfig(preset="tiny", device="cpu", model_source=spec_path, rungs=("eager", "bf16", "ckpt",
                                                                                          "fused-adamw")))
-    s = settings.write(tmp_path / "winner.toml", Settings(run=work.cfg.run), "test", ("run",))
+    s = commands.write(tmp_path / "winner.toml", Settings(run=work.cfg.run), "test", ("run",))
     spec = compose(("bf16", "ckpt", "fused-adamw"), work.base_spec, work.env)
     stream = work.stream(spec)
     batches = [next(stream) for _ in range(5)]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from speedladder.config import PRESETS
+from speedladder.config.presets import PRESETS
 from speedladder.gpt import GPT
 from speedladder.parallel import costmodel as cm
 

@@ -185,7 +185,7 @@ def test_kernel_calls_are_read_from_inductors_generated_code(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_a_compiled_profile_records_what_the_compiler_did_and_its_own_trace(tmp_path):
-    from speedladder.config import RunConfig
+    from speedladder.config.run import RunConfig
     from speedladder.profile import child
 
     run = RunConfig(preset="tiny", device="cpu", rungs=("eager",), profile=dataclasses.replace(

@@ -10,13 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from speedladder import verify
-from speedladder.config import RunConfig
+from speedladder.config.run import RunConfig
 from speedladder.data import unigram_entropy
-from speedladder.gates import Gates
 from speedladder.gpt import merge_heads, split_heads
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, SDPAttention
 from speedladder.step import TrainStep
+from speedladder.verify import correctness
+from speedladder.verify.gates import Gates
 from speedladder.workload import prepare
 
 # Every test here runs again in .ci/run on a processor forced to AVX2 without native bf16 (pyproject.toml).
@@ -305,7 +306,7 @@ def test_unigram_entropy_of_the_time_machine(tiny):
 
 def test_a_model_that_learns_only_frequencies_fails_below_the_unigram_entropy():
     flat = [3.3] + [2.9] * 99  # stuck above the unigram entropy, like eager at the same steps
-    check = verify.learns_check(flat, flat, 0.03, 2.846)
+    check = correctness.learns_check(flat, flat, 0.03, 2.846)
     assert not check.passed and "unigram entropy" in check.detail
 
 
@@ -317,8 +318,8 @@ def test_the_accumulated_reference_at_a_big_batch_is_the_one_big_batch(tiny):
     assert gates.micro_batch(big.batch_size) == tiny.cfg.batch_size  # the workload's batch: it ran as the baseline
     assert gates.micro_batch(tiny.cfg.batch_size) is None and gates.micro_batch(tiny.cfg.batch_size + 1) is None
     batches = tiny.gate_batches(big, 5)
-    whole = verify.reference(tiny.step(big), batches)
-    accumulated = verify.reference(tiny.step(big), batches, micro=tiny.cfg.batch_size)
+    whole = correctness.reference(tiny.step(big), batches)
+    accumulated = correctness.reference(tiny.step(big), batches, micro=tiny.cfg.batch_size)
     # fp32 with the sums reordered: on the tiny preset the curve, loss, logits and gradients agreed within 1.5e-7
     # relative and the weights after 5 AdamW steps within 6.2e-7 absolute (2026-12-01); 1e-5 leaves room for another
     # CPU's kernels, and is 10x under the fp32 gate's own tolerance (1e-4).
@@ -375,7 +376,7 @@ def test_the_processor_is_read_as_torch_and_onednn_will_use_it():
     """Under .ci/run's forced AVX2 the header and results.json say bf16 is not native; the read never fails."""
     import os
 
-    from speedladder import processor
+    from speedladder.measure import processor
 
     p = processor.cpu()
     assert p.capability and p.bf16_native in (True, False, None) and p.why

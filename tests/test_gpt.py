@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from speedladder.config import PRESETS
+from speedladder.config.presets import PRESETS
 from speedladder.gpt import GPT, GPTConfig
 
 

@@ -12,10 +12,10 @@ import torch
 from conftest import cli
 
 from speedladder.cli import main
-from speedladder.config import RunConfig
+from speedladder.config.run import RunConfig
 from speedladder.models import count_flops
 from speedladder.rungs import StepSpec
-from speedladder.train import load_checkpoint
+from speedladder.training.train import load_checkpoint
 from speedladder.workload import prepare
 
 if importlib.util.find_spec("transformers") is None:

@@ -16,8 +16,7 @@ from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
 from test_html_report import visit
 from torch import nn
 
-from speedladder.config import RunConfig
-from speedladder.config.run import GateConfig
+from speedladder.config.run import GateConfig, RunConfig
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, RungError, SDPAttention, rounding_fuzz
 from speedladder.step import TrainStep

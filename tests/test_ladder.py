@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedladder import measure, report, results, verify
+from speedladder import report, results
 from speedladder.cli import main
+from speedladder.measure import judging, peakflops, timer
 from speedladder.records import to_dict
 from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
 from speedladder.step import TrainStep
+from speedladder.verify import correctness
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--loss-steps", "8", "--learns-steps", "60",
         "--no-profile", "--no-process-peak"]
@@ -83,7 +85,7 @@ def test_source_ladder_runs_every_rung(source_run):
         assert r["peak_basis"].startswith("measured peak, a 512×512×512 matmul") and r["peak_tflops"] > 0
         assert r["mfu"] == pytest.approx(r["tflops"] / r["peak_tflops"])
         assert short or r["gate"]["passed"], r["gate"]["detail"]
-        assert r["flops_per_token"] == measure.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
+        assert r["flops_per_token"] == peakflops.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
     # Measured once per precision: every rung at a precision is taken against the same ceiling.
     by_precision: dict[str, set[float]] = {}
     for r in res["rungs"]:
@@ -137,7 +139,7 @@ def test_speedups_and_verdicts_are_derived_from_the_windows(source_run):
         assert r["speedup_prev"] == pytest.approx(r["tokens_per_s"]["median"] / beside["median"])
         assert r["speedup_cum"] == pytest.approx(base["speedup_cum"] * r["speedup_prev"])  # chained
         if r["role"] == "rung" and r["verdict"] != "short":
-            assert r["verdict"] == measure.verdict(measure.Spread(**r["tokens_per_s"]), measure.Spread(**beside))
+            assert r["verdict"] == judging.verdict(judging.Spread(**r["tokens_per_s"]), judging.Spread(**beside))
 
 
 @pytest.mark.slow
@@ -286,7 +288,7 @@ def test_out_of_memory_in_one_rung_is_recorded_and_the_ladder_goes_on(tmp_path, 
 
 
 def test_ctrl_c_keeps_the_results_so_far(tmp_path, monkeypatch, capsys):
-    real = measure.time_window
+    real = timer.time_window
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -295,7 +297,7 @@ def test_ctrl_c_keeps_the_results_so_far(tmp_path, monkeypatch, capsys):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(measure, "time_window", interrupted)
+    monkeypatch.setattr(timer, "time_window", interrupted)
     rc = main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)])
     assert rc == 130
     res = saved(tmp_path)
@@ -318,14 +320,14 @@ def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
 
 @pytest.mark.slow
 def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monkeypatch):
-    real = verify.equivalence
+    real = correctness.equivalence
 
     def equivalence(step, ref, *args):
         if step.spec.autocast == "bf16":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
         return real(step, ref, *args)
 
-    monkeypatch.setattr(verify, "equivalence", equivalence)
+    monkeypatch.setattr(correctness, "equivalence", equivalence)
     assert main(["run", *FAST, "--rungs", "eager,bf16", "--quiet", "--out", str(tmp_path)]) == 0
     res = saved(tmp_path)
     bf16 = by_name(res)["bf16"]
@@ -365,8 +367,8 @@ def test_full_ladder_skips_cuda_rungs_with_reasons_and_measures_ckpt_beside_the_
     ckpt = rungs["ckpt"]
     assert ckpt["role"] == "beside" and ckpt["built_on"] == top["name"]
     assert ckpt["spec"] == {**top["spec"], "transforms": [*top["spec"]["transforms"], "activation-checkpointing"]}
-    assert ckpt["verdict"] == measure.verdict(measure.Spread(**ckpt["tokens_per_s"]),
-                                              measure.Spread(**ckpt["base_tokens_per_s"]))
+    assert ckpt["verdict"] == judging.verdict(judging.Spread(**ckpt["tokens_per_s"]),
+                                              judging.Spread(**ckpt["base_tokens_per_s"]))
     assert f"┊ ckpt beside {top['name']}" in out and f"ckpt: measured beside {top['name']}" in out
     assert all(r["wall_s"] > 0 for r in res["rungs"] if r["status"] == "ok")
     bars = {p.get_gid() for p in report.waterfall_figure(results.load(run_dir(tmp_path))).axes[0].patches

@@ -9,8 +9,9 @@ import torch
 from conftest import CPU, run_windows
 from torch.utils.flop_counter import FlopCounterMode
 
-from speedladder import measure
-from speedladder.measure import Spread, Timing, Window, peakflops
+from speedladder.measure import counters, devicemem, judging, peakflops, timer
+from speedladder.measure.judging import Spread
+from speedladder.measure.timer import Timing, Window
 
 
 class FakeCompiler:
@@ -28,10 +29,10 @@ def test_a_step_of_known_length_times_right(clock):
     tokens/s = tokens / 0.02. The same check on the real clock, with a sleep, is bench/meters.py's."""
     timing = run_windows(lambda: clock.advance(0.02), CPU, tokens_per_step=1000, steps=5, windows=3,
                          warmup=1, max_warmup=5, counter=FakeCompiler())
-    rate = measure.tokens_per_s(timing)
+    rate = judging.tokens_per_s(timing)
     assert len(timing.windows) == 3
     assert all(w.steps == 5 and w.tokens == 5000 for w in timing.windows)
-    assert rate.median == pytest.approx(50_000) and measure.step_ms(timing) == pytest.approx(20)
+    assert rate.median == pytest.approx(50_000) and judging.step_ms(timing) == pytest.approx(20)
 
 
 def test_compilation_stays_out_of_the_windows_and_is_reported_apart(clock):
@@ -50,7 +51,7 @@ def test_compilation_stays_out_of_the_windows_and_is_reported_apart(clock):
     assert timing.warmup_compiled == [True, False, False]  # warm-up ran until 2 quiet steps in a row
     assert all(w.recompiles == 0 for w in timing.windows)
     assert all(w.seconds == pytest.approx(0.02) for w in timing.windows)  # no compile time inside
-    compile_s = measure.compile_seconds(timing, measure.step_ms(timing) / 1e3)
+    compile_s = timer.compile_seconds(timing, judging.step_ms(timing) / 1e3)
     assert compile_s == pytest.approx(0.6)
 
 
@@ -79,7 +80,7 @@ def test_a_window_that_recompiles_is_flagged_and_left_out(clock):
     timing = run_windows(step, CPU, 10, steps=3, windows=3, warmup=2, max_warmup=5, counter=compiler)
     assert [w.recompiles for w in timing.windows] == [0, 1, 0]
     assert len(timing.clean_windows) == 2
-    assert measure.tokens_per_s(timing).min == pytest.approx(10 / 0.001)  # the slow window is not in the statistics
+    assert judging.tokens_per_s(timing).min == pytest.approx(10 / 0.001)  # the slow window is not in the statistics
 
 
 def test_real_recompiles_are_counted():
@@ -91,12 +92,12 @@ def test_real_recompiles_are_counted():
     timing = run_windows(lambda: f(torch.ones(next(sizes) + 4)), CPU, 1, steps=2, windows=3, warmup=0,
                          max_warmup=5)
     assert all(w.recompiles >= 1 for w in timing.windows)  # a new shape each call: never a clean window
-    assert measure.tokens_per_s(timing) is None
+    assert judging.tokens_per_s(timing) is None
 
 
 def test_device_is_synchronized_at_window_edges_only(monkeypatch):
     log = []
-    monkeypatch.setattr(measure, "sync", lambda device: log.append("sync"))
+    monkeypatch.setattr(devicemem, "sync", lambda device: log.append("sync"))
     run_windows(lambda: log.append("step"), CPU, 1, steps=4, windows=3, warmup=1, max_warmup=5,
                 counter=FakeCompiler())
     timed = "".join("s" if e == "step" else "|" for e in log)
@@ -106,17 +107,17 @@ def test_device_is_synchronized_at_window_edges_only(monkeypatch):
 
 def test_spread_and_verdicts():
     timing = Timing(0.0, [], [], [Window(1.0, 10, 1000, 0), Window(0.5, 10, 1000, 0), Window(2.0, 10, 1000, 0)])
-    s = measure.tokens_per_s(timing)
+    s = judging.tokens_per_s(timing)
     assert (s.median, s.min, s.max) == (1000, 500, 2000)
     base = Spread(100, 95, 105)
-    assert measure.verdict(Spread(130, 120, 140), base) == "win"
-    assert measure.verdict(Spread(80, 75, 85), base) == "loss"
-    assert measure.verdict(Spread(103, 99, 110), base) == "noise"  # inside the spread is not a win
+    assert judging.verdict(Spread(130, 120, 140), base) == "win"
+    assert judging.verdict(Spread(80, 75, 85), base) == "loss"
+    assert judging.verdict(Spread(103, 99, 110), base) == "noise"  # inside the spread is not a win
 
 
 def test_flops_per_token_palm_convention():
     # GPT-2 124M at T=1024, by hand: 6 * 123,653,376 + 12 * 12 * 12 * 64 * 1024.
-    assert measure.flops_per_token(123_653_376, 12, 12, 64, 1024) == 741_920_256 + 113_246_208
+    assert peakflops.flops_per_token(123_653_376, 12, 12, 64, 1024) == 741_920_256 + 113_246_208
 
 
 def test_flops_per_token_against_counted_flops(tiny):
@@ -132,7 +133,7 @@ def test_flops_per_token_against_counted_flops(tiny):
         _, loss = model(idx, idx)
         loss.backward()
     tokens = idx.numel()
-    predicted = measure.flops_per_token(model.matmul_params(), cfg.n_layer, cfg.n_head, cfg.head_dim,
+    predicted = peakflops.flops_per_token(model.matmul_params(), cfg.n_layer, cfg.n_head, cfg.head_dim,
                                         cfg.block_size) * tokens
     # The formula also counts biases and LayerNorm weights as if they were matmul weights: a small excess.
     assert counter.get_total_flops() == pytest.approx(predicted, rel=0.05)
@@ -274,7 +275,7 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     listed GPU is taken against its datasheet with nothing measured. The MFU shows the basis in the cell and note."""
     from speedladder.climbing import ladder as ladder_module
     from speedladder.climbing import meters
-    from speedladder.config import RunConfig
+    from speedladder.config.run import RunConfig
     from speedladder.profile import facts
     from speedladder.records import Role, RungResult
     from speedladder.report.mfu import MEASURED_MARK, mfu_cell, mfu_notes
@@ -318,8 +319,8 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
 
 
 def test_peak_memory_is_none_without_cuda():
-    assert measure.peak_memory(CPU) is None
-    assert measure.peak_reserved(CPU) is None
+    assert devicemem.peak_memory(CPU) is None
+    assert devicemem.peak_reserved(CPU) is None
 
 
 # -- CUDA-sized windows, CUDA-graph recording, the fp8 peak ----------------------------------------
@@ -327,18 +328,18 @@ def test_peak_memory_is_none_without_cuda():
 
 def test_window_steps_come_from_a_step_time_on_cuda_and_keep_the_configured_ones_otherwise():
     # 2 ms steps: 20 steps last 40 ms, so 250 are needed for 0.5 s; 50 ms steps: the configured 20 last 1 s.
-    assert measure.window_steps(20, 0.002, 0.5) == 250
-    assert measure.window_steps(20, 0.05, 0.5) == 20
-    assert measure.window_steps(20, 0.0003, 0.5) == 1667  # ceil(0.5 / 0.0003): never shorter than asked
-    assert measure.window_steps(20, None, 0.5) == 20  # no step time: nothing to size from
-    assert measure.window_steps(20, 0.002, 0.0) == 20  # no minimum asked
+    assert timer.window_steps(20, 0.002, 0.5) == 250
+    assert timer.window_steps(20, 0.05, 0.5) == 20
+    assert timer.window_steps(20, 0.0003, 0.5) == 1667  # ceil(0.5 / 0.0003): never shorter than asked
+    assert timer.window_steps(20, None, 0.5) == 20  # no step time: nothing to size from
+    assert timer.window_steps(20, 0.002, 0.0) == 20  # no minimum asked
     # Sized from the fastest side's steady warm-up steps (a rung and its base share one window length).
     rung = Timing(1.0, [0.3, 0.004, 0.002, 0.002], [True, False, False, False])
     base = Timing(0.5, [0.01, 0.01], [False, False])
-    assert measure.sizing_step_s(rung, base) == pytest.approx(0.002)  # the compiling warm-up step is left out
-    assert measure.sizing_step_s(Timing(0.25, [], [])) == 0.25  # no steady warm-up step: the first (fewer steps)
+    assert timer.sizing_step_s(rung, base) == pytest.approx(0.002)  # the compiling warm-up step is left out
+    assert timer.sizing_step_s(Timing(0.25, [], [])) == 0.25  # no steady warm-up step: the first (fewer steps)
     recorded = Timing(1.0, [0.2, 0.002], [False, False], warmup_recorded=[True, False])
-    assert measure.sizing_step_s(recorded) == pytest.approx(0.002)  # a step that recorded graphs is not steady
+    assert timer.sizing_step_s(recorded) == pytest.approx(0.002)  # a step that recorded graphs is not steady
 
 
 def test_warm_up_steps_that_record_cuda_graphs_count_as_compile_time():
@@ -352,20 +353,20 @@ def test_warm_up_steps_that_record_cuda_graphs_count_as_compile_time():
         if len(calls) == 2:
             recorder.n += 1  # the next records the graphs: no compile counted, and not yet steady
 
-    timing = measure.warm_up(step, CPU, warmup=2, max_warmup=10, counter=compiler, recordings=recorder)
+    timing = timer.warm_up(step, CPU, warmup=2, max_warmup=10, counter=compiler, recordings=recorder)
     assert timing.warmup_recorded == [True, False, False]  # two quiet steps after the recording one
     assert timing.warmup_compiled == [False, False, False]
     # compile s: the first step and the recording step, each less a steady step.
     t = Timing(1.0, [0.5, 0.01, 0.01], [False, False, False], warmup_recorded=[True, False, False])
-    assert measure.compile_seconds(t, 0.01) == pytest.approx((1.0 - 0.01) + (0.5 - 0.01))
-    assert measure.compile_seconds(dataclasses.replace(t, warmup_recorded=[]), 0.01) == pytest.approx(0.99)
+    assert timer.compile_seconds(t, 0.01) == pytest.approx((1.0 - 0.01) + (0.5 - 0.01))
+    assert timer.compile_seconds(dataclasses.replace(t, warmup_recorded=[]), 0.01) == pytest.approx(0.99)
 
 
 def test_graph_recordings_are_counted_through_dynamos_recording_callbacks():
     """The counter hears torch's own trigger (the one cudagraph trees fire around each recording) and no other."""
     from torch._dynamo.callback import CallbackTrigger, callback_handler
 
-    with measure.graph_recordings() as recorded:
+    with counters.graph_recordings() as recorded:
         with callback_handler.install_callbacks(CallbackTrigger.CUDAGRAPH_RECORDING, "0/0"):
             pass
         with callback_handler.install_callbacks(CallbackTrigger.DYNAMO, "0/1"):
@@ -377,29 +378,29 @@ def test_graph_recordings_are_counted_through_dynamos_recording_callbacks():
 def test_the_fp8_peak_is_blended_by_flop_share_with_gpt2s_shapes():
     """GPT-2 124M at T=1024 on an H200: the block linears (fp8) are 60% of the FLOPs, the head and attention
     (bf16) the rest; the step's peak is the FLOP-weighted harmonic blend, between bf16's and fp8's."""
+    from speedladder.config.presets import PRESETS
     from speedladder.gpt import GPT
-    from speedladder.presets import PRESETS
     from speedladder.rungs import float8_matmul_params
 
     with torch.device("meta"):
         gpt2 = GPT(PRESETS["gpt2-124m"].model)
     # By hand, per layer: qkv 768x2304, proj 768x768, fc 768x3072, fc2 3072x768 = 7,077,888 weights; x 12 layers.
     assert float8_matmul_params(gpt2) == 12 * 7_077_888 == 84_934_656
-    total = measure.flops_per_token(123_653_376, 12, 12, 64, 1024)  # 855,166,464
+    total = peakflops.flops_per_token(123_653_376, 12, 12, 64, 1024)  # 855,166,464
     fp8 = 6 * 84_934_656  # 509,607,936: 59.6% of the step
-    peaks = {"fp8": measure.peak_tflops("NVIDIA H200", "fp8"), "bf16": measure.peak_tflops("NVIDIA H200", "bf16")}
-    blended = measure.blended_peak({"fp8": fp8, "bf16": total - fp8}, peaks)
+    peaks = {"fp8": peakflops.peak_tflops("NVIDIA H200", "fp8"), "bf16": peakflops.peak_tflops("NVIDIA H200", "bf16")}
+    blended = peakflops.blended_peak({"fp8": fp8, "bf16": total - fp8}, peaks)
     # 855,166,464 / (509,607,936 / 1978.9 + 345,558,528 / 989.4) = 1409.35 TFLOP/s
     assert blended == pytest.approx(1409.35, abs=0.01)
     assert 989.4 < blended < 1978.9
-    assert measure.blended_peak({"fp8": fp8, "bf16": total - fp8}, {**peaks, "fp8": None}) is None  # no guess
-    assert measure.blended_peak({"bf16": total}, peaks) == 989.4  # one precision: its own peak
+    assert peakflops.blended_peak({"fp8": fp8, "bf16": total - fp8}, {**peaks, "fp8": None}) is None  # no guess
+    assert peakflops.blended_peak({"bf16": total}, peaks) == 989.4  # one precision: its own peak
 
 
 def test_windows_are_sized_from_a_timed_step_and_the_size_is_recorded(tiny):
     """measure_spec on CUDA sizes its windows from the warm-up (size_windows=True stands in for CUDA here): a rung
     and its base re-timed beside it share one window length, recorded with the step time it came from."""
-    from speedladder.config import RunConfig, TimingConfig
+    from speedladder.config.run import RunConfig, TimingConfig
     from speedladder.workload import measure_spec, prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu", timing=TimingConfig(windows=3, min_window_s=0.05)))
@@ -408,9 +409,9 @@ def test_windows_are_sized_from_a_timed_step_and_the_size_is_recorded(tiny):
     m, _ = measure_spec(work, spec, lambda msg: None, base=work.base_spec, size_windows=True)
     for t in (m.timing, m.base_timing):
         assert t.min_window_s == 0.05 and t.sized_from_step_s is not None
-        assert t.window_steps == measure.window_steps(configured, t.sized_from_step_s, 0.05) >= configured
+        assert t.window_steps == timer.window_steps(configured, t.sized_from_step_s, 0.05) >= configured
         assert all(w.steps == t.window_steps for w in t.windows)
-    assert m.timing.sized_from_step_s == measure.sizing_step_s(m.timing, m.base_timing)
+    assert m.timing.sized_from_step_s == timer.sizing_step_s(m.timing, m.base_timing)
     # Off CUDA by default: the configured steps, and nothing said about sizing.
     m, _ = measure_spec(tiny, tiny.base_spec, lambda msg: None)
     assert m.timing.window_steps == tiny.cfg.run.timing.steps and m.timing.sized_from_step_s is None

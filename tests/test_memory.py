@@ -77,16 +77,16 @@ def test_prediction_says_checkpointing_keeps_several_times_less(tiny):
 
 @pytest.mark.slow
 def test_the_counter_sees_a_compiled_step_without_recompiling(tiny):
-    from speedladder import measure
+    from speedladder.measure import counters
 
     spec = compose(("compile",), tiny.base_spec, tiny.env)
     step = tiny.step(spec)
     stream = tiny.stream(spec)
     for _ in range(2):
         step(*next(stream))
-    before = measure.compile_count()
+    before = counters.compile_count()
     saved = meters.step_saved(step, *next(stream))
-    assert measure.compile_count() == before
+    assert counters.compile_count() == before
     assert saved.activation_bytes > 0  # inductor's partitioner saves its own choice, counted the same way
 
 
@@ -160,7 +160,7 @@ def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
 
 
 def test_the_fp32_control_note_compares_the_resident_rise_on_a_cpu():
-    from speedladder.measure import Spread
+    from speedladder.measure.judging import Spread
     from speedladder.report.text import notes
 
     def rec(name: str, role: str, rise_mib: int, tokens: float) -> RungResult:

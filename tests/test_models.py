@@ -11,17 +11,19 @@ import torch
 from conftest import cli
 from usermodels import write_models
 
-from speedladder import models, results, tune
+from speedladder import models, results
 from speedladder.cli import main
-from speedladder.config import PRESETS, RunConfig
+from speedladder.climbing import tune
+from speedladder.config.commands import Settings
+from speedladder.config.presets import PRESETS
+from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.models import count_flops, ours
 from speedladder.profile.categories import IDLE
 from speedladder.profile.predict import NO_MODEL, chain
 from speedladder.records import ProfileSummary
 from speedladder.rungs import RUNGS
-from speedladder.settings import Settings
-from speedladder.train import load_checkpoint
+from speedladder.training.train import load_checkpoint
 from speedladder.workload import prepare
 
 # Tiny and quick: two steps a window, gates over 4 batches, a 60-step learns-check, no resident-peak child per rung;

@@ -127,8 +127,8 @@ def _fsdp_rank(rank: int, world: int, store: str, out: str) -> None:
     to OUT.RANK. Ends with a barrier, the group destroyed, and os._exit (gloo's threads can abort a teardown)."""
     import torch.distributed as dist
 
-    from speedladder.config import RunConfig
     from speedladder.config.parallel import ParallelConfig
+    from speedladder.config.run import RunConfig
     from speedladder.parallel.worker import full_tensor, wrapper
     from speedladder.workload import prepare
 
@@ -310,8 +310,8 @@ def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
 
 
 def test_a_job_file_round_trips_a_config_that_leaves_the_rungs_to_the_ladder():
-    from speedladder.codec import from_data, to_data
-    from speedladder.config import RunConfig
+    from speedladder.config.codec import from_data, to_data
+    from speedladder.config.run import RunConfig
 
     for cfg in (RunConfig(), RunConfig(ladder="full"), RunConfig(rungs=("eager", "bf16"), beside=("ckpt",))):
         assert from_data(RunConfig, json.loads(json.dumps(to_data(cfg)))) == cfg

@@ -13,10 +13,11 @@ import pytest
 import torch
 from conftest import CPU
 
-from speedladder import measure, results, subproc
+from speedladder import results, subproc
 from speedladder.cli import main
-from speedladder.config import RunConfig
+from speedladder.config.run import RunConfig
 from speedladder.data import BatchStream
+from speedladder.measure import timer
 from speedladder.profile import categories, child, facts, predict
 from speedladder.records import ProfileSummary, from_dict
 from speedladder.rungs import RUNGS, StepSpec
@@ -26,7 +27,7 @@ from speedladder.step import TrainStep
 def tiny_step(tiny, seed: int = 0):
     spec = tiny.base_spec
     step = TrainStep(spec, tiny.cfg.model, tiny.init, CPU, tiny.cfg.run.lr)
-    return measure.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, seed))
+    return timer.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, seed))
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import CPU, resolved
 
-from speedladder import measure
 from speedladder.data import BatchStream
+from speedladder.measure import timer
 from speedladder.profile import categories, child, predict, spread
 from speedladder.records import ProfileSummary, Results, from_dict
 from speedladder.report.profile import profile_notes
@@ -153,7 +153,7 @@ def test_operator_count_is_per_call_whatever_the_order_of_the_calls():
 def test_operators_per_step_are_the_same_in_every_profiled_step(tiny):
     spec = tiny.base_spec
     step = TrainStep(spec, tiny.cfg.model, tiny.init, CPU, tiny.cfg.run.lr)
-    b = child.profile_step(measure.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, 0)),
+    b = child.profile_step(timer.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, 0)),
                            CPU, steps=4, warmup=2)
     ops = [s["ops"] for s in b["per_step"]]
     assert len(ops) == 4 and len(set(ops)) == 1 and b["ops_per_step"] == ops[0] > 50

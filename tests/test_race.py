@@ -20,13 +20,13 @@ import torch
 from conftest import CPU
 
 from speedladder.cli import main
-from speedladder.config import RunConfig
+from speedladder.config.commands import RaceConfig
+from speedladder.config.run import RunConfig
 from speedladder.data import BatchStream, Corpus, holdout, val_windows
 from speedladder.progress import LOGGER, Progress
 from speedladder.racing import Race, equal_tokens, judge
 from speedladder.records import RaceEntry, RaceRun, RaceSection
 from speedladder.rungs import RUNGS, Env, Rung, StepSpec
-from speedladder.settings import RaceConfig
 from speedladder.workload import prepare
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -617,12 +617,12 @@ def test_combos_and_the_python_api_race_each_set_against_eager(tmp_path):
 @pytest.mark.slow
 def test_check_re_runs_a_race_with_its_own_configuration(raced):
     """The race's config.toml, and what check rebuilds from its results.json, are the race that was run."""
-    from speedladder import codec, settings
     from speedladder.cli.check import rerun_settings
+    from speedladder.config import codec, commands
 
     saved = json.loads((raced / "results.json").read_text())
     command, again = rerun_settings(saved)
-    written = codec.from_data(settings.Settings, settings.read(raced / "config.toml"))
+    written = codec.from_data(commands.Settings, commands.read(raced / "config.toml"))
     # The race again, on the baseline's ruler: its target, not one calibrated again on another machine.
     assert command == "race" and again.run == written.run
     assert again.race == dataclasses.replace(written.race, target_loss=saved["race"]["target_loss"])
@@ -635,10 +635,10 @@ def test_check_re_runs_a_race_with_its_own_configuration(raced):
 def test_memory_handed_back_before_a_run_is_faulted_in_again_off_the_clock(monkeypatch, tmp_path):
     """Each run hands freed memory back to the system, then takes one untimed step (on a stream no run draws from)
     and restores the weights: the pages the steps need are faulted in before the clock starts, not on it."""
-    from speedladder import measure
+    from speedladder.measure import devicemem
 
     events: list[str] = []
-    monkeypatch.setattr(measure, "return_host_memory", lambda: events.append("trim"))
+    monkeypatch.setattr(devicemem, "return_host_memory", lambda: events.append("trim"))
 
     class Recording(StepClock):
         def start(self) -> None:
@@ -669,7 +669,7 @@ def test_memory_handed_back_before_a_run_is_faulted_in_again_off_the_clock(monke
 @pytest.mark.slow
 def test_a_race_folder_names_its_fastest_for_train_and_apply(raced):
     from speedladder import results
-    from speedladder.winner import winner
+    from speedladder.training.winner import winner
 
     saved = results.load(raced)
     best = saved.race.entry(saved.race.fastest)

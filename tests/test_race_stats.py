@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from speedladder import stats
+from speedladder.measure import stats
 from speedladder.racing import judge
 from speedladder.records import RaceEntry, RaceRun, RaceSection
 

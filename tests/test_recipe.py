@@ -15,8 +15,7 @@ from conftest import cli, header_of, only_folder
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedladder
-from speedladder.config import codec
-from speedladder.config import commands as settings
+from speedladder.config import codec, commands
 from speedladder.config.commands import Settings
 from speedladder.config.recipe import RECIPES, RecipeConfig
 from speedladder.config.run import RunConfig
@@ -97,9 +96,9 @@ def test_nanogpt_names_nanogpts_values_and_a_flag_beside_it_wins():
 def test_a_recipe_goes_through_config_toml_and_results_json_unchanged(tmp_path):
     off = RecipeConfig.named("nanogpt", grad_clip=math.inf, warmup=7, unit="tokens", accum_steps=2)
     s = Settings(run=RunConfig(recipe=off))
-    path = settings.write(tmp_path / "c.toml", s, "test", ("run",))
+    path = commands.write(tmp_path / "c.toml", s, "test", ("run",))
     assert "[run.recipe]" in path.read_text() and "grad_clip = inf" in path.read_text()
-    back = codec.from_data(Settings, settings.read(path)).run.recipe
+    back = codec.from_data(Settings, commands.read(path)).run.recipe
     assert back == off and not back.clips
     # JSON has no infinity: results.json holds null for an unclipped recipe, which reads back as off.
     data = json.loads(json.dumps(codec.to_data(off, json=True)))
@@ -187,7 +186,7 @@ def test_the_clipped_scheduled_accumulated_step_trains_nanogpts_weights():
 def test_apply_hands_back_the_recipes_parts_and_a_plain_loop_trains_what_train_trains(tmp_path):
     work = nanogpt_workload(warmup=2)
     run = dataclasses.replace(work.cfg.run, rungs=("eager", "accum"))
-    path = settings.write(tmp_path / "winner.toml", Settings(run=run), "test", ("run",))
+    path = commands.write(tmp_path / "winner.toml", Settings(run=run), "test", ("run",))
     spec = compose(("accum",), work.base_spec, work.env)
     steps = 8
     work.with_horizon(Span(steps, "steps"))  # as train does: the schedule as long as its --steps

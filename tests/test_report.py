@@ -17,7 +17,7 @@ from rich.console import Console
 
 from speedladder import report, results
 from speedladder.cli import main
-from speedladder.measure import Spread
+from speedladder.measure.judging import Spread
 from speedladder.records import Gate, Results, RungResult, from_dict, to_dict
 
 COLOURS = report.COLOURS
@@ -322,15 +322,15 @@ def test_a_results_file_of_schema_1_still_loads_and_reports(tmp_path, capsys):
 def synthetic_windows(monkeypatch):
     """Timed windows of a stated length (no wall clock): 10 ms a step for every rung, times `slow` for a base
     re-timed beside a rung. The steps still run, so the gates see real training."""
-    from speedladder import measure
+    from speedladder.measure import counters, timer
 
     state = {"slow": 1.0}
 
-    def window(step, device, tokens_per_step, steps, counter=measure.compile_count, edge=None, seconds=0.01,
+    def window(step, device, tokens_per_step, steps, counter=counters.compile_count, edge=None, seconds=0.01,
                meter=None):
         for _ in range(steps):
             step()
-        return measure.Window(steps * seconds, steps, steps * tokens_per_step, 0)
+        return timer.Window(steps * seconds, steps, steps * tokens_per_step, 0)
 
     def interleave(step, base, timing, base_timing, device, tps, base_tps, steps, windows, counter=None,
                    on_progress=None, meter=None, start=0):
@@ -338,8 +338,8 @@ def synthetic_windows(monkeypatch):
             timing.windows.append(window(step, device, tps, steps, seconds=0.01 * (1 - 0.001 * i)))
             base_timing.windows.append(window(base, device, base_tps, steps, seconds=0.01 * state["slow"]))
 
-    monkeypatch.setattr(measure, "time_window", window)
-    monkeypatch.setattr(measure, "interleave", interleave)
+    monkeypatch.setattr(timer, "time_window", window)
+    monkeypatch.setattr(timer, "interleave", interleave)
     return state
 
 

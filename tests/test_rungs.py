@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from speedladder.config import PRESETS, SOURCE_LADDER
+from speedladder.config.ladders import SOURCE_LADDER
+from speedladder.config.presets import PRESETS
 from speedladder.gpt import GPT
 from speedladder.rungs import RUNGS, Checkpointed, Env, Requirement, StepSpec, checkpoint_blocks
 

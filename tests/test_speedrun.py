@@ -8,11 +8,13 @@ import dataclasses
 import pytest
 import torch
 
-from speedladder.config import LADDERS, RunConfig, resolve
-from speedladder.gates import Gates
+from speedladder.config.ladders import LADDERS
+from speedladder.config.resolved import resolve
+from speedladder.config.run import RunConfig
 from speedladder.gpt import GPT, GPTConfig
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Env, StepSpec, compose, pad_vocab
+from speedladder.verify.gates import Gates
 from speedladder.workload import prepare
 
 RECORDS = ("qk-norm", "relu2", "rotary", "softcap")
@@ -106,9 +108,9 @@ def test_the_speedrun_ladder_names_the_records_after_muon():
 
 
 def test_race_takes_the_speedrun_ladder_by_name():
-    from speedladder import codec
     from speedladder.cli.race import plan
-    from speedladder.settings import RaceConfig, Settings
+    from speedladder.config import codec
+    from speedladder.config.commands import RaceConfig, Settings
 
     cfg, race, role = plan(Settings(race=RaceConfig(ladder="speedrun")))
     assert cfg.rungs == race.rungs == LADDERS["speedrun"].rungs and role == "rung"

@@ -11,10 +11,11 @@ import torch
 from conftest import resolved
 
 from speedladder.cli import main
-from speedladder.config import RunConfig, resolve
+from speedladder.climbing.sweep import crossover_line, crossovers, estimate, point_config, summarize
+from speedladder.config.resolved import resolve
+from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.records import Results, RungResult
-from speedladder.sweep import crossover_line, crossovers, estimate, point_config, summarize
 from speedladder.workload import prepare
 
 W = [64, 128, 256, 512]

@@ -24,7 +24,7 @@ from speedladder.cli import main
 from speedladder.data import BatchStream
 from speedladder.gpt import GPT
 from speedladder.rungs import compose
-from speedladder.train import BEST, CHECKPOINT, NO_CONFIGURATION, load_checkpoint
+from speedladder.training.train import BEST, CHECKPOINT, NO_CONFIGURATION, load_checkpoint
 
 LOG = re.compile(r"^step (\d+), loss (\d+\.\d{3})(?:, val (\d+\.\d{3}))?, time (\d+\.\d)ms, tokens/s ([\d,]+)"
                  r"(?: \(includes compiling\))?$", re.MULTILINE)

@@ -9,12 +9,15 @@ import pytest
 import torch
 from conftest import resolved
 
-from speedladder import codec, report, results, settings, tune
+from speedladder import report, results
 from speedladder.cli import main
-from speedladder.config import RunConfig, resolve
+from speedladder.climbing import tune
+from speedladder.config import codec, commands
+from speedladder.config.commands import Settings
+from speedladder.config.resolved import resolve
+from speedladder.config.run import RunConfig
 from speedladder.records import Gate, Results, RungResult
 from speedladder.rungs import RUNGS, Env, Requirement, StepSpec
-from speedladder.settings import Settings
 
 
 def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", built_on="eager", detail="",
@@ -187,7 +190,7 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     assert res["learns_check"]["steps"] == 60 and res["profile"] is None
     winner_toml = path.parent / "winner.toml"
     assert t["commands"]["run"] == f"speedladder run --config {winner_toml}"
-    won = codec.from_data(Settings, settings.read(winner_toml))  # judged as tune judged it
+    won = codec.from_data(Settings, commands.read(winner_toml))  # judged as tune judged it
     assert won.run.gates.learns_steps == 60 and won.run.gates.loss_steps == 4
     assert won.run.rungs == ("eager", *t["winner_rungs"]) and won.train.rungs == tuple(t["winner_rungs"])
     assert t["dropped"]["compile"] == "skipped: needs cuda; this device is cpu"

@@ -13,7 +13,7 @@ import torch
 from conftest import CPU
 
 from speedladder.cli import main
-from speedladder.config import RunConfig
+from speedladder.config.run import RunConfig
 from speedladder.data import BatchStream, Corpus, check_ids, load_corpus, token_dtype
 from speedladder.errors import UsageError
 from speedladder.workload import prepare

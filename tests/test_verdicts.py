@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from speedladder import measure
-from speedladder.measure import Timing, Window
+from speedladder.measure import judging
+from speedladder.measure.timer import Timing, Window
 
 RATE = 100_000.0  # tokens/s of both sides: the rung changes nothing
 NOISE = 0.01  # each window's own scatter (1% standard deviation)
@@ -30,7 +30,7 @@ def machine(rng: random.Random, n: int):
 
 
 def interleaved(seed: int, windows: int = 5) -> tuple[Timing, Timing]:
-    """Rung and base windows in the order measure.interleave runs them: A B, B A, A B, ..."""
+    """Rung and base windows in the order timer.interleave runs them: A B, B A, A B, ..."""
     rng = random.Random(seed)
     speed = machine(rng, 2 * windows)
     rung, base, slot = [], [], 0
@@ -51,7 +51,7 @@ def one_after_the_other(seed: int, windows: int = 3) -> tuple[Timing, Timing]:
 
 
 def verdicts(make, trials: int = 20) -> list[str]:
-    return [measure.judge(*make(seed))[0] for seed in range(trials)]
+    return [judging.judge(*make(seed))[0] for seed in range(trials)]
 
 
 def test_a_no_op_rung_is_noise_at_least_19_times_in_20_under_drift():
@@ -74,7 +74,7 @@ def test_the_written_false_verdict_rate_for_five_windows():
     for _ in range(trials):
         rung = timing([rng.gauss(RATE, RATE * NOISE) for _ in range(5)])
         base = timing([rng.gauss(RATE, RATE * NOISE) for _ in range(5)])
-        false += measure.judge(rung, base)[0] in ("win", "loss")
+        false += judging.judge(rung, base)[0] in ("win", "loss")
     assert false / trials == pytest.approx(2 / math.comb(10, 5), abs=0.003)
 
 
@@ -83,16 +83,16 @@ def test_a_real_gain_is_still_a_win_under_the_same_drift():
     for seed in range(20):
         rung, base = interleaved(seed)
         faster = timing([w.tokens_per_s * 1.25 for w in rung.windows])  # the rung 25% faster
-        wins += measure.judge(faster, base)[0] == "win"
+        wins += judging.judge(faster, base)[0] == "win"
     assert wins == 20
 
 
 def test_fewer_than_three_clean_windows_is_inconclusive():
     rung = Timing(0.0, [], [], [window(2e5), window(2e5, recompiles=1), window(2e5, recompiles=2)])
     base = timing([1e5, 1e5, 1e5])
-    verdict, why = measure.judge(rung, base)
+    verdict, why = judging.judge(rung, base)
     assert verdict == "inconclusive" and "the rung has 1" in why
-    assert measure.judge(timing([2e5] * 3), base) == ("win", "")
+    assert judging.judge(timing([2e5] * 3), base) == ("win", "")
 
 
 def test_what_to_build_on_follows_the_best_estimate():

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from speedladder import verify
-from speedladder.config import RunConfig
+from speedladder.config.run import RunConfig
 from speedladder.data import BatchStream, unigram_entropy
 from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
 from speedladder.step import TrainStep
+from speedladder.verify import correctness
 from speedladder.workload import prepare
 
 
@@ -38,7 +38,7 @@ def wrong_transforms(monkeypatch):
 
 @pytest.fixture
 def ref(tiny):
-    return verify.reference(tiny.step(StepSpec(4, 32)), tiny.gate_batches(StepSpec(4, 32), 20))
+    return correctness.reference(tiny.step(StepSpec(4, 32)), tiny.gate_batches(StepSpec(4, 32), 20))
 
 
 def step_for(tiny, **spec) -> TrainStep:
@@ -46,7 +46,7 @@ def step_for(tiny, **spec) -> TrainStep:
 
 
 def test_tolerances_are_per_dtype_and_explained():
-    t = verify.TOLERANCES
+    t = correctness.TOLERANCES
     assert set(t) == {"fp32", "tf32", "fp16", "bf16", "fp8"}
     assert t["fp32"].rtol < t["tf32"].rtol < t["bf16"].rtol < t["fp8"].rtol
     assert t["tf32"].rtol <= t["fp16"].rtol < t["bf16"].rtol  # fp16: tf32's mantissa, on every op autocast rounds
@@ -58,7 +58,7 @@ def test_tolerances_are_per_dtype_and_explained():
 def test_reference_trains_and_is_deterministic(tiny, ref):
     assert len(ref.curve) == 20
     assert ref.curve[-1] < ref.curve[0] - 0.1  # 20 steps at lr 1e-3 already lower the loss
-    again = verify.reference(tiny.step(StepSpec(4, 32)), ref.batches)
+    again = correctness.reference(tiny.step(StepSpec(4, 32)), ref.batches)
     assert again.curve == ref.curve
     # The equivalence weights are the trained ones, not the near-zero initial logits.
     assert float(ref.logits.std()) > 0.2
@@ -67,15 +67,15 @@ def test_reference_trains_and_is_deterministic(tiny, ref):
 def test_eager_and_bf16_pass_the_gates(tiny, ref):
     for spec in ({}, {"autocast": "bf16"}, {"autocast": "bf16", "transforms": ("activation-checkpointing",)}):
         step = step_for(tiny, **spec)
-        eq = verify.equivalence(step, ref)
+        eq = correctness.equivalence(step, ref)
         assert eq.passed, eq.detail
-        band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
+        band = correctness.loss_band(correctness.loss_curve(step, ref.batches), ref.curve, 0.02)
         assert band.passed, band.detail
     assert eq.precision == "bf16" and eq.logits_rel_err > 0  # bf16 is not bit-identical
 
 
 def test_equivalence_catches_attention_that_sees_the_future(tiny, ref, wrong_transforms):
-    eq = verify.equivalence(step_for(tiny, transforms=("no-causal-mask",)), ref)
+    eq = correctness.equivalence(step_for(tiny, transforms=("no-causal-mask",)), ref)
     assert not eq.passed
     assert eq.detail.startswith("logits: Tensor-likes are not close!")
     assert eq.logits_max_abs_err > eq.atol
@@ -83,30 +83,30 @@ def test_equivalence_catches_attention_that_sees_the_future(tiny, ref, wrong_tra
 
 def test_loss_band_catches_a_rung_that_does_not_train(tiny, ref, wrong_transforms):
     step = step_for(tiny, transforms=("frozen",))
-    band = verify.loss_band(verify.loss_curve(step, ref.batches), ref.curve, 0.02)
+    band = correctness.loss_band(correctness.loss_curve(step, ref.batches), ref.curve, 0.02)
     assert not band.passed
     assert band.max_rel_diff > 0.02
     assert "strays" in band.detail
-    assert not verify.equivalence(step, ref).passed  # its gradients are missing
+    assert not correctness.equivalence(step, ref).passed  # its gradients are missing
 
 
 def test_loss_band_arithmetic():
-    assert verify.loss_band([3.0, 2.0], [3.0, 2.02], 0.02).passed
-    out = verify.loss_band([3.0, 2.1], [3.0, 2.0], 0.02)
+    assert correctness.loss_band([3.0, 2.0], [3.0, 2.02], 0.02).passed
+    out = correctness.loss_band([3.0, 2.1], [3.0, 2.0], 0.02)
     assert not out.passed and out.max_rel_diff == pytest.approx(0.05)
-    assert not verify.loss_band([3.0, math.nan], [3.0, 2.0], 0.02).passed
+    assert not correctness.loss_band([3.0, math.nan], [3.0, 2.0], 0.02).passed
 
 
 def test_learns_check(tiny):
     stream = BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0)
-    eager = verify.train_curve(step_for(tiny), stream, 120)
-    again = verify.train_curve(step_for(tiny), BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
-    good = verify.learns_check(again, eager, band=0.03, unigram_entropy=2.846)
+    eager = correctness.train_curve(step_for(tiny), stream, 120)
+    again = correctness.train_curve(step_for(tiny), BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
+    good = correctness.learns_check(again, eager, band=0.03, unigram_entropy=2.846)
     assert good.passed, good.detail
     assert good.final_loss == pytest.approx(good.eager_final_loss) and len(good.losses) == 120
     still = TrainStep(StepSpec(4, 32), tiny.cfg.model, tiny.init, tiny.device, lr=0.0)
-    flat = verify.train_curve(still, BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
-    bad = verify.learns_check(flat, eager, band=0.03, unigram_entropy=2.846)
+    flat = correctness.train_curve(still, BatchStream(tiny.corpus, 4, 32, tiny.device, seed=0), 120)
+    bad = correctness.learns_check(flat, eager, band=0.03, unigram_entropy=2.846)
     assert not bad.passed and bad.final_loss > 1.03 * bad.eager_final_loss
 
 
@@ -122,7 +122,7 @@ def d2l_curves():
 
     MODEL_TRANSFORMS["zero-attention"] = zero_attention
     try:
-        curves = {name: verify.train_curve(work.step(spec), work.stream(spec), 300) for name, spec in (
+        curves = {name: correctness.train_curve(work.step(spec), work.stream(spec), 300) for name, spec in (
             ("eager", work.base_spec), ("bf16", dataclasses.replace(work.base_spec, autocast="bf16")),
             ("context-free", dataclasses.replace(work.base_spec, transforms=("zero-attention",))))}
     finally:
@@ -133,11 +133,11 @@ def d2l_curves():
 @pytest.mark.slow
 def test_a_context_free_model_fails_the_learns_check_and_the_real_one_passes(d2l_curves):
     curves, entropy = d2l_curves
-    free = verify.learns_check(curves["context-free"], curves["eager"], 0.03, entropy)
+    free = correctness.learns_check(curves["context-free"], curves["eager"], 0.03, entropy)
     assert free.final_loss < entropy  # it does learn letter pairs: the old "loss fell 10%" would pass it
     assert free.drop > 0.10
     assert not free.passed and free.final_loss > 1.03 * free.eager_final_loss
-    real = verify.learns_check(curves["bf16"], curves["eager"], 0.03, entropy)
+    real = correctness.learns_check(curves["bf16"], curves["eager"], 0.03, entropy)
     assert real.passed, real.detail
     assert real.eager_losses == curves["eager"] and real.losses == curves["bf16"]  # both curves saved
 
@@ -145,8 +145,8 @@ def test_a_context_free_model_fails_the_learns_check_and_the_real_one_passes(d2l
 def test_a_rung_whose_step_is_the_reference_takes_its_learns_curve_and_another_trains_its_own():
     """A batch rung built on eager (when compile and bf16 lost) is eager fp32 at the bigger batch: the learns-check's
     own reference at that shape, so its curve is the reference's, not the same 300 steps trained twice."""
-    from speedladder.gates import Gates
     from speedladder.progress import Progress
+    from speedladder.verify.gates import Gates
 
     work = prepare(RunConfig(preset="tiny", device="cpu", gates=dataclasses.replace(RunConfig().gates,
                                                                                    learns_steps=12)))

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from speedladder import meta
 from speedladder.meta import __version__ as __version__
 
 __all__ = ["Requirement", "StepSpec", "apply", "climb", "race", "rounding_fuzz", "rung"]
 _RUNG_API = ("Requirement", "StepSpec", "rounding_fuzz", "rung")  # declaring a rung of your own (docs/rungs.md)
-
-meta.install()  # `import speedladder.gates` and the other old names still work, for one release (meta.MOVED)
 
 
 def __getattr__(name: str):
