@@ -77,6 +77,25 @@ def not_built_upon(r: RungResult, base: str) -> str:
 
 
 class Ladder:
+    """A run's climb: each rung of the ladder measured beside the rung it builds on, gated, and saved.
+
+    Owns: the workload, the run's `Results` (written to `run_dir` after every rung), the gates (`Gates`: eager fp32
+    references and each passing rung's probe outputs), the peaks (resident memory, FLOP/s), the machine-load meter,
+    and the path of rungs that make the current base spec.
+
+    Runs, in order (`run`): the machine's load before anything of ours; the baseline's profile in a child process
+    and a prediction for every rung (`profile`); the climb (`_climb_all`): for each rung, its transform on the base
+    spec, then `climb` -- skipped when its requirement is unmet, else timed beside its base (`_measure` ->
+    workload.measure_spec), metered, gated (`_gate` -> Gates.check), and its ratios derived (`_derive`); the next
+    rung builds on it only if it passed and paid; its fp32 control where the rung changes the precision; the rungs
+    measured beside the top (`--beside`); then a command's own step (`after_climb`, tune's); each loss and miss
+    explained (profile.explain); the learns-check on the fastest rung that passed (`_learns_check`); the resident
+    peaks last, in a child process.
+
+    Leaves behind: results.json (status "complete", "failed" when the baseline did not run, or "interrupted") and
+    config.toml in `run_dir`, from which every report is drawn.
+    """
+
     def __init__(self, work: Workload, run_dir: Path, progress: Progress | None = None,
                  budget: Callable[[], str | None] | None = None, settings: Settings | None = None,
                  sections: tuple[str, ...] = ("run", "quiet")) -> None:

@@ -72,6 +72,25 @@ def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
 
 
 class Race(Runs):
+    """A race: configurations trained to one target val loss from several seeds, each judged by its time to the
+    target against the configuration it built on, paired by seed.
+
+    Owns: the workload's val set, the race's section of results (`RaceSection`: entries, stages, verdicts), a clock,
+    the machine-load meter, and each configuration's prepared step (`Prepared`: gated for causality, compiled and
+    warmed up outside the clock).
+
+    Runs, in order (`run`): the machine's load before anything of ours; then, for a ladder, rung by rung
+    (`_run_ladder`): the baseline is prepared and the target calibrated on it (`calibrate`: eager fp32's val loss
+    after `calibrate_steps` steps, a seed of its own); each later rung is composed on the best configuration so far,
+    prepared, and raced beside it in one stage (`_stage`: every seed, the two runs of a seed taking turns stretch by
+    stretch, `_seed`); the stage is judged (verdicts.judge) and the next rung builds on this one only if it paid.
+    A rung stopped at its cap in each of its first two seeds is a loss and its other seeds are not run. Given
+    configurations instead (`prepare_combos`, `prepare_configs`, tune's finalists) are raced in one stage.
+
+    Leaves behind: results.json in `run_dir`, saved after every run and on an interrupt (status "complete" or
+    "interrupted"), with config.toml beside it when the race is a command of its own; the report reads them.
+    """
+
     def __init__(self, work: Workload, run_dir: Path, race: RaceConfig, progress: Progress | None = None,
                  clock: Clock | None = None, role: RaceRole = "rung", settings: Settings | None = None,
                  results_: Results | None = None, target_note: str | None = None) -> None:
