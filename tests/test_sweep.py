@@ -16,6 +16,7 @@ from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.records import Results, RungResult
+from speedladder.records.sweep import SweepPoint, SweepRung
 from speedladder.workload import prepare
 
 W = [64, 128, 256, 512]
@@ -52,11 +53,12 @@ def test_inconclusive_points_between_a_loss_and_a_win_widen_the_crossover():
 
 
 def test_summary_reads_each_rungs_verdicts_from_the_points():
-    points = [{"value": v, "rungs": {"eager": {"verdict": None}, "bf16": {"verdict": verdict}}}
+    points = [SweepPoint(value=v, dir=f"width-{v}", status="complete", model={}, batch_size=2, seq_len=8,
+                         rungs={"eager": SweepRung("ok"), "bf16": SweepRung("ok", verdict=verdict)})
               for v, verdict in zip(W, ["loss", "noise", "win", "win"])]
     s = summarize("width", points, ("eager", "bf16"))
-    assert list(s) == ["bf16"] and s["bf16"]["verdicts"] == ["loss", "noise", "win", "win"]
-    assert s["bf16"]["crossovers"][0]["after"] == 64 and s["bf16"]["crossovers"][0]["before"] == 256
+    assert list(s) == ["bf16"] and s["bf16"].verdicts == ["loss", "noise", "win", "win"]
+    assert s["bf16"].crossovers[0].after == 64 and s["bf16"].crossovers[0].before == 256
 
 
 def test_each_axis_changes_one_thing_and_keeps_the_head_size():

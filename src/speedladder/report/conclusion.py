@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, PRESETS
 from speedladder.measure.judging import SHORT
-from speedladder.records import Results, Role, RungResult
+from speedladder.records import Results, Role, RungResult, RunKind
 from speedladder.report.common import STATUS_LABEL, times
 
 SMALL_PRESETS = ("tiny", "d2l-cpu")  # scaled down so that a CPU climbs in minutes: matmuls too small to pay much
@@ -136,7 +136,7 @@ def _commands(results: Results, folder: str, best: RungResult | None) -> list[tu
 
 def of(results: Results, folder: str = "RUN_DIR") -> Conclusion | None:
     """A ladder's conclusion (run); None for what has its own (a tune, a race, predict, ddp, a sweep, a profile)."""
-    if results.tune or results.race or results.parallel or results.sweep or results.kind == "profile":
+    if results.run_kind is not RunKind.RUN:
         return None
     base = results.baseline
     if base is None:

@@ -22,6 +22,23 @@ def section(saved: Results) -> ParallelSection:
     return saved.parallel
 
 
+def k_rows(p: ParallelSection) -> list[list[str]]:
+    """Each k's predicted floor, overlap-aware tokens/s and efficiency, and what was measured there: report.html's
+    table of k."""
+    m = p.measured
+    rows = []
+    for r in p.predictions:
+        meas = ""
+        if m and r["k"] == m["k"]:
+            t = m["tokens_per_s"]
+            meas = f"{t['median']:,.0f} ({t['min']:,.0f}–{t['max']:,.0f})"
+        elif r["k"] == 1 and p.single:
+            meas = f"{p.single['tokens_per_s']['median']:,.0f}"
+        rows.append([str(r["k"]), f"{r['floor_tokens_per_s']:,.0f}", f"{r['overlap_tokens_per_s']:,.0f}",
+                     f"{100 * r['overlap_efficiency']:.0f}%", meas or "—"])
+    return rows
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:+.0f}%"
 

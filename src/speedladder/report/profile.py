@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,6 +13,16 @@ from speedladder.profile.spread import iqr
 from speedladder.records import ProfileSummary, Results, Role
 from speedladder.report.common import console, label, model_label, pct, times
 from speedladder.report.mfu import tflops_text
+
+
+def share_of(categories: dict[str, Any], name: str) -> float:
+    """A category's share of the median step, from the profile's categories as saved."""
+    return float(categories[name]["share"])
+
+
+def ms_of(categories: dict[str, Any], name: str) -> float:
+    """A category's milliseconds in the median step."""
+    return float(categories[name]["ms"])
 
 
 def share_range(v: dict) -> str:
