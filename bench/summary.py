@@ -16,8 +16,8 @@ from pathlib import Path
 
 from speedladder import report, results
 from speedladder.records import Results
-from speedladder.report import race as race_report
 from speedladder.report import sweep as sweep_report
+from speedladder.report.race import text as race_report
 
 SHORT = ("rung", "tokens/s", "× prev", "pred ×", "× cum", "step ms", "MFU", "peak mem", "compile s", "gate",
          "verdict", "not built upon")

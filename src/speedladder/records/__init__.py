@@ -26,7 +26,16 @@ from speedladder.records.checks import (
 )
 from speedladder.records.convert import from_dict, to_dict
 from speedladder.records.machine import BusyProcess, MachineLoad
-from speedladder.records.parallel import ParallelSection
+from speedladder.records.parallel import (
+    Bandwidth,
+    KPrediction,
+    MeasuredJob,
+    ParallelSection,
+    ParamCheck,
+    Probe,
+    ProbeSize,
+    SingleProcess,
+)
 from speedladder.records.profile import ProfileSummary
 from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
 from speedladder.records.results import Results, RunKind
@@ -36,6 +45,7 @@ from speedladder.records.tune import TuneJudge, TuneSection
 
 __all__ = [
     "EXTRA",
+    "Bandwidth",
     "BudgetCheck",
     "BusyProcess",
     "Causality",
@@ -48,13 +58,18 @@ __all__ = [
     "Explanation",
     "Fp64",
     "Gate",
+    "KPrediction",
     "Kinks",
     "LearnsCheck",
     "LossBand",
     "MachineLoad",
+    "MeasuredJob",
     "PairedTest",
     "ParallelSection",
+    "ParamCheck",
     "Prediction",
+    "Probe",
+    "ProbeSize",
     "ProfileSummary",
     "RaceEntry",
     "RaceRun",
@@ -64,6 +79,7 @@ __all__ = [
     "Role",
     "RunKind",
     "RungResult",
+    "SingleProcess",
     "SweepPoint",
     "SweepRung",
     "SweepSection",

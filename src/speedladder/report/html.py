@@ -40,7 +40,7 @@ from speedladder.report.htmlkit import (
 )
 from speedladder.report.memory import field_of, memory_chart, memory_fields
 from speedladder.report.profile import ms_of, roofline_line, share_of
-from speedladder.report.race_charts import race_figure, race_html
+from speedladder.report.race.charts import race_figure, race_html
 from speedladder.report.text import NOT_BUILT_UPON
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows

@@ -10,8 +10,8 @@ from speedladder.profile import child
 from speedladder.records import Results, RunKind
 from speedladder.report import html, parallel, sweep
 from speedladder.report.profile import print_profile
-from speedladder.report.race import print_race
-from speedladder.report.race_charts import race_plot
+from speedladder.report.race.charts import race_plot
+from speedladder.report.race.text import print_race
 from speedladder.report.text import print_report
 from speedladder.report.tune import print_tune
 from speedladder.report.waterfall import WATERFALL, waterfall

@@ -111,7 +111,7 @@ def winner_table(results: Results) -> Table | None:
 
 
 def print_tune(results: Results, out: Console | None = None) -> None:
-    from speedladder.report.race import print_race
+    from speedladder.report.race.text import print_race
 
     out = out or console()
     if results.tune is not None and results.tune.race is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import model_label
 from speedladder.report.htmlkit import missing, notes, svg, table
-from speedladder.report.race import BOUND_MARK, RACE_COLOURS, TOKENS_COLOUR, race_lines, race_rows, verdict_cell
+from speedladder.report.race.text import BOUND_MARK, RACE_COLOURS, TOKENS_COLOUR, race_lines, race_rows, verdict_cell
 
 
 def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of, tag: str) -> float:

@@ -1,4 +1,5 @@
-"""A race's table, notes and charts, drawn from its saved `race` section alone (records.RaceSection)."""
+"""A race in words: its table, its notes and the printed view, drawn from its saved `race` section alone
+(records.RaceSection); its charts are in race/charts.py."""
 
 from __future__ import annotations
 
