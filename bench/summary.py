@@ -41,8 +41,8 @@ def aligned(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> list
 
 def header(saved: Results, path: Path) -> str:
     c, e = saved.config, saved.environment
-    return (f"{c.preset} B={c.batch_size} T={c.seq_len} on {e.get('device_name')}, torch "
-            f"{e.get('torch')} ({saved.status}): {path.parent.parent.name}/{path.parent.name}")
+    return (f"{c.preset} B={c.batch_size} T={c.seq_len} on {e.device_name}, torch "
+            f"{e.torch} ({saved.status}): {path.parent.parent.name}/{path.parent.name}")
 
 
 def table(saved: Results, cols: tuple[str, ...]) -> list[str]:

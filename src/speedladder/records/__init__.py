@@ -25,6 +25,7 @@ from speedladder.records.checks import (
     not_applicable,
 )
 from speedladder.records.convert import from_dict, to_dict
+from speedladder.records.environment import Environment
 from speedladder.records.machine import BusyProcess, MachineLoad
 from speedladder.records.parallel import (
     Bandwidth,
@@ -53,6 +54,7 @@ __all__ = [
     "Crossover",
     "Differential",
     "Distance",
+    "Environment",
     "EqualTokens",
     "Equivalence",
     "Explanation",

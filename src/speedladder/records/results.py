@@ -8,6 +8,7 @@ from typing import Any
 
 from speedladder.config.resolved import Resolved
 from speedladder.records.checks import LearnsCheck, Role
+from speedladder.records.environment import Environment
 from speedladder.records.machine import MachineLoad
 from speedladder.records.parallel import ParallelSection
 from speedladder.records.profile import ProfileSummary
@@ -37,7 +38,7 @@ class Results:
     created: str
     command: list[str]
     config: Resolved  # the resolved configuration, saved flat (Resolved.to_plain)
-    environment: dict[str, Any]
+    environment: Environment
     model: dict[str, Any]
     # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere); a profile.json
     # of schema 1 has none: it was written once, complete.

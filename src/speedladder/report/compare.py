@@ -88,16 +88,16 @@ class Measured:
 
 # What makes two runs' tokens/s comparable, or explains why they differ: each read from the run's records.
 FIELDS: tuple[tuple[str, Callable[[Results], object]], ...] = (
-    ("device", lambda r: r.environment.get("device_name")), ("device type", lambda r: r.environment.get("device_type")),
-    ("torch", lambda r: r.environment.get("torch")), ("CUDA", lambda r: r.environment.get("cuda")),
-    ("CPU threads", lambda r: r.environment.get("cpu_threads")),
+    ("device", lambda r: r.environment.device_name), ("device type", lambda r: r.environment.device_type),
+    ("torch", lambda r: r.environment.torch), ("CUDA", lambda r: r.environment.cuda),
+    ("CPU threads", lambda r: r.environment.cpu_threads),
     ("preset", lambda r: r.config.run.preset), ("batch size", lambda r: r.config.run.batch_size),
     ("seq len", lambda r: r.config.run.seq_len), ("batch multiplier", lambda r: r.config.run.batch_multiplier),
     ("rungs", lambda r: r.config.run.rungs), ("data", lambda r: r.config.run.data),
     ("tokenizer", lambda r: r.config.run.tokenizer),
     ("steps per window", lambda r: r.config.run.timing.steps), ("windows", lambda r: r.config.run.timing.windows),
     ("seed", lambda r: r.config.run.seed), ("lr", lambda r: r.config.run.lr),
-    ("git commit", lambda r: r.environment.get("git_commit")),
+    ("git commit", lambda r: r.environment.git_commit),
 )
 
 

@@ -65,7 +65,7 @@ def header(saved: Results) -> str:
     """The run's header: the command, the model, the shape, the machine and when."""
     e, c, model, corpus = saved.environment, saved.config, saved.model, saved.corpus or {}
     kind = saved.run_kind.value
-    cuda = e.get("cuda") or "none (a CPU build of torch)"
+    cuda = e.cuda or "none (a CPU build of torch)"
     pairs = [
         ("command", shlex.join(saved.command)),
         ("kind", kind), ("status", saved.status),
@@ -75,16 +75,16 @@ def header(saved: Results) -> str:
         ("shape", f"B={c.batch_size} T={c.seq_len} (batch-up ×{c.batch_multiplier})"),
         ("recipe", c.run.recipe.describe() + (f"; schedule: {saved.schedule}" if saved.schedule else "")),
         ("corpus", f"{corpus.get('source')} · {corpus.get('tokenizer')} tokenizer · {corpus.get('tokens', 0):,} tokens"),
-        ("device", f"{e.get('device_name')} ({e.get('device')})" + (
+        ("device", f"{e.device_name} ({e.device})" + (
             f" · {c.run.threads} threads (--threads)" if c.run.threads is not None else "")),
-        ("torch / CUDA", f"{e.get('torch')} / {cuda}"),
+        ("torch / CUDA", f"{e.torch} / {cuda}"),
         ("date", f"{saved.created} (last written {saved.updated})"),
-        ("git commit", e.get("git_commit") or "unknown (not run from a speedladder checkout)"),
+        ("git commit", e.git_commit or "unknown (not run from a speedladder checkout)"),
     ]
     load = machine.html_value(saved)  # other processes before and during the windows, when read
     if load is not None:
         pairs.append(("machine", load))
-    title = f"speedladder {kind} · {model_label(c, model)} on {e.get('device_name')}"
+    title = f"speedladder {kind} · {model_label(c, model)} on {e.device_name}"
     shared = machine.header_line(saved)  # said where the reader starts, as the console says it first
     warning = f'<p class="missing" id="machine-not-alone">{esc(shared)}</p>\n' if shared else ""
     return f'<header id="header">\n<h1>{esc(title)}</h1>\n{warning}{kv(pairs)}\n</header>'
@@ -262,7 +262,7 @@ def memory_section(saved: Results) -> str:
         fig.tight_layout()
         parts.append(svg(fig, "memory"))
     else:
-        device = saved.environment.get("device_type")
+        device = saved.environment.device_type
         meters = memory_chart(saved)  # off CUDA: saved activations and the step's resident rise
         parts.append(missing(f"peak memory n/a: this run's device ({device}) does not report peak allocated "
                              "memory (only CUDA does), so results.json holds null rather than an invented number"
@@ -339,8 +339,8 @@ def parallel_section(saved: Results) -> str:
 
 def environment_section(saved: Results) -> str:
     """The environment as saved, the corpus, and the resolved configuration folded."""
-    env = saved.environment
-    if not env:
+    env = to_dict(saved.environment)  # every field as saved, in the file's order
+    if not any(v is not None for v in env.values()):
         return missing("no environment recorded in this results.json.")
     parts = [kv(env.items())]
     if saved.corpus:
@@ -371,7 +371,7 @@ def build(saved: Results | dict) -> str:
     for sid, title in SECTIONS[2:]:
         body.append(section(sid, title, BUILDERS[sid](typed)))
     label_ = model_label(typed.config, typed.model)
-    return page(f"speedladder {typed.run_kind.value} · {label_} · {typed.environment.get('device_name')}", body)
+    return page(f"speedladder {typed.run_kind.value} · {label_} · {typed.environment.device_name}", body)
 
 
 def write(results: Results | dict, run_dir: Path) -> Path:

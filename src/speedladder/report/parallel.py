@@ -47,9 +47,9 @@ def _pct(x: float | None) -> str:
 def title(saved: Results) -> str:
     """The printed table's title: the command, strategy, model, machine, configuration and shape per process."""
     c, e, p = saved.config, saved.environment, section(saved)
-    return (f"speedladder {p.command} · {p.strategy} · {c.preset} on {e.get('device_name')} "
-            f"({e.get('device_type')}) · {'+'.join(p.rungs)} · B={spec_value(p.spec, 'batch_size')} "
-            f"T={spec_value(p.spec, 'seq_len')} per process{recipe_part(saved)} · torch {e.get('torch')}")
+    return (f"speedladder {p.command} · {p.strategy} · {c.preset} on {e.device_name} "
+            f"({e.device_type}) · {'+'.join(p.rungs)} · B={spec_value(p.spec, 'batch_size')} "
+            f"T={spec_value(p.spec, 'seq_len')} per process{recipe_part(saved)} · torch {e.torch}")
 
 
 def probe_table(probe: Probe) -> Table:
@@ -193,7 +193,7 @@ def plot(saved: Results, path: Path) -> Path:
     ax.set_xticks(sorted(set(ks) | set(mk)))
     ax.set_ylim(bottom=0)
     e = saved.environment
-    ax.set_title(f"{p.strategy} · {saved.config.preset} · {e.get('device_name')}", fontsize=10)
+    ax.set_title(f"{p.strategy} · {saved.config.preset} · {e.device_name}", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
     ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()

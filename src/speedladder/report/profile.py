@@ -156,7 +156,7 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     out = out or console()
     b = saved.profile or ProfileSummary()
     spec = b.spec
-    out.print(escape(f"speedladder profile · {model_label(saved.config, saved.model)} on {saved.environment['device_name']} · "
+    out.print(escape(f"speedladder profile · {model_label(saved.config, saved.model)} on {saved.environment.device_name} · "
                      f"B={spec['batch_size']} T={spec['seq_len']} · {'+'.join(b.rungs) or 'baseline (eager fp32)'} · "
                      f"{b.steps} steps"))
     out.print(escape(f"top operators by {'CUDA' if b.device_type == 'cuda' else 'CPU'} self time "

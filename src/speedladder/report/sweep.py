@@ -73,8 +73,8 @@ def print_sweep(saved: Results, out: Console | None = None) -> None:
     s = sweep_of(saved)
     c, e = saved.config, saved.environment
     headers, data = rows(saved)
-    t = Table(title=escape(f"speedladder sweep · {s.axis} · {c.preset} on {e['device_name']} · "
-                           f"torch {e['torch']}"), title_justify="left")
+    t = Table(title=escape(f"speedladder sweep · {s.axis} · {c.preset} on {e.device_name} · "
+                           f"torch {e.torch}"), title_justify="left")
     for h in headers:
         t.add_column(escape(h), justify="left" if h == headers[1] else "right", no_wrap=True)
     for row in data:
@@ -118,7 +118,7 @@ def figure(saved: Results):
     ax.set_xlabel(AXIS_WORDS.get(s.axis, s.axis))
     ax.set_ylabel("× eager tokens/s (same point)")
     c, e = saved.config, saved.environment
-    ax.set_title(f"sweep · {c.preset} · {e['device_name']}  (marker colour: verdict)", fontsize=10)
+    ax.set_title(f"sweep · {c.preset} · {e.device_name}  (marker colour: verdict)", fontsize=10)
     from matplotlib.patches import Patch
 
     handles, _ = ax.get_legend_handles_labels()
@@ -148,9 +148,9 @@ def html(saved: Results) -> str:
     c, e = saved.config, saved.environment
     head = kv([("command", " ".join(saved.command)), ("status", saved.status), ("axis", s.axis),
                ("values", ", ".join(map(str, s.values))), ("rungs", ", ".join(s.rungs)),
-               ("device", f"{e.get('device_name')} ({e.get('device')})"), ("torch", e.get("torch")),
-               ("date", saved.created), ("git commit", e.get("git_commit"))])
-    title = f"speedladder sweep · {s.axis} · {c.preset} on {e.get('device_name')}"
+               ("device", f"{e.device_name} ({e.device})"), ("torch", e.torch),
+               ("date", saved.created), ("git commit", e.git_commit)])
+    title = f"speedladder sweep · {s.axis} · {c.preset} on {e.device_name}"
     body = [f"<h1>{esc(title)}</h1>", head,
             section("curve", "× over eager", svg(figure(saved), "sweep")),
             section("points", "Points", table(headers, data, left=(headers[1],)) + notes(lines(saved)))]

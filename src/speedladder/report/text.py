@@ -96,9 +96,9 @@ def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
 
 def title(results: Results) -> str:
     c, e = results.config, results.environment
-    return (f"speedladder · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
+    return (f"speedladder · {model_label(c, results.model)} on {e.device_name} ({e.device_type}) · "
             f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · "
-            f"torch {e['torch']}")
+            f"torch {e.torch}")
 
 
 NOT_BUILT_UPON = "not built upon"  # the column: why the rungs above do not build on this one, in a word
@@ -290,10 +290,10 @@ def notes(results: Results) -> list[str]:
     if results.config.preset_note:
         out.append(results.config.preset_note + ".")
     env = results.environment
-    if env.get("device_type") == "cpu" and env.get("cpu_capability"):  # what a CPU's verdicts rest on
-        native = {True: "native", False: "not native", None: "unknown"}[env.get("bf16_native")]
-        out.append(f"processor: {env['cpu_capability']}, bf16 {native} ({env.get('bf16_why')}); muon: "
-                   f"{env.get('muon')}.")
+    if env.device_type == "cpu" and env.cpu_capability:  # what a CPU's verdicts rest on
+        native = {True: "native", False: "not native", None: "unknown"}[env.bf16_native]
+        out.append(f"processor: {env.cpu_capability}, bf16 {native} ({env.bf16_why}); muon: "
+                   f"{env.muon}.")
     out.extend(_model_note(results.model))
     out.extend(recipe_line(results))
     by_name = {r.name: r for r in results.rungs}
