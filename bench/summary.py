@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from speedladder import report, results
-from speedladder.records import Results
+from speedladder.records import Results, RunKind
 from speedladder.report import sweep as sweep_report
 from speedladder.report.race import text as race_report
 
@@ -46,7 +46,7 @@ def header(saved: Results, path: Path) -> str:
 
 
 def table(saved: Results, cols: tuple[str, ...]) -> list[str]:
-    if saved.kind == "sweep":
+    if saved.run_kind is RunKind.SWEEP:
         headers, rows = sweep_report.rows(saved)
         return aligned(headers, rows)
     if saved.race is not None:

@@ -4,6 +4,10 @@ Every record keeps the field names of the JSON file (docs/results.md), so a
 file written by any version of speedladder loads: a field the record does not
 know lands in its `extra` and is written back unchanged; a field the file
 lacks takes the record's default. Nothing read is lost.
+
+One module per idea: `results` (the run's record and its kind), `rung` (a rung's record, its gates and
+prediction), `checks` (each gate's check), `environment`, `machine`, `profile`, `parallel`, `race`, `tune`,
+`sweep`, and `convert` (the JSON rules). Every name is importable from here as well.
 """
 
 from __future__ import annotations
