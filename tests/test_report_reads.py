@@ -37,7 +37,7 @@ DEBT = {
     "conclusion.py": 10,  # a rung's explanation, the profile's buckets, Results.model
     "explained.py": 26,  # a rung's explanation (profile/explain.py writes it as a dict)
     "machine.py": 5,  # a rung's timing windows
-    "profile.py": 35,  # the profile's categories, matmuls, per-step figures; Results.predictions
+    "profile.py": 33,  # the profile's categories, matmuls, per-step figures; Results.predictions
     "summary.py": 1,  # a tune's commands
     "text.py": 11,  # a rung's timing, Results.model, Results.corpus
     "tune.py": 8,  # a tune's candidates and commands
