@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from speedladder import report, results
-from speedladder.records import Results
-from speedladder.report import race as race_report
+from speedladder.records import Results, RunKind
 from speedladder.report import sweep as sweep_report
+from speedladder.report.race import text as race_report
 
 SHORT = ("rung", "tokens/s", "× prev", "pred ×", "× cum", "step ms", "MFU", "peak mem", "compile s", "gate",
          "verdict", "not built upon")
@@ -41,12 +41,12 @@ def aligned(headers: list[str] | tuple[str, ...], rows: list[list[str]]) -> list
 
 def header(saved: Results, path: Path) -> str:
     c, e = saved.config, saved.environment
-    return (f"{c.preset} B={c.batch_size} T={c.seq_len} on {e.get('device_name')}, torch "
-            f"{e.get('torch')} ({saved.status}): {path.parent.parent.name}/{path.parent.name}")
+    return (f"{c.preset} B={c.batch_size} T={c.seq_len} on {e.device_name}, torch "
+            f"{e.torch} ({saved.status}): {path.parent.parent.name}/{path.parent.name}")
 
 
 def table(saved: Results, cols: tuple[str, ...]) -> list[str]:
-    if saved.kind == "sweep":
+    if saved.run_kind is RunKind.SWEEP:
         headers, rows = sweep_report.rows(saved)
         return aligned(headers, rows)
     if saved.race is not None:

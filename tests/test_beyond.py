@@ -282,7 +282,7 @@ def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
     opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
     assert type(opt) is Muon and opt.ns_dtype == torch.float32
     env = results.environment(torch.device('cpu'))
-    assert env["bf16_native"] is False and "fp32" in env["muon"]
+    assert env.bf16_native is False and "fp32" in (env.muon or "")
     monkeypatch.setattr(processor, "bf16_native", lambda device: True)  # a processor with AVX-512 BF16 or AMX
     assert ns_dtype_for(torch.device('cpu'))[0] == torch.bfloat16
     opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)

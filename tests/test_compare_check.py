@@ -126,8 +126,8 @@ def test_check_passes_against_itself(runs, capsys):
     assert main(["check", "--baseline", str(a), "--against", str(a), "--tolerance", "0.2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     # On a busy host the fixture's tiny windows may drift; a warning then names each side, and only then.
-    saved = load_dict(a)
-    warned = compare.drift_warnings([saved, saved], ["the baseline", "the new run"], DRIFT_LIMIT)
+    typed = results.load(a)
+    warned = compare.drift_warnings([typed, typed], ["the baseline", "the new run"], DRIFT_LIMIT)
     assert lines[:-1] == [f"check: {w}" for w in warned]
     assert lines[-1].startswith("check: no regression")
 

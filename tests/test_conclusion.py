@@ -12,7 +12,7 @@ from rich.console import Console
 from speedladder import results
 from speedladder.cli import main
 from speedladder.measure.judging import Spread
-from speedladder.records import Gate, LearnsCheck, Prediction, ProfileSummary, Results, RungResult
+from speedladder.records import Environment, Gate, LearnsCheck, Prediction, ProfileSummary, Results, RungResult
 from speedladder.report import conclusion, html
 from speedladder.report.text import print_report
 
@@ -51,8 +51,8 @@ def nothing_paid() -> Results:
              not_built_upon="slower: noise"),
         rung("ckpt", 16_000, 0.80, "eager", "loss", kind="memory", predicted=0.78, why="recompute"),
     ]
-    env = {"device_name": "AMD EPYC", "device_type": "cpu", "torch": "2.13.0+cpu", "cpu_capability": "AVX2",
-           "bf16_native": False}
+    env = Environment(device_name="AMD EPYC", device_type="cpu", torch="2.13.0+cpu", cpu_capability="AVX2",
+                      bf16_native=False)
     profile = ProfileSummary(regime="compute-bound", regime_label="borderline (compute / memory)",
                              buckets={"compute": 0.45, "memory": 0.40, "overhead": 0.15})
     return Results(schema=results.SCHEMA, status="complete", created="2026-12-03T00:00:00+00:00", command=["x"],
@@ -133,7 +133,7 @@ def test_a_gain_inside_the_noise_is_no_claim():
 def test_the_commands_follow_the_profile(regime, overhead, device, expected):
     res = nothing_paid()
     res.config = resolved(ladder="full")
-    res.environment["device_type"] = device
+    res.environment.device_type = device
     res.profile = ProfileSummary(regime=regime, buckets={"compute": 0.3, "memory": 0.1, "overhead": overhead})
     c = conclusion.of(res)
     assert c is not None and [cmd for cmd, _ in c.commands] == expected

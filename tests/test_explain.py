@@ -14,7 +14,7 @@ from speedladder.profile.categories import CATEGORIES, IDLE
 from speedladder.profile.explain import names_of, to_explain
 from speedladder.profile.predict import baseline_parts
 from speedladder.profile.sides import compare, sums
-from speedladder.records import Prediction, ProfileSummary, Results, RungResult, from_dict
+from speedladder.records import Environment, Prediction, ProfileSummary, Results, RungResult, from_dict
 from speedladder.report.explained import lines_of
 
 
@@ -76,7 +76,7 @@ def _rung(name: str, built_on: str | None, error: float | None, role: str = "run
 def test_every_loss_and_every_miss_is_explained_but_not_a_rung_stopped_short():
     """Not only the largest miss: each rung that lost (× prev below 1.0, a speed rung), missed or not, and each miss
     beyond the limit, in ladder order; a rung stopped short lost as its prediction said, and is explained by it."""
-    res = Results(schema="", status="", created="", command=[], config=resolved(), environment={}, model={},
+    res = Results(schema="", status="", created="", command=[], config=resolved(), environment=Environment(), model={},
                   rungs=[_rung("eager", None, None, verdict="baseline"),
                          _rung("compile", "eager", -0.23, prev=0.87, verdict="loss"),  # inside the limit, but lost
                          _rung("bf16", "eager", -0.30, prev=0.07, verdict="short"),
@@ -199,7 +199,7 @@ def test_a_compiled_profile_records_what_the_compiler_did_and_its_own_trace(tmp_
 
 
 def test_only_misses_beyond_the_limit_are_explained_and_chains_follow_the_ladder():
-    res = Results(schema="", status="", created="", command=[], config=resolved(), environment={}, model={},
+    res = Results(schema="", status="", created="", command=[], config=resolved(), environment=Environment(), model={},
                   rungs=[_rung("eager", None, None), _rung("compile", "eager", -0.36), _rung("bf16", "compile", 0.1),
                          _rung("batch", "bf16", -0.25), _rung("batch-fp32", "batch", 0.9, role="control"),
                          _rung("ckpt", "batch", 0.64)])

@@ -14,6 +14,7 @@ from conftest import TINY
 
 from speedladder import results
 from speedladder.cli import main
+from speedladder.records import Results, from_dict
 from speedladder.report import html as html_report
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
@@ -149,7 +150,7 @@ def test_memory_fields_and_learns_curves_are_drawn_when_present():
     page = html_report.build(saved)
     mem = section(page, "memory")
     assert "saved_activation_bytes" in mem and "3.00 MiB" in mem and "2.00 GiB" in mem and "<svg" in mem
-    labels = [label for label, _ in html_report.learns_curves(saved["learns_check"])]
+    labels = [label for label, _ in html_report.learns_curves(from_dict(Results, saved).learns_check)]
     assert labels == [saved["learns_check"]["rung"], "eager", "other"]
 
 

@@ -15,7 +15,7 @@ from conftest import cli, only_folder, resolved
 
 from speedladder import results
 from speedladder.measure import load, timer
-from speedladder.records import MachineLoad, RaceEntry, RaceRun, RaceSection, Results
+from speedladder.records import Environment, MachineLoad, RaceEntry, RaceRun, RaceSection, Results
 from speedladder.report import machine
 
 RUN = ["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,sdpa", "--window-steps", "40", "--windows", "3",
@@ -92,7 +92,7 @@ def torch_cpu():
 
 def _machine(**kw) -> Results:
     res = Results(schema=results.SCHEMA, created="", command=[], config=resolved(), model={"preset": "tiny"},
-                  environment={"device_name": "cpu", "device_type": "cpu", "device": "cpu", "torch": "2"})
+                  environment=Environment(device_name="cpu", device_type="cpu", device="cpu", torch="2"))
     res.machine = MachineLoad(cores=2, shared_cores=load.SHARED_CORES, **kw)
     return res
 

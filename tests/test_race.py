@@ -317,7 +317,7 @@ def test_a_25_percent_slower_rung_that_is_noise_is_not_built_upon(monkeypatch, t
     assert slow.built_upon is False and same.built_on == "eager" and same.stage == 2
     assert same.spec["optimizer"] == eager.spec["optimizer"] != "adamw-foreach"
     from speedladder import results
-    from speedladder.report.race import race_lines
+    from speedladder.report.race.text import race_lines
 
     lines = race_lines(results.load(tmp_path))  # the notes, from the saved file
     assert any(line.startswith("slow: not built upon (slower) — noise, 0.8") and "no loss at p < 0.01" in line

@@ -18,7 +18,7 @@ from rich.console import Console
 from speedladder import report, results
 from speedladder.cli import main
 from speedladder.measure.judging import Spread
-from speedladder.records import Gate, Results, RungResult, from_dict, to_dict
+from speedladder.records import Environment, Gate, Results, RungResult, from_dict, to_dict
 
 COLOURS = report.COLOURS
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "example-cpu-results.json"
@@ -42,7 +42,7 @@ def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", s
 def make(rungs, fastest=None) -> Results:
     return Results(schema=results.SCHEMA, status="complete", created="2026-11-29T00:00:00+00:00", command=["x"],
                    config=resolved(preset="d2l-512", batch_size=64, seq_len=128),
-                   environment={"device_name": "NVIDIA H200", "device_type": "cuda", "torch": "2.11.0"},
+                   environment=Environment(device_name="NVIDIA H200", device_type="cuda", torch="2.11.0"),
                    model={}, corpus={"source": "timemachine"}, rungs=rungs, fastest=fastest)
 
 

@@ -15,7 +15,8 @@ from speedladder.climbing.sweep import crossover_line, crossovers, estimate, poi
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
-from speedladder.records import Results, RungResult
+from speedladder.records import Environment, Results, RungResult, from_dict, to_dict
+from speedladder.records.sweep import SweepPoint, SweepRung, SweepSection
 from speedladder.workload import prepare
 
 W = [64, 128, 256, 512]
@@ -52,11 +53,12 @@ def test_inconclusive_points_between_a_loss_and_a_win_widen_the_crossover():
 
 
 def test_summary_reads_each_rungs_verdicts_from_the_points():
-    points = [{"value": v, "rungs": {"eager": {"verdict": None}, "bf16": {"verdict": verdict}}}
+    points = [SweepPoint(value=v, dir=f"width-{v}", status="complete", model={}, batch_size=2, seq_len=8,
+                         rungs={"eager": SweepRung("ok"), "bf16": SweepRung("ok", verdict=verdict)})
               for v, verdict in zip(W, ["loss", "noise", "win", "win"])]
     s = summarize("width", points, ("eager", "bf16"))
-    assert list(s) == ["bf16"] and s["bf16"]["verdicts"] == ["loss", "noise", "win", "win"]
-    assert s["bf16"]["crossovers"][0]["after"] == 64 and s["bf16"]["crossovers"][0]["before"] == 256
+    assert list(s) == ["bf16"] and s["bf16"].verdicts == ["loss", "noise", "win", "win"]
+    assert s["bf16"].crossovers[0].after == 64 and s["bf16"].crossovers[0].before == 256
 
 
 def test_each_axis_changes_one_thing_and_keeps_the_head_size():
@@ -118,7 +120,7 @@ def test_a_budget_that_is_spent_starts_no_more_points(tmp_path):
 
 def test_the_next_points_time_is_the_last_ones_compile_plus_the_rest_scaled_by_the_work(tiny):
     bigger = prepare(RunConfig(preset="tiny", device="cpu", batch_size=8))  # twice the tokens of tiny's B=4
-    prev = Results(schema="", status="complete", created="", command=[], config=resolved(), environment={}, model={},
+    prev = Results(schema="", status="complete", created="", command=[], config=resolved(), environment=Environment(), model={},
                    rungs=[RungResult(name=n, rung=n, role="rung", reason="", kind="speed", built_on=None, spec={},
                                      precision="fp32", requirement={}, wall_s=5.0, compile_s=c)
                           for n, c in (("eager", None), ("compile", 4.0))])
@@ -133,3 +135,25 @@ def test_bad_sweep_input_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("speedladder: error:") == 4 and "Traceback" not in err
     assert "one axis at a time: --widths and --layers" in err
+
+
+def test_a_saved_sweep_section_reads_as_records_and_writes_back_in_the_same_shape():
+    """The sweep's section as the sweep wrote it before its records: x only where measured, a turn's "from"."""
+    saved = {"axis": "width", "values": [64, 128], "rungs": ["eager", "bf16"], "budget_minutes": 10.0,
+             "points": [{"value": v, "dir": f"width-{v}", "status": "complete", "model": {"n_embd": v, "n_layer": 2},
+                         "batch_size": 2, "seq_len": 8,
+                         "rungs": {"eager": {"status": "ok", "detail": "", "verdict": None, "passed": True,
+                                             "tokens_per_s": {"median": 10.0, "min": 9.0, "max": 11.0},
+                                             "saved_activation_bytes": None},
+                                   "bf16": {"status": "ok", "detail": "", "verdict": verdict, "passed": True,
+                                            "tokens_per_s": {"median": 12.0, "min": 11.0, "max": 13.0},
+                                            "saved_activation_bytes": None, "x": 1.2, "x_lo": 1.0, "x_hi": 1.44}}}
+                        for v, verdict in ((64, "loss"), (128, "win"))],
+             "skipped": [], "seconds": 12.5,
+             "summary": {"bf16": {"verdicts": ["loss", "win"], "line": "bf16: turns",
+                                  "crossovers": [{"from": "loss", "to": "win", "after": 64, "before": 128,
+                                                  "inconclusive": []}]}}}
+    section = from_dict(SweepSection, saved)
+    assert section.points[0].rungs["eager"].x is None and section.points[1].rungs["bf16"].x == 1.2
+    assert section.summary["bf16"].crossovers[0].start == "loss"
+    assert to_dict(section) == saved

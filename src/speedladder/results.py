@@ -20,7 +20,7 @@ import torch
 from speedladder.errors import UsageError
 from speedladder.measure import processor
 from speedladder.meta import __version__
-from speedladder.records import Results, from_dict, to_dict
+from speedladder.records import Environment, Results, from_dict, to_dict
 from speedladder.rungs.optim import ns_dtype_for
 
 # Version 2: typed records (this module) with the same field names as version 1, plus the version itself.
@@ -74,8 +74,9 @@ def device_name(device: torch.device) -> str:
     return cpu_name()
 
 
-def environment(device: torch.device) -> dict:
-    env = {
+def environment(device: torch.device) -> Environment:
+    """This machine's device, versions and commit, for a new result."""
+    env: dict[str, object] = {
         "device": str(device),
         "device_type": device.type,
         "device_name": device_name(device),
@@ -97,7 +98,7 @@ def environment(device: torch.device) -> dict:
         env["cuda_capability"] = list(torch.cuda.get_device_capability(device))
         env["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader",
                               f"--id={device.index or 0}"])
-    return env
+    return from_dict(Environment, env)
 
 
 def new_run_dir(parent: str) -> Path:

@@ -33,10 +33,10 @@ from speedladder.config import commands as settings
 from speedladder.config.codec import Group
 from speedladder.config.commands import RaceConfig, Settings, run_from_results
 from speedladder.errors import UsageError
-from speedladder.records import Role, to_dict
+from speedladder.records import Results, Role, from_dict, to_dict
 from speedladder.records.race import ruler_differences
 from speedladder.report.compare import differences, drift_warnings
-from speedladder.report.compare_race import change_test, own_runs
+from speedladder.report.race.compare import change_test
 
 # Roles a plain `run` reproduces; tune's combined candidates are compared only when both runs have them.
 LADDER_ROLES = (Role.RUNG, Role.BESIDE, Role.CONTROL)
@@ -76,6 +76,13 @@ def rerun_settings(saved: dict) -> tuple[str, Settings]:
             again = dataclasses.replace(again, target_loss=race["target_loss"], target_from=None)
         return "race", Settings(run=run, race=again)
     return "run", Settings(run=run)
+
+
+def own_runs(entry: dict) -> list[dict]:
+    """A saved race entry's runs in the stage where it was judged (all of them in a file from before stages)."""
+    runs = entry.get("runs") or []
+    stage = entry.get("stage")
+    return [r for r in runs if r.get("stage") == stage] if stage is not None else runs
 
 
 def race_regressions(baseline: dict, new: dict, tolerance: float) -> tuple[list[Regression], list[Passed]]:
@@ -161,7 +168,8 @@ def regressions(baseline: dict, new: dict, tolerance: float) -> tuple[list[Regre
 
 
 def _differs(baseline: dict, new: dict) -> str:
-    fields = [d.field for d in differences([baseline, new]) if d.field != "git commit"]
+    fields = [d.field for d in differences([from_dict(Results, baseline), from_dict(Results, new)])
+              if d.field != "git commit"]
     return f" (the runs differ in {', '.join(fields)})" if fields else ""
 
 
@@ -225,7 +233,8 @@ def cmd_check(s: Settings, _: argparse.Namespace) -> int:
         rc, new = _rerun(baseline, c.keep, s.quiet, s.wide)
         if new is None:
             return rc
-    for line in drift_warnings([baseline, new], ["the baseline", "the new run"], c.drift_limit):
+    typed = [from_dict(Results, baseline), from_dict(Results, new)]
+    for line in drift_warnings(typed, ["the baseline", "the new run"], c.drift_limit):
         print(f"check: {line}")
     return report(baseline, new, c.tolerance, str(c.baseline))
 

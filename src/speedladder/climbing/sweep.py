@@ -30,6 +30,7 @@ from speedladder.config.run import RunConfig, pick_device
 from speedladder.errors import UsageError
 from speedladder.progress import Progress
 from speedladder.records import Results, RungResult
+from speedladder.records.sweep import Crossover, SweepPoint, SweepRung, SweepSection, SweepSkip, SweepSummary
 from speedladder.rungs import RUNGS
 from speedladder.workload import Workload, new_results, prepare
 
@@ -73,22 +74,22 @@ def times_over_eager(rung: RungResult, eager: RungResult) -> dict:
     return {"x": r.median / e.median, "x_lo": r.min / e.max, "x_hi": r.max / e.min}
 
 
-def point_record(value: int, path: Path, res: Results, work: Workload) -> dict:
+def point_record(value: int, path: Path, res: Results, work: Workload) -> SweepPoint:
     """What the sweep keeps of one point's ladder: per rung its × over eager, spread, verdict and gate."""
     eager = res.rung("eager")
     model = dataclasses.asdict(work.cfg.model) if work.cfg.model else {"name": work.model.name}
-    out: dict = {"value": value, "dir": path.name, "status": res.status, "model": model,
-                 "batch_size": work.cfg.batch_size, "seq_len": work.cfg.seq_len, "rungs": {}}
+    point = SweepPoint(value=value, dir=path.name, status=res.status, model=model,
+                       batch_size=work.cfg.batch_size, seq_len=work.cfg.seq_len)
     for r in res.rungs:
-        rec: dict = {"status": r.status, "detail": r.detail, "verdict": None, "passed": r.passed,
-                     "tokens_per_s": dataclasses.asdict(r.tokens_per_s) if r.tokens_per_s else None,
-                     "saved_activation_bytes": r.saved_activation_bytes}
+        rec = SweepRung(status=r.status, detail=r.detail, passed=r.passed, tokens_per_s=r.tokens_per_s,
+                        saved_activation_bytes=r.saved_activation_bytes)
         if r.passed and r.name != "eager" and eager is not None and eager.ok and r.tokens_per_s is not None:
-            rec.update(times_over_eager(r, eager), verdict=r.verdict)
+            x = times_over_eager(r, eager)
+            rec.x, rec.x_lo, rec.x_hi, rec.verdict = x["x"], x["x_lo"], x["x_hi"], r.verdict
         elif r.ok and r.gate is not None and not r.gate.passed:
-            rec["detail"] = f"failed a gate: {r.gate.detail}"
-        out["rungs"][r.name] = rec
-    return out
+            rec.detail = f"failed a gate: {r.gate.detail}"
+        point.rungs[r.name] = rec
+    return point
 
 
 # -- crossovers -------------------------------------------------------------------------------
@@ -134,16 +135,19 @@ def crossover_line(rung: str, axis: str, values: list[int], verdicts: list[str |
     return f"{rung}: no crossover in range of {axis} {values[0]}–{values[-1]}: {why}"
 
 
-def summarize(axis: str, points: list[dict], rungs: tuple[str, ...]) -> dict:
+def summarize(axis: str, points: list[SweepPoint], rungs: tuple[str, ...]) -> dict[str, SweepSummary]:
     """Each rung's verdicts along the axis, its crossovers, and the line that says them."""
-    values = [p["value"] for p in points]
+    values = [p.value for p in points]
     out = {}
     for name in rungs:
         if name == "eager":
             continue
-        verdicts = [p["rungs"].get(name, {}).get("verdict") for p in points]
-        out[name] = {"verdicts": verdicts, "crossovers": crossovers(values, verdicts),
-                     "line": crossover_line(name, axis, values, verdicts) if values else f"{name}: no point measured"}
+        verdicts = [rec.verdict if (rec := p.rungs.get(name)) is not None else None for p in points]
+        found = [Crossover(start=c["from"], to=c["to"], after=c["after"], before=c["before"],
+                           inconclusive=c["inconclusive"]) for c in crossovers(values, verdicts)]
+        out[name] = SweepSummary(verdicts=verdicts, crossovers=found,
+                                 line=crossover_line(name, axis, values, verdicts) if values
+                                 else f"{name}: no point measured")
     return out
 
 
@@ -190,8 +194,8 @@ def run_sweep(run: RunConfig, axis: str, values: list[int], cfg: SweepConfig, ru
     for c in configs:  # every point's shape checked before any is measured
         resolve(c, device, known_rungs=tuple(RUNGS))
     saved = new_results(prepare(base.run.with_rungs(("eager",))), kind="sweep")
-    saved.sweep = {"axis": axis, "values": values, "rungs": list(rungs), "budget_minutes": cfg.budget_minutes,
-                   "points": [], "skipped": [], "summary": {}}
+    sweep = saved.sweep = SweepSection(axis=axis, values=values, rungs=list(rungs),
+                                       budget_minutes=cfg.budget_minutes)
     budget = Budget(cfg.budget_minutes * 60)
     prev: tuple[Results, Workload] | None = None
     say = progress.scoped("sweep")
@@ -201,7 +205,7 @@ def run_sweep(run: RunConfig, axis: str, values: list[int], cfg: SweepConfig, ru
             need = estimate(*prev, work) if prev else 0.0
             if need > budget.left():
                 why = f"not started: about {need:.0f} s needed, {max(budget.left(), 0):.0f} s left of the budget"
-                saved.sweep["skipped"].append({"value": value, "detail": why})
+                sweep.skipped.append(SweepSkip(value=value, detail=why))
                 say(f"{axis} {value}: {why}")
                 continue
             say(f"{axis} {value}: {work.params:,} parameters, B={work.cfg.batch_size} T={work.cfg.seq_len}")
@@ -209,9 +213,9 @@ def run_sweep(run: RunConfig, axis: str, values: list[int], cfg: SweepConfig, ru
             path.mkdir()
             ladder = Ladder(work, path, progress, budget=budget.rung_reason)
             res = ladder.run()
-            saved.sweep["points"].append(point_record(value, path, res, work))
-            saved.sweep["summary"] = summarize(axis, saved.sweep["points"], rungs)
-            saved.sweep["seconds"] = cfg.budget_minutes * 60 - budget.left()
+            sweep.points.append(point_record(value, path, res, work))
+            sweep.summary = summarize(axis, sweep.points, rungs)
+            sweep.seconds = cfg.budget_minutes * 60 - budget.left()
             results.save(saved, run_dir)
             prev = (res, work)
         saved.status = "complete"
@@ -219,6 +223,6 @@ def run_sweep(run: RunConfig, axis: str, values: list[int], cfg: SweepConfig, ru
         saved.status = "interrupted"
         raise
     finally:
-        saved.sweep["seconds"] = cfg.budget_minutes * 60 - budget.left()
+        sweep.seconds = cfg.budget_minutes * 60 - budget.left()
         results.save(saved, run_dir)
     return saved

@@ -34,7 +34,8 @@ from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
 from speedladder.parallel.section import new_section, price, single_prediction
 from speedladder.progress import Progress
-from speedladder.records import Results
+from speedladder.records import Results, from_dict
+from speedladder.records.parallel import Bandwidth, Probe, SingleProcess
 from speedladder.rungs import RUNGS, StepSpec, compose
 from speedladder.workload import Workload, new_results, prepare
 
@@ -94,7 +95,7 @@ def check_port(pcfg: ParallelConfig) -> None:
 # -- the single-device measurement ------------------------------------------------------------------
 
 def measure_single(work: Workload, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig, threads: int,
-                   run_dir: Path, progress: Progress) -> dict:
+                   run_dir: Path, progress: Progress) -> SingleProcess:
     """k = 1, through the same torchrun worker path as the job (DDP-wrapped, the same threads per process):
     the t_compute every prediction starts from, like with like (docs/measurement.md, rule 6)."""
     out = run_dir / "single.json"
@@ -105,7 +106,7 @@ def measure_single(work: Workload, run: RunConfig, spec: StepSpec, pcfg: Paralle
     outcome = launch(torchrun_command(pcfg, 1, job, standalone=True), threads, log, progress)
     if outcome.rc != 0 or not out.is_file():
         raise JobFailed(failure_line(outcome, log))
-    return json.loads(out.read_text())
+    return from_dict(SingleProcess, json.loads(out.read_text()))
 
 
 def bucket_sizes(work: Workload, spec: StepSpec, pcfg: ParallelConfig) -> list[int]:
@@ -226,7 +227,7 @@ def _start(run: RunConfig, pcfg: ParallelConfig) -> tuple[Workload, StepSpec]:
 
 
 def _probe(work: Workload, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig, k: int, run_dir: Path,
-           progress: Progress) -> dict:
+           progress: Progress) -> Probe:
     threads = threads_per_process(k)
     out = run_dir / f"probe-{k}.json"
     job = write_job(run_dir, "probe", run, spec, pcfg, work.device, threads, k=k, probe_out=str(out),
@@ -237,7 +238,7 @@ def _probe(work: Workload, run: RunConfig, spec: StepSpec, pcfg: ParallelConfig,
     outcome = launch(torchrun_command(pcfg, k, job), threads, log, progress)
     if outcome.rc != 0 or not out.is_file():
         raise JobFailed(failure_line(outcome, log))
-    return json.loads(out.read_text())
+    return from_dict(Probe, json.loads(out.read_text()))
 
 
 class JobFailed(Exception):
@@ -270,25 +271,25 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Pat
     results.save(saved, run_dir)
     if measure_bandwidth:
         section.probes = [_probe(work, run, spec, pcfg, k, run_dir, progress) for k in ks if k > 1]
-        last = section.probes[-1] if section.probes else {}
-        section.bandwidth = {"source": "measured", "busbw_GBps": last.get("busbw_GBps"),
-                             "latency_us": last.get("latency_us"), "probe_k": last.get("k"),
-                                "note": "allreduce probe over the process group of each k (torchrun)"}
+        last = section.probes[-1] if section.probes else None
+        section.bandwidth = Bandwidth(source="measured", busbw_GBps=last.busbw_GBps if last else None,
+                                      latency_us=last.latency_us if last else None, probe_k=last.k if last else None,
+                                      note="allreduce probe over the process group of each k (torchrun)")
     elif bandwidth_gbps is not None:
         lat = latency_us if latency_us is not None else pcfg.assumed_latency_us
-        section.bandwidth = {"source": "given", "busbw_GBps": bandwidth_gbps, "latency_us": lat,
-                                "note": "bus bandwidth from --bandwidth; latency "
-                                        + ("from --latency-us" if latency_us is not None else
-                                           f"assumed {lat:g} µs (not measured)")}
+        section.bandwidth = Bandwidth(source="given", busbw_GBps=bandwidth_gbps, latency_us=lat,
+                                      note="bus bandwidth from --bandwidth; latency "
+                                           + ("from --latency-us" if latency_us is not None else
+                                              f"assumed {lat:g} µs (not measured)"))
     else:
         lat = latency_us if latency_us is not None else pcfg.assumed_latency_us
-        section.bandwidth = {"source": "datasheet", "busbw_GBps": datasheet, "latency_us": lat,
-                                "note": f"ASSUMED, not measured: NVIDIA's datasheet NVLink bandwidth per direction "
-                                        f"for {results.device_name(work.device)} ({datasheet:g} GB/s), the ceiling "
-                                        f"a ring's busbw approaches; latency assumed {lat:g} µs"}
+        section.bandwidth = Bandwidth(source="datasheet", busbw_GBps=datasheet, latency_us=lat,
+                                      note=f"ASSUMED, not measured: NVIDIA's datasheet NVLink bandwidth per direction "
+                                           f"for {results.device_name(work.device)} ({datasheet:g} GB/s), the "
+                                           f"ceiling a ring's busbw approaches; latency assumed {lat:g} µs")
     results.save(saved, run_dir)
     section.single = measure_single(work, run, spec, pcfg, threads, run_dir, progress)
-    if section.bandwidth["busbw_GBps"] is None:  # only k=1 asked for
+    if section.bandwidth.busbw_GBps is None:  # only k=1 asked for
         section.predictions = [single_prediction(section)]
     else:
         section.predictions = price(section, sorted({1, *ks}))

@@ -14,7 +14,8 @@ import torch
 from speedladder.config.parallel import ParallelConfig
 from speedladder.measure import judging
 from speedladder.parallel import costmodel
-from speedladder.records import ParallelSection, Results
+from speedladder.records import Results, from_dict
+from speedladder.records.parallel import Bandwidth, KPrediction, MeasuredJob, ParallelSection, ParamCheck, Probe
 from speedladder.rungs import StepSpec
 from speedladder.workload import Workload
 
@@ -46,53 +47,56 @@ def new_section(work: Workload, spec: StepSpec, pcfg: ParallelConfig, command: s
         ddp_buckets=costmodel.ddp_buckets(per_param, cap, first))
 
 
-def price(section: ParallelSection, ks: list[int]) -> list[dict]:
+def price(section: ParallelSection, ks: list[int]) -> list[KPrediction]:
     """Predictions for every k from the single-process tokens/s and the section's bandwidth figures."""
-    bw = section.bandwidth or {}
-    single = (section.single or {})["tokens_per_s"]["median"]
-    by_k = {p["k"]: p for p in section.probes}
+    bw, single = section.bandwidth, section.single
+    assert bw is not None and single is not None and bw.busbw_GBps is not None and bw.latency_us is not None
+    by_k = {p.k: p for p in section.probes}
     out = []
     for k in ks:
-        probe = by_k.get(k) if bw["source"] == "measured" else None
-        busbw = probe["busbw_GBps"] if probe else bw["busbw_GBps"]
-        latency_us = probe["latency_us"] if probe else bw["latency_us"]
-        p = costmodel.predict(k, section.strategy, section.tokens_per_step_per_process, single,
+        probe = by_k.get(k) if bw.source == "measured" else None
+        busbw = probe.busbw_GBps if probe and probe.busbw_GBps is not None else bw.busbw_GBps
+        latency_us = probe.latency_us if probe and probe.latency_us is not None else bw.latency_us
+        p = costmodel.predict(k, section.strategy, section.tokens_per_step_per_process, single.tokens_per_s.median,
                               section.param_bytes, section.unit_bytes, busbw * 1e9, latency_us * 1e-6,
                               section.bucket_cap_bytes, section.first_bucket_bytes,
                               section.config.backward_fraction)
-        out.append({**dataclasses.asdict(p), "busbw_GBps": busbw, "latency_us": latency_us,
-                    "from_probe_k": probe["k"] if probe else bw.get("probe_k")})
+        out.append(KPrediction(**dataclasses.asdict(p), busbw_GBps=busbw, latency_us=latency_us,
+                               from_probe_k=probe.k if probe else bw.probe_k))
     return out
 
 
-def record_probe(section: ParallelSection, probe: dict) -> None:
-    """A ddp job's own probe: its figures price the job (and, extrapolated, other k)."""
+def record_probe(section: ParallelSection, saved_probe: dict) -> None:
+    """A ddp job's own probe (as the worker made it): its figures price the job (and, extrapolated, other k)."""
+    probe = from_dict(Probe, saved_probe)
     section.probes = [probe]
-    if probe["busbw_GBps"] is None:  # one process: nothing to reduce, nothing to measure
-        section.bandwidth = {"source": "none", "busbw_GBps": None, "latency_us": probe["latency_us"],
-                                "probe_k": 1, "note": "one process: no communication to price"}
-        section.predictions = [{**single_prediction(section), "from_probe_k": 1}]
+    if probe.busbw_GBps is None:  # one process: nothing to reduce, nothing to measure
+        section.bandwidth = Bandwidth(source="none", busbw_GBps=None, latency_us=probe.latency_us, probe_k=1,
+                                      note="one process: no communication to price")
+        section.predictions = [dataclasses.replace(single_prediction(section), from_probe_k=1)]
         return
-    section.bandwidth = {"source": "measured", "busbw_GBps": probe["busbw_GBps"],
-                         "latency_us": probe["latency_us"], "probe_k": probe["k"],
-                         "note": f"allreduce probe over this job's {probe['backend']} group, k={probe['k']}"}
-    ks = sorted({1, probe["k"], *section.config.predict_nproc})
+    section.bandwidth = Bandwidth(source="measured", busbw_GBps=probe.busbw_GBps, latency_us=probe.latency_us,
+                                  probe_k=probe.k,
+                                  note=f"allreduce probe over this job's {probe.backend} group, k={probe.k}")
+    ks = sorted({1, probe.k, *section.config.predict_nproc})
     section.predictions = price(section, ks)
 
 
-def single_prediction(section: ParallelSection) -> dict:
-    single = (section.single or {})["tokens_per_s"]["median"]
+def single_prediction(section: ParallelSection) -> KPrediction:
+    """k = 1 priced: the single process's own tokens/s, no communication."""
+    assert section.single is not None
+    single = section.single.tokens_per_s.median
     tc = costmodel.t_compute(section.tokens_per_step_per_process, single)
-    return {"k": 1, "strategy": section.strategy, "comm_bytes": 0, "messages": 0, "t_compute_s": tc,
-            "t_comm_s": 0.0, "t_exposed_s": 0.0, "floor_tokens_per_s": single, "overlap_tokens_per_s": single,
-            "floor_efficiency": 1.0, "overlap_efficiency": 1.0, "busbw_GBps": None, "latency_us": None}
+    return KPrediction(k=1, strategy=section.strategy, comm_bytes=0, messages=0, t_compute_s=tc, t_comm_s=0.0,
+                       t_exposed_s=0.0, floor_tokens_per_s=single, overlap_tokens_per_s=single, floor_efficiency=1.0,
+                       overlap_efficiency=1.0)
 
 
 def prediction_lines(section: ParallelSection) -> list[str]:
     lines = []
     for p in section.predictions:
-        lines.append(f"predicted k={p['k']}: floor {p['floor_tokens_per_s']:,.0f} tokens/s, overlap-aware "
-                     f"{p['overlap_tokens_per_s']:,.0f} ({100 * p['overlap_efficiency']:.0f}% efficiency)")
+        lines.append(f"predicted k={p.k}: floor {p.floor_tokens_per_s:,.0f} tokens/s, overlap-aware "
+                     f"{p.overlap_tokens_per_s:,.0f} ({100 * p.overlap_efficiency:.0f}% efficiency)")
     return lines
 
 
@@ -112,19 +116,20 @@ def record_measured(saved: Results, measured: dict, world: int) -> None:
     if not clean:
         raise RuntimeError("every timed window of the job recompiled: no valid window")
     spread = judging.Spread(statistics.median(clean), min(clean), max(clean))
-    pred = next((p for p in section.predictions if p["k"] == world), None)
-    section.measured = {
-        "k": world, "tokens_per_s": dataclasses.asdict(spread), "window_tokens_per_s": rates,
-        "window_s_per_rank": measured["window_s_per_rank"], "steps_per_window": steps,
-        "timing_rank0": timing, "param_check": measured["param_check"],
-        "efficiency": costmodel.efficiency(spread.median, world, (section.single or {})["tokens_per_s"]["median"]),
-        "floor_error": costmodel.relative_error(spread.median, pred["floor_tokens_per_s"]) if pred else None,
-        "overlap_error": costmodel.relative_error(spread.median, pred["overlap_tokens_per_s"]) if pred else None,
-    }
-    eff = section.measured["efficiency"]
-    section.measured["flags"] = [] if eff <= 1 else [
-        (f"efficiency {eff:.0%} is above 100%: k processes cannot beat k times one; a measurement mismatch (the "
-        "one-process run and the job differ in something other than k), not a result")]
+    pred = section.prediction(world)
+    assert section.single is not None
+    efficiency = costmodel.efficiency(spread.median, world, section.single.tokens_per_s.median)
+    flags = [] if efficiency <= 1 else [
+        (f"efficiency {efficiency:.0%} is above 100%: k processes cannot beat k times one; a measurement mismatch "
+         "(the one-process run and the job differ in something other than k), not a result")]
+    section.measured = MeasuredJob(
+        k=world, tokens_per_s=spread, param_check=from_dict(ParamCheck, measured["param_check"]),
+        efficiency=efficiency,
+        floor_error=costmodel.relative_error(spread.median, pred.floor_tokens_per_s) if pred else None,
+        overlap_error=costmodel.relative_error(spread.median, pred.overlap_tokens_per_s) if pred else None,
+        flags=flags,
+        extra={"window_tokens_per_s": rates, "window_s_per_rank": measured["window_s_per_rank"],
+               "steps_per_window": steps, "timing_rank0": timing})
     saved.status = "complete"
 
 

@@ -227,8 +227,11 @@ class RaceSection:
 
 # -- the ruler: what two races' times must share to be compared (racing/ruler.py) ------------------------
 
-def ruler(race: dict[str, Any]) -> dict[str, Any]:
-    """A saved race section's ruler, as plain values."""
+def ruler(race: RaceSection | dict[str, Any]) -> dict[str, Any]:
+    """A race section's ruler (the record, or as saved), as plain values."""
+    if isinstance(race, RaceSection):
+        return {"target": race.target_loss, "val set": race.val_hash,
+                "val windows": (race.val_sequences, race.val_seq_len), "eval every": race.eval_tokens}
     return {"target": race.get("target_loss"), "val set": race.get("val_hash"),
             "val windows": (race.get("val_sequences"), race.get("val_seq_len")),
             "eval every": race.get("eval_tokens")}
@@ -252,7 +255,7 @@ def _show(key: str, v: Any) -> str:
     return str(v)
 
 
-def ruler_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def ruler_differences(a: RaceSection | dict[str, Any], b: RaceSection | dict[str, Any]) -> list[str]:
     """How two saved race sections' rulers differ ("target 2.0954 vs 2.1098", ...); empty when they agree."""
     ra, rb = ruler(a), ruler(b)
     return [f"{k} {_show(k, ra[k])} vs {_show(k, rb[k])}" for k in ra if not _same(k, ra[k], rb[k])]

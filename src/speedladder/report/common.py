@@ -83,3 +83,9 @@ def recipe_line(results: Results) -> list[str]:
     if recipe.is_default:
         return []
     return [f"recipe: {recipe.describe()}" + (f"; schedule: {results.schedule}" if results.schedule else "") + "."]
+
+
+def spec_value(spec: Any, name: str) -> Any:
+    """One field of a saved step spec, a StepSpec record or the dict older records keep: the one place the
+    reports read a spec, so they do not depend on which of the two a record holds."""
+    return spec.get(name) if isinstance(spec, dict) else getattr(spec, name, None)

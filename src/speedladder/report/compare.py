@@ -20,9 +20,9 @@ from pathlib import Path
 from speedladder import results
 from speedladder.errors import UsageError
 from speedladder.measure.judging import Spread, verdict
-from speedladder.records import to_dict
+from speedladder.records import Results
 from speedladder.report import htmlkit
-from speedladder.report.compare_race import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows, ruler_warnings
+from speedladder.report.race.compare import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows, ruler_warnings
 
 WITHIN = "within spread"
 PASSED, FAILED = "passed", "failed"
@@ -77,25 +77,27 @@ class Comparison:
         return next((d for d in self.differences if d.field == field), None)
 
 
-def _get(path: str) -> Callable[[dict], object]:
-    def get(results: dict) -> object:
-        v: object = results
-        for part in path.split("."):
-            v = v.get(part) if isinstance(v, dict) else None
-        return v
-    return get
+@dataclass(frozen=True)
+class Measured:
+    """One comparable measurement of a run: its status, tokens/s when it ran, and its gate's verdict."""
+
+    status: str
+    tokens_per_s: Spread | None = None
+    gate_passed: bool | None = None
 
 
-# What makes two runs' tokens/s comparable, or explains why they differ.
-FIELDS: tuple[tuple[str, Callable[[dict], object]], ...] = (
-    ("device", _get("environment.device_name")), ("device type", _get("environment.device_type")),
-    ("torch", _get("environment.torch")), ("CUDA", _get("environment.cuda")),
-    ("CPU threads", _get("environment.cpu_threads")),
-    ("preset", _get("config.preset")), ("batch size", _get("config.batch_size")),
-    ("seq len", _get("config.seq_len")), ("batch multiplier", _get("config.batch_multiplier")),
-    ("rungs", _get("config.rungs")), ("data", _get("config.data")), ("tokenizer", _get("config.tokenizer")),
-    ("steps per window", _get("config.timing.steps")), ("windows", _get("config.timing.windows")),
-    ("seed", _get("config.seed")), ("lr", _get("config.lr")), ("git commit", _get("environment.git_commit")),
+# What makes two runs' tokens/s comparable, or explains why they differ: each read from the run's records.
+FIELDS: tuple[tuple[str, Callable[[Results], object]], ...] = (
+    ("device", lambda r: r.environment.device_name), ("device type", lambda r: r.environment.device_type),
+    ("torch", lambda r: r.environment.torch), ("CUDA", lambda r: r.environment.cuda),
+    ("CPU threads", lambda r: r.environment.cpu_threads),
+    ("preset", lambda r: r.config.run.preset), ("batch size", lambda r: r.config.run.batch_size),
+    ("seq len", lambda r: r.config.run.seq_len), ("batch multiplier", lambda r: r.config.run.batch_multiplier),
+    ("rungs", lambda r: r.config.run.rungs), ("data", lambda r: r.config.run.data),
+    ("tokenizer", lambda r: r.config.run.tokenizer),
+    ("steps per window", lambda r: r.config.run.timing.steps), ("windows", lambda r: r.config.run.timing.windows),
+    ("seed", lambda r: r.config.run.seed), ("lr", lambda r: r.config.run.lr),
+    ("git commit", lambda r: r.environment.git_commit),
 )
 
 
@@ -107,7 +109,8 @@ def _text(value: object) -> str:
     return str(value)
 
 
-def differences(runs: Sequence[dict]) -> list[Difference]:
+def differences(runs: Sequence[Results]) -> list[Difference]:
+    """The configuration and environment fields whose values are not the same in every run."""
     out = []
     for name, get in FIELDS:
         values = tuple(_text(get(r)) for r in runs)
@@ -116,61 +119,55 @@ def differences(runs: Sequence[dict]) -> list[Difference]:
     return out
 
 
-def records(results: dict) -> dict[str, dict]:
-    """Name -> {status, tokens_per_s, gate_passed} for every comparable measurement of a run.
+def records(saved: Results) -> dict[str, Measured]:
+    """Name -> what was measured, for every comparable measurement of a run.
 
     A ladder's rungs and controls; for predict/ddp, the one-process measurement and the measured job.
     """
     out = {}
-    for r in results.get("rungs") or []:
-        ok = r.get("status") == "ok"
-        out[r["name"]] = {"status": r.get("status"), "tokens_per_s": r.get("tokens_per_s") if ok else None,
-                          "gate_passed": (r.get("gate") or {}).get("passed") if ok else None}
-    p = results.get("parallel")
+    for r in saved.rungs:
+        out[r.name] = Measured(r.status, r.tokens_per_s if r.ok else None,
+                               r.gate.passed if r.ok and r.gate is not None else None)
+    p = saved.parallel
     if p:
-        if p.get("single"):
-            out["one process"] = {"status": "ok", "tokens_per_s": p["single"]["tokens_per_s"], "gate_passed": None}
-        m = p.get("measured")
+        if p.single:
+            out["one process"] = Measured("ok", p.single.tokens_per_s)
+        m = p.measured
         if m:
-            identical = (m.get("param_check") or {}).get("identical")
-            out[f"{p['strategy']} k={m['k']}"] = {"status": "ok", "tokens_per_s": m["tokens_per_s"],
-                                                 "gate_passed": identical}
+            out[f"{p.strategy} k={m.k}"] = Measured("ok", m.tokens_per_s, m.param_check.identical)
     return out
 
 
-def _change(new: dict, ref: dict) -> str:
+def _change(new: Spread, ref: Spread) -> str:
     """The ladder's own verdict rule: a change counts only when the window ranges do not overlap."""
-
-    v = verdict(Spread(new["median"], new["min"], new["max"]), Spread(ref["median"], ref["min"], ref["max"]))
-    return {"win": FASTER, "loss": SLOWER}.get(v, WITHIN)
+    return {"win": FASTER, "loss": SLOWER}.get(verdict(new, ref), WITHIN)
 
 
 def _gate(passed: bool | None) -> str | None:
     return None if passed is None else PASSED if passed else FAILED
 
 
-def _cell(rec: dict | None, ref: dict | None) -> Cell:
+def _cell(rec: Measured | None, ref: Measured | None) -> Cell:
     if rec is None:
         return Cell("missing")
-    if rec["status"] != "ok" or rec["tokens_per_s"] is None:
-        return Cell(rec["status"] or "unknown")
-    t = rec["tokens_per_s"]
-    gate = _gate(rec["gate_passed"])
-    if ref is None or ref["tokens_per_s"] is None:
-        return Cell("ok", t["median"], t["min"], t["max"], gate)
-    ref_gate = _gate(ref["gate_passed"])
-    return Cell("ok", t["median"], t["min"], t["max"], gate, ratio=t["median"] / ref["tokens_per_s"]["median"],
-                change=_change(t, ref["tokens_per_s"]),
+    t = rec.tokens_per_s
+    if rec.status != "ok" or t is None:
+        return Cell(rec.status or "unknown")
+    gate = _gate(rec.gate_passed)
+    if ref is None or ref.tokens_per_s is None:
+        return Cell("ok", t.median, t.min, t.max, gate)
+    ref_gate = _gate(ref.gate_passed)
+    return Cell("ok", t.median, t.min, t.max, gate, ratio=t.median / ref.tokens_per_s.median,
+                change=_change(t, ref.tokens_per_s),
                 gate_change=f"{ref_gate} -> {gate}" if ref_gate and gate and ref_gate != gate else None)
 
 
-def drift_warnings(runs: Sequence[dict], labels: Sequence[str], limit: float) -> list[str]:
+def drift_warnings(runs: Sequence[Results], labels: Sequence[str], limit: float) -> list[str]:
     """A line per run whose rungs' bases drifted beyond `limit` (records' base_drift): its absolute tokens/s moved
     with the machine within the run, so across runs compare the ratios."""
     out = []
     for run, name in zip(runs, labels):
-        moved = [(r["name"], r["base_drift"]) for r in run.get("rungs") or []
-                 if r.get("base_drift") is not None and abs(r["base_drift"]) > limit]
+        moved = [(r.name, r.base_drift) for r in run.rungs if r.base_drift is not None and abs(r.base_drift) > limit]
         if moved:
             out.append(f"warning: {name} drifted beyond {limit:.0%}: " + ", ".join(
                 f"{n}'s base ran {d:+.0%} beside it" for n, d in moved)
@@ -178,7 +175,7 @@ def drift_warnings(runs: Sequence[dict], labels: Sequence[str], limit: float) ->
     return out
 
 
-def compare(runs: Sequence[dict], labels: Sequence[str]) -> Comparison:
+def compare(runs: Sequence[Results], labels: Sequence[str]) -> Comparison:
     """Rows aligned by rung name, in the order rungs first appear across the runs."""
     if len(runs) < 2:
         raise UsageError("compare needs at least two runs")
@@ -193,7 +190,7 @@ def compare(runs: Sequence[dict], labels: Sequence[str]) -> Comparison:
     rows = []
     for name in names:
         ref = recs[0].get(name)
-        ref_ok = ref if ref is not None and ref["status"] == "ok" else None
+        ref_ok = ref if ref is not None and ref.status == "ok" else None
         first = _cell(ref, None)
         rows.append(Row(name, (first, *(_cell(rec.get(name), ref_ok) for rec in recs[1:]))))
     comp = Comparison(tuple(labels), tuple(rows), tuple(differences(runs)), race_rows(runs))
@@ -211,7 +208,7 @@ def labels_for(paths: Sequence[str]) -> list[str]:
 
 def load(paths: Sequence[str], drift_limit: float | None = None) -> Comparison:
     """Compare saved runs as their files hold them (docs/results.md): any schema this project has written."""
-    runs, labels = [to_dict(results.load(p)) for p in paths], labels_for(paths)
+    runs, labels = [results.load(p) for p in paths], labels_for(paths)
     comp = compare(runs, labels)
     if drift_limit is None:
         return comp

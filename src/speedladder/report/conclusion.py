@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, PRESETS
 from speedladder.measure.judging import SHORT
-from speedladder.records import Results, Role, RungResult
+from speedladder.records import Results, Role, RungResult, RunKind
 from speedladder.report.common import STATUS_LABEL, times
 
 SMALL_PRESETS = ("tiny", "d2l-cpu")  # scaled down so that a CPU climbs in minutes: matmuls too small to pay much
@@ -88,7 +88,7 @@ def _changes(results: Results) -> list[str]:
     env, c, p = results.environment, results.config, results.profile
     out = []
     bf16 = results.rung("bf16")
-    if env.get("device_type") == "cpu" and env.get("bf16_native") is False and bf16 is not None:
+    if env.device_type == "cpu" and env.bf16_native is False and bf16 is not None:
         out.append("native bf16: a processor with AVX-512 BF16 or AMX, or a GPU (bf16 matmuls are emulated here)")
     regime = p.regime if p is not None and not p.error else None
     if regime == "overhead-bound" or (p is not None and (p.buckets or {}).get("overhead", 0) >= OVERHEAD_HEAVY):
@@ -102,7 +102,7 @@ def _changes(results: Results) -> list[str]:
         out.append(f"a bigger preset (--preset {CUDA_DEFAULT_PRESET}): matmuls large enough to pay for bf16 and fusion")
     if results.model.get("kind", "speedladder") == "speedladder":
         out.append("your own model (--model FILE.py:NAME, --hf gpt2|llama): the ladder climbs it the same way")
-    if env.get("device_type") == "cpu":
+    if env.device_type == "cpu":
         out.append("a GPU: docs/gpu.md runs the ladder, the race and tune there")
     return out
 
@@ -123,7 +123,7 @@ def _commands(results: Results, folder: str, best: RungResult | None) -> list[tu
     if p is not None and not p.error and (p.regime == "overhead-bound" or p.buckets.get("overhead", 0) >= OVERHEAD_HEAVY):
         out.append((f"speedladder run{flags} --batch-size {4 * c.batch_size}",
                     "the step is overhead-bound: a bigger batch spreads each operator's fixed cost"))
-    if c.preset in SMALL_PRESETS and results.environment.get("device_type") == "cuda" and not (
+    if c.preset in SMALL_PRESETS and results.environment.device_type == "cuda" and not (
             c.run.model_source or c.run.hf):  # on a CPU the bigger preset would climb for an hour: named, not run
         out.append((f"speedladder run --preset {CUDA_DEFAULT_PRESET}", "bigger matmuls, the reference setup"))
     if "muon" not in c.rungs:
@@ -136,7 +136,7 @@ def _commands(results: Results, folder: str, best: RungResult | None) -> list[tu
 
 def of(results: Results, folder: str = "RUN_DIR") -> Conclusion | None:
     """A ladder's conclusion (run); None for what has its own (a tune, a race, predict, ddp, a sweep, a profile)."""
-    if results.tune or results.race or results.parallel or results.sweep or results.kind == "profile":
+    if results.run_kind is not RunKind.RUN:
         return None
     base = results.baseline
     if base is None:

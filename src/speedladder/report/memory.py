@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -111,23 +112,29 @@ def memory_chart(results: Results) -> str | None:
     return svg(fig, "memory-meters")
 
 
-def memory_fields(recs: Sequence[dict]) -> list[str]:
-    """Memory figures present on the rung records beyond peak memory (e.g. saved-activation bytes), by key."""
+def _record_fields(r: RungResult) -> dict[str, object]:
+    """A rung record's fields by name, with what a file of another version keeps in its extra."""
+    return {**{f.name: getattr(r, f.name) for f in dataclasses.fields(r) if f.name != "extra"}, **r.extra}
+
+
+def memory_fields(recs: Sequence[RungResult]) -> list[str]:
+    """Memory figures present on the rung records beyond peak memory (e.g. saved-activation bytes), by field name;
+    a nested memory record's numbers (in a file of another version) as "field.key", one column each."""
     keys: list[str] = []
     for r in recs:
-        for k, v in r.items():
+        for k, v in _record_fields(r).items():
             if k == "peak_memory_bytes" or k in keys:
                 continue
             if (k.endswith("_bytes") or "memory" in k) and (v is None or isinstance(v, (int, float))):
                 keys.append(k)
-            elif "memory" in k and isinstance(v, dict):  # a nested memory record: its numbers, one column each
+            elif "memory" in k and isinstance(v, dict):
                 keys.extend(f"{k}.{kk}" for kk, vv in v.items()
                             if (vv is None or isinstance(vv, (int, float))) and f"{k}.{kk}" not in keys)
     return keys
 
 
-def field_of(r: dict, key: str) -> object:
-    v: object = r
-    for part in key.split("."):
-        v = v.get(part) if isinstance(v, dict) else None
-    return v
+def field_of(r: RungResult, key: str) -> object:
+    """The value of one of memory_fields' names on a record; None where it has none."""
+    first, _, rest = key.partition(".")
+    v = _record_fields(r).get(first)
+    return (v.get(rest) if isinstance(v, dict) else None) if rest else v

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.profile import child
-from speedladder.records import Results
+from speedladder.records import Results, RunKind
 from speedladder.report import html, parallel, sweep
 from speedladder.report.profile import print_profile
-from speedladder.report.race import print_race
-from speedladder.report.race_charts import race_plot
+from speedladder.report.race.charts import race_plot
+from speedladder.report.race.text import print_race
 from speedladder.report.text import print_report
 from speedladder.report.tune import print_tune
 from speedladder.report.waterfall import WATERFALL, waterfall
@@ -20,20 +20,21 @@ from speedladder.report.waterfall import WATERFALL, waterfall
 def draw(saved: Results, run_dir: Path) -> Path:
     """waterfall.png: a ladder's, or a race's (tokens/s beside × faster to the target)."""
     path = Path(run_dir) / WATERFALL
-    return race_plot(saved, path) if saved.race is not None else waterfall(saved, path)
+    return race_plot(saved, path) if saved.run_kind is RunKind.RACE else waterfall(saved, path)
 
 
 def files(saved: Results, run_dir: Path) -> dict[str, Path]:
     """The files a result of this kind has beside it, drawn from it: its plot and report.html, by name (a
     profile has none: its trace is the profiler's own)."""
     run_dir = Path(run_dir)
-    if saved.kind == "profile":
+    kind = saved.run_kind
+    if kind is RunKind.PROFILE:
         return {}
-    if saved.sweep is not None:
+    if kind is RunKind.SWEEP:
         page = run_dir / html.FILENAME
         page.write_text(sweep.html(saved), encoding="utf-8")
         return {"plot": sweep.plot(saved, run_dir / sweep.SWEEP_PLOT), "report": page}
-    if saved.parallel is not None:
+    if kind in (RunKind.PREDICT, RunKind.DDP):
         return {"plot": parallel.plot(saved, run_dir / parallel.SCALING_PLOT), "report": html.write(saved, run_dir)}
     return {"waterfall": draw(saved, run_dir), "report": html.write(saved, run_dir)}
 
@@ -42,13 +43,14 @@ def print_view(saved: Results, wide: bool = False, folder: str = "RUN_DIR") -> N
     """The printed view of a saved result, by its kind: a profile, a race, a sweep, predict/ddp, a ladder (a tune's
     with its candidates and winner; wide: every column of its rung table, in a terminal; folder: what its
     conclusion's commands name)."""
-    if saved.kind == "profile":
+    kind = saved.run_kind
+    if kind is RunKind.PROFILE:
         print_profile(saved)
-    elif saved.race is not None:
+    elif kind is RunKind.RACE:
         print_race(saved)
-    elif saved.sweep is not None:
+    elif kind is RunKind.SWEEP:
         sweep.print_sweep(saved)
-    elif saved.parallel is not None:
+    elif kind in (RunKind.PREDICT, RunKind.DDP):
         parallel.print_parallel(saved)
     else:
         print_report(saved, wide=wide, folder=folder)
@@ -63,9 +65,10 @@ def show(saved: Results, run_dir: Path, quiet: bool = False, source: Path | None
     column of a rung table, in a terminal (--wide)."""
     run_dir = Path(run_dir)
     written = files(saved, run_dir)
+    kind = saved.run_kind
     if not quiet:
         print_view(saved, wide, str(source or run_dir))
-        if saved.kind == "profile":
+        if kind is RunKind.PROFILE:
             named = {"profile": source or run_dir / child.FILENAME}
             if (run_dir / child.TRACE).exists():
                 named["trace"] = run_dir / child.TRACE

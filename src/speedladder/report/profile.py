@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,8 +11,18 @@ from rich.table import Table
 
 from speedladder.profile.spread import iqr
 from speedladder.records import ProfileSummary, Results, Role
-from speedladder.report.common import console, label, model_label, pct, times
+from speedladder.report.common import console, label, model_label, pct, spec_value, times
 from speedladder.report.mfu import tflops_text
+
+
+def share_of(categories: dict[str, Any], name: str) -> float:
+    """A category's share of the median step, from the profile's categories as saved."""
+    return float(categories[name]["share"])
+
+
+def ms_of(categories: dict[str, Any], name: str) -> float:
+    """A category's milliseconds in the median step."""
+    return float(categories[name]["ms"])
 
 
 def share_range(v: dict) -> str:
@@ -144,10 +155,10 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     """`speedladder profile`'s output: top operators, categories, regime, roofline, predictions."""
     out = out or console()
     b = saved.profile or ProfileSummary()
-    spec = b.spec
-    out.print(escape(f"speedladder profile · {model_label(saved.config, saved.model)} on {saved.environment['device_name']} · "
-                     f"B={spec['batch_size']} T={spec['seq_len']} · {'+'.join(b.rungs) or 'baseline (eager fp32)'} · "
-                     f"{b.steps} steps"))
+    batch, length = spec_value(b.spec, "batch_size"), spec_value(b.spec, "seq_len")
+    out.print(escape(f"speedladder profile · {model_label(saved.config, saved.model)} on "
+                     f"{saved.environment.device_name} · B={batch} T={length} · "
+                     f"{'+'.join(b.rungs) or 'baseline (eager fp32)'} · {b.steps} steps"))
     out.print(escape(f"top operators by {'CUDA' if b.device_type == 'cuda' else 'CPU'} self time "
                      "(torch.profiler, all profiled steps):"))
     out.print(escape(b.top_table.rstrip()), soft_wrap=True)

@@ -11,7 +11,7 @@ from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report import conclusion
 from speedladder.report.common import times
 from speedladder.report.conclusion import Conclusion
-from speedladder.report.race import BOUND_MARK
+from speedladder.report.race.text import BOUND_MARK
 
 
 @dataclass

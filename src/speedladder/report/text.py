@@ -20,6 +20,7 @@ from speedladder.report.common import (
     not_built_upon,
     recipe_line,
     recipe_part,
+    spec_value,
     times,
 )
 from speedladder.report.explained import explanation_notes, explanation_tables
@@ -96,9 +97,9 @@ def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
 
 def title(results: Results) -> str:
     c, e = results.config, results.environment
-    return (f"speedladder · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
+    return (f"speedladder · {model_label(c, results.model)} on {e.device_name} ({e.device_type}) · "
             f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · "
-            f"torch {e['torch']}")
+            f"torch {e.torch}")
 
 
 NOT_BUILT_UPON = "not built upon"  # the column: why the rungs above do not build on this one, in a word
@@ -182,7 +183,7 @@ def drift_lines(results: Results) -> list[str]:
 
 
 def _control_note(rung: RungResult, control: RungResult) -> str:
-    b = rung.spec["batch_size"]
+    b = spec_value(rung.spec, "batch_size")
     if control.status == "oom":
         return f"fp32 at B={b} ran out of memory: bf16 bought the headroom for this batch."
     if not control.ok or control.tokens_per_s is None or rung.tokens_per_s is None:
@@ -210,8 +211,8 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
         out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r.kind} rung).")
     base = by_name.get(r.built_on or "")
-    opt = r.spec.get("optimizer")
-    if r.ok and opt and base is not None and opt != base.spec.get("optimizer"):
+    opt = spec_value(r.spec, "optimizer")
+    if r.ok and opt and base is not None and opt != spec_value(base.spec, "optimizer"):
         out.append(f"{r.name}: optimizer {opt}.")
     out.extend(_recipe_notes(r, base))
     gate = r.gate
@@ -234,12 +235,13 @@ def _recipe_notes(r: RungResult, base: RungResult | None) -> list[str]:
     if r.scaler_skipped is not None:
         out.append(f"{r.name}: the gradient scaler skipped {r.scaler_skipped} of {r.scaler_updates} updates while it "
                    "was measured (inf or NaN gradients: the scale halves and the update is not made).")
-    accum = r.spec.get("accum", 1)
+    accum = spec_value(r.spec, "accum") or 1
+    batch = spec_value(r.spec, "batch_size")
     if accum > 1 and r.ok:
-        text = f"{r.name}: B={r.spec['batch_size']} in {accum} micro-steps of {r.spec['batch_size'] // accum}"
-        same = base is not None and base.spec.get("batch_size") == r.spec["batch_size"] and base.ok
+        text = f"{r.name}: B={batch} in {accum} micro-steps of {batch // accum}"
+        same = base is not None and spec_value(base.spec, "batch_size") == batch and base.ok
         if same and base is not None and base.tokens_per_s is not None and r.speedup_prev is not None:
-            text += f", {r.speedup_prev:.2f}× {base.name}'s tokens/s (one batch of {r.spec['batch_size']})"
+            text += f", {r.speedup_prev:.2f}× {base.name}'s tokens/s (one batch of {batch})"
             if r.peak_memory_bytes and base.peak_memory_bytes:
                 text += f", peak memory {gib(r.peak_memory_bytes)} vs {gib(base.peak_memory_bytes)}"
             elif r.resident_rise and base.resident_rise:
@@ -290,10 +292,10 @@ def notes(results: Results) -> list[str]:
     if results.config.preset_note:
         out.append(results.config.preset_note + ".")
     env = results.environment
-    if env.get("device_type") == "cpu" and env.get("cpu_capability"):  # what a CPU's verdicts rest on
-        native = {True: "native", False: "not native", None: "unknown"}[env.get("bf16_native")]
-        out.append(f"processor: {env['cpu_capability']}, bf16 {native} ({env.get('bf16_why')}); muon: "
-                   f"{env.get('muon')}.")
+    if env.device_type == "cpu" and env.cpu_capability:  # what a CPU's verdicts rest on
+        native = {True: "native", False: "not native", None: "unknown"}[env.bf16_native]
+        out.append(f"processor: {env.cpu_capability}, bf16 {native} ({env.bf16_why}); muon: "
+                   f"{env.muon}.")
     out.extend(_model_note(results.model))
     out.extend(recipe_line(results))
     by_name = {r.name: r for r in results.rungs}

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.records import Results
-from speedladder.report.common import console, times
+from speedladder.report.common import console, spec_value, times
 
 
 def tune_lines(results: Results) -> list[str]:
@@ -66,14 +66,15 @@ def judge_lines(t) -> list[str]:
 def paste_lines(results: Results, apply: str) -> list[str]:
     """The lines to paste into a nanoGPT-style loop, and what they apply (the batch size stays the loop's own)."""
     spec = (results.tune.winner_spec if results.tune else None) or {}
-    applied = [f"torch.compile (mode {spec.get('compile_mode') or 'default'})" if spec.get("compile") else "",
-               f"{spec.get('autocast')} autocast" if spec.get("autocast") else "", "TF32" if spec.get("tf32") else "",
-               *spec.get("transforms", []), spec.get("optimizer", "adamw")]
+    mode, autocast = spec_value(spec, "compile_mode"), spec_value(spec, "autocast")
+    applied = [f"torch.compile (mode {mode or 'default'})" if spec_value(spec, "compile") else "",
+               f"{autocast} autocast" if autocast else "", "TF32" if spec_value(spec, "tf32") else "",
+               *(spec_value(spec, "transforms") or []), spec_value(spec, "optimizer") or "adamw"]
     out = ["in your own loop: " + apply,
            "                  with autocast: logits, loss = model(X, Y)  # then loss.backward(); optimizer.step()",
            (f"                  applies {', '.join(a for a in applied if a)}; the batch is yours to set "
-           f"(the winner trained B={spec.get('batch_size')}, T={spec.get('seq_len')})")]
-    if spec.get("compile_mode") in ("max-autotune", "reduce-overhead"):
+           f"(the winner trained B={spec_value(spec, 'batch_size')}, T={spec_value(spec, 'seq_len')})")]
+    if mode in ("max-autotune", "reduce-overhead"):
         out.append("                  CUDA graphs: call torch.compiler.cudagraph_mark_step_begin() before each step")
     return out
 
@@ -90,14 +91,14 @@ def winner_table(results: Results) -> Table | None:
     table = Table(title="tune: the winning configuration", title_justify="left")
     table.add_column("field", no_wrap=True)
     table.add_column("value")
-    compiled = "no" if not spec["compile"] else (spec.get("compile_mode") or "default")
+    compiled = "no" if not spec_value(spec, "compile") else (spec_value(spec, "compile_mode") or "default")
     rows_ = [("rungs", ",".join(["eager", *t.winner_rungs])),
-             ("batch × length", f"{spec['batch_size']} × {spec['seq_len']}"),
+             ("batch × length", f"{spec_value(spec, 'batch_size')} × {spec_value(spec, 'seq_len')}"),
              ("compile", compiled), ("precision", StepSpec.from_dict(spec).precision),
-             ("optimizer", spec.get("optimizer", "adamw")),
-             ("learning rate", f"× {spec.get('lr_scale', 1.0):g}" + (f" (the {t.winner_batch_lr_scale} rule)"
+             ("optimizer", spec_value(spec, "optimizer") or "adamw"),
+             ("learning rate", f"× {(spec_value(spec, 'lr_scale') or 1.0):g}" + (f" (the {t.winner_batch_lr_scale} rule)"
                                                                     if t.winner_batch_lr_scale else "")),
-             ("model transforms", ", ".join(spec["transforms"]) or "none")]
+             ("model transforms", ", ".join(spec_value(spec, "transforms")) or "none")]
     if w is not None and w.tokens_per_s is not None:
         tps = w.tokens_per_s
         rows_ += [("tokens/s", f"{tps.median:,.0f} ({tps.min:,.0f}–{tps.max:,.0f})"), ("× eager", times(w.speedup_cum))]
@@ -111,7 +112,7 @@ def winner_table(results: Results) -> Table | None:
 
 
 def print_tune(results: Results, out: Console | None = None) -> None:
-    from speedladder.report.race import print_race
+    from speedladder.report.race.text import print_race
 
     out = out or console()
     if results.tune is not None and results.tune.race is not None:

@@ -101,7 +101,7 @@ def waterfall_figure(results: Results):
     ax.set_ylim(0, top * (1.45 if any(bar_label(r) for r in rungs) else 1.3))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
-    ax.set_title(f"{model_label(c, results.model)} · B={c.batch_size} T={c.seq_len} · {e['device_name']}", fontsize=10)
+    ax.set_title(f"{model_label(c, results.model)} · B={c.batch_size} T={c.seq_len} · {e.device_name}", fontsize=10)
     shown = ("baseline", "win", "noise", "loss") + (("short",) if any(r.verdict == "short" for r in rungs) else ())
     handles: list[Artist] = [Patch(color=COLOURS[k], label=k) for k in shown]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="failed a gate"))

@@ -9,7 +9,7 @@ from pathlib import Path
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report.common import model_label
 from speedladder.report.htmlkit import missing, notes, svg, table
-from speedladder.report.race import BOUND_MARK, RACE_COLOURS, TOKENS_COLOUR, race_lines, race_rows, verdict_cell
+from speedladder.report.race.text import BOUND_MARK, RACE_COLOURS, TOKENS_COLOUR, race_lines, race_rows, verdict_cell
 
 
 def _bars(ax, entries: list[RaceEntry], level_of, base_of, colour_of, spread_of, tag: str) -> float:
@@ -80,7 +80,7 @@ def race_figure(results: Results, section: RaceSection | None = None):
     rx.legend(handles=[Patch(color=c, label=k) for k, c in RACE_COLOURS.items()], loc="upper left",
               bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     c, env = results.config, results.environment
-    fig.suptitle(f"{model_label(c, results.model)} · B={c.batch_size} T={c.seq_len} · {env['device_name']}",
+    fig.suptitle(f"{model_label(c, results.model)} · B={c.batch_size} T={c.seq_len} · {env.device_name}",
                  fontsize=10)
     fig.tight_layout()
     return fig

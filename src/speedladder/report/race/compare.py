@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from speedladder.measure import stats
+from speedladder.records import RaceEntry, Results
 from speedladder.records.race import ruler_differences
 
 FASTER, SLOWER, NOISE = "faster", "slower", "noise"
@@ -41,19 +42,12 @@ class RaceRow:
         return any(c.change in (FASTER, SLOWER) for c in self.cells)
 
 
-def own_runs(entry: dict) -> list[dict]:
-    """An entry's runs in the stage where it was judged (all of them in a file from before stages)."""
-    runs = entry.get("runs") or []
-    stage = entry.get("stage")
-    return [r for r in runs if r.get("stage") == stage] if stage is not None else runs
-
-
-def _times(entry: dict) -> dict[int, float] | None:
+def _times(entry: RaceEntry) -> dict[int, float] | None:
     """An entry's seconds to the target by seed, if it reached in every seed."""
-    runs = own_runs(entry)
-    if entry.get("status") != "ok" or not runs or any(r.get("stopped") != "reached" for r in runs):
+    runs = entry.own_runs
+    if entry.status != "ok" or not runs or not all(r.reached and r.seconds is not None for r in runs):
         return None
-    return {r["seed"]: r["seconds"] for r in runs}
+    return {r.seed: r.seconds for r in runs if r.seconds is not None}
 
 
 def change_test(mine: dict[int, float], theirs: dict[int, float], alpha: float) -> tuple[float, float]:
@@ -67,14 +61,14 @@ def change_test(mine: dict[int, float], theirs: dict[int, float], alpha: float) 
     return w.p_less, w.p_greater
 
 
-def _race_cell(entry: dict | None, ref: dict | None, alpha: float) -> RaceCell:
+def _race_cell(entry: RaceEntry | None, ref: RaceEntry | None, alpha: float) -> RaceCell:
     if entry is None:
         return RaceCell("missing")
-    runs = own_runs(entry)
-    reached = f"{sum(r.get('stopped') == 'reached' for r in runs)}/{len(runs)}"
+    runs = entry.own_runs
+    reached = f"{sum(r.reached for r in runs)}/{len(runs)}"
     mine = _times(entry)
-    if entry.get("status") != "ok":
-        return RaceCell(entry.get("status") or "unknown", reached=reached)
+    if entry.status != "ok":
+        return RaceCell(entry.status or "unknown", reached=reached)
     if mine is None:
         return RaceCell("did not reach", reached=reached)
     s = stats.summary(list(mine.values()))
@@ -88,16 +82,16 @@ def _race_cell(entry: dict | None, ref: dict | None, alpha: float) -> RaceCell:
                     min(p_less, p_greater))
 
 
-def ruler_warnings(runs: Sequence[dict], names: Sequence[str]) -> list[str]:
+def ruler_warnings(runs: Sequence[Results], names: Sequence[str]) -> list[str]:
     """One loud line per race whose ruler differs from the first race's: its times do not compare."""
-    races = [r.get("race") or {} for r in runs]
-    if not races or not races[0]:
+    first = runs[0].race if runs else None
+    if first is None:
         return []
     out = []
-    for name, race in zip(names[1:], races[1:]):
-        if not race:
+    for name, run in zip(names[1:], runs[1:]):
+        if run.race is None:
             continue
-        differ = ruler_differences(races[0], race)
+        differ = ruler_differences(first, run.race)
         if differ:
             out.append(f"WARNING: races {names[0]} and {name} were measured on different rulers ({'; '.join(differ)})"
                        f": their times to the target do not compare (--target-from {names[0]}'s folder races on "
@@ -105,14 +99,14 @@ def ruler_warnings(runs: Sequence[dict], names: Sequence[str]) -> list[str]:
     return out
 
 
-def race_rows(runs: Sequence[dict]) -> tuple[RaceRow, ...]:
+def race_rows(runs: Sequence[Results]) -> tuple[RaceRow, ...]:
     """Race configurations aligned by name; each later run's times tested against the first run's (paired by seed
     where the seeds agree, else Welch; at the first run's alpha)."""
-    races = [r.get("race") or {} for r in runs]
-    if not any(races):
+    races = [r.race for r in runs]
+    if not any(race is not None for race in races):
         return ()
-    alpha = races[0].get("alpha") or 0.01
-    by_name = [{e["name"]: e for e in race.get("entries") or []} for race in races]
+    alpha = (races[0].alpha if races[0] is not None else None) or 0.01
+    by_name = [{e.name: e for e in race.entries} if race is not None else {} for race in races]
     names = list(dict.fromkeys(n for entries in by_name for n in entries))
     return tuple(RaceRow(n, (_race_cell(by_name[0].get(n), None, alpha),
                              *(_race_cell(b.get(n), by_name[0].get(n), alpha) for b in by_name[1:])))

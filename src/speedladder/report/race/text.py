@@ -1,4 +1,5 @@
-"""A race's table, notes and charts, drawn from its saved `race` section alone (records.RaceSection)."""
+"""A race in words: its table, its notes and the printed view, drawn from its saved `race` section alone
+(records.RaceSection); its charts are in race/charts.py."""
 
 from __future__ import annotations
 
@@ -86,9 +87,9 @@ def title(results: Results, section: RaceSection | None = None) -> str:
     c, e, s = results.config, results.environment, section or results.race
     assert s is not None
     target = "none" if s.target_loss is None else f"{s.target_loss:.4f}"
-    return (f"speedladder race · {model_label(c, results.model)} on {e['device_name']} ({e['device_type']}) · "
+    return (f"speedladder race · {model_label(c, results.model)} on {e.device_name} ({e.device_type}) · "
             f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · target val loss "
-            f"{target} · {len(s.seeds)} seeds · torch {e['torch']}")
+            f"{target} · {len(s.seeds)} seeds · torch {e.torch}")
 
 
 # What the short column names mean, said once under the table.
