@@ -23,6 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from speedladder.gpt import GPTConfig
 from speedladder.measure import peakflops
 from speedladder.rungs import MODEL_TRANSFORMS, Checkpointed
+from speedladder.rungs.capability import Capability
 
 # How the ladder calls a model and reads its loss. x is (B, T) token ids, y the same shifted by one.
 CONVENTIONS: dict[str, str] = {
@@ -31,10 +32,6 @@ CONVENTIONS: dict[str, str] = {
     "logits": "forward(x) -> logits, the loss computed here",
     "hf": "forward(x) -> an output with .logits (Hugging Face), the loss computed here",
 }
-
-# The model capability each model transform needs (rungs.Requirement.model names the same ones).
-CAPABILITY: dict[str, str] = {"activation-checkpointing": "blocks", "float8": "blocks", "sdpa": "sdpa",
-                              "pad-vocab": "pad-vocab"}
 
 # The hooks a module of the user's own may define (docs/models.md, "Hooks").
 SDPA_HOOK = "speedladder_sdpa"  # method(): attention through F.scaled_dot_product_attention, in place
@@ -148,8 +145,8 @@ class ModelDef:
     blocks: str | None = None  # dotted path of the repeated blocks
     dropout: str = "none"  # what was done about dropout, in words
     whole_eval: bool = False  # the whole model in eval mode (its randomness is outside the dropout modules)
-    transforms: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)  # over rungs' own
-    lacks: dict[str, str] = field(default_factory=dict)  # capability -> why a rung needing it does not apply
+    transforms: dict[Capability, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)  # over rungs' own
+    lacks: dict[Capability, str] = field(default_factory=dict)  # why a rung needing it does not apply
     shapes: GPTConfig | None = None  # the architecture in our GPT's terms, for the prediction model; None: unknown
     hooks: tuple[str, ...] = ()  # the speedladder_* methods it defines (hooks_of): what hook rungs need
     source: dict[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
@@ -182,10 +179,11 @@ class ModelDef:
 
     def transform(self, name: str) -> Callable[[nn.Module], nn.Module]:
         """The model transform of that name for this model: its own, else the rungs' (written for our GPT)."""
-        why = self.lacks.get(CAPABILITY.get(name, ""))
+        cap = Capability.named(name)
+        why = self.lacks.get(cap.needs) if cap else None
         if why:
             raise RuntimeError(f"{name}: {why}")
-        return self.transforms.get(name) or MODEL_TRANSFORMS[name]
+        return (self.transforms.get(cap) if cap else None) or MODEL_TRANSFORMS[name]
 
     def blocks_of(self, model: nn.Module) -> list[nn.Module]:
         """The repeated blocks of a built model (after the transforms: a checkpointed block is still one)."""
@@ -205,7 +203,7 @@ class ModelDef:
         return {"kind": self.kind, "name": self.name, "source": self.source, "convention": self.convention,
                 "convention_means": CONVENTIONS[self.convention], "vocab_size": self.vocab_size,
                 "flops_method": self.flops_method, "blocks": self.blocks, "dropout": self.dropout,
-                "not_applicable": dict(self.lacks)}
+                "not_applicable": {str(k): v for k, v in self.lacks.items()}}
 
 
 def count_flops(model_def: ModelDef, seq_len: int) -> int:

@@ -26,6 +26,7 @@ from speedladder.gpt import GPTConfig
 from speedladder.models.base import ModelDef, find_blocks, hooks_of
 from speedladder.models.detect import convention
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab
+from speedladder.rungs.capability import Capability
 
 # A transformers PreTrainedModel: its methods (set_attn_implementation, resize_token_embeddings, ...) are the
 # library's, and transformers is an optional extra without type information here.
@@ -197,11 +198,12 @@ def define(name: str, overrides: tuple[str, ...], vocab: int | None, seq_len: in
 
 def add_transforms(d: ModelDef) -> None:
     """The rungs on a Hugging Face model, through the library's own switches (d.blocks found already)."""
-    d.transforms.update({"activation-checkpointing": checkpointing, "sdpa": use_sdpa, "pad-vocab": pad_vocab})
+    d.transforms.update({Capability.CHECKPOINTING: checkpointing, Capability.SDPA: use_sdpa,
+                         Capability.PAD_VOCAB: pad_vocab})
     if d.blocks:
-        d.transforms["float8"] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
+        d.transforms[Capability.FLOAT8] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
     else:
-        d.lacks["blocks"] = "not applicable to this model: no repeated blocks found"
+        d.lacks[Capability.BLOCKS] = "not applicable to this model: no repeated blocks found"
 
 
 def is_hf(model: nn.Module) -> bool:

@@ -34,6 +34,7 @@ from speedladder.models.base import (
 )
 from speedladder.models.detect import convention, dropout_handled
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears
+from speedladder.rungs.capability import Capability
 
 LIVE = "<python object>"  # the source of a model given as an object: no other process can build it again
 _FILES: dict[tuple[str, float], Any] = {}  # modules loaded from files, by path and modification time
@@ -159,12 +160,12 @@ def add_transforms(d: ModelDef, model: nn.Module) -> None:
             model.get_submodule(d.blocks)
         except AttributeError:
             raise UsageError(f"{d.name}.{BLOCKS_HOOK} names {d.blocks!r}, which is not a submodule") from None
-        d.transforms["activation-checkpointing"] = functools.partial(checkpoint_each, path=d.blocks)
-        d.transforms["float8"] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
+        d.transforms[Capability.CHECKPOINTING] = functools.partial(checkpoint_each, path=d.blocks)
+        d.transforms[Capability.FLOAT8] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
     else:
-        d.lacks["blocks"] = ("not applicable to this model: no repeated blocks (an nn.ModuleList or nn.Sequential "
+        d.lacks[Capability.BLOCKS] = ("not applicable to this model: no repeated blocks (an nn.ModuleList or nn.Sequential "
                              "of same-typed modules holding parameters) to wrap")
-    for cap, hook, args in (("sdpa", SDPA_HOOK, ()), ("pad-vocab", PAD_VOCAB_HOOK, (VOCAB_MULTIPLE,))):
+    for cap, hook, args in ((Capability.SDPA, SDPA_HOOK, ()), (Capability.PAD_VOCAB, PAD_VOCAB_HOOK, (VOCAB_MULTIPLE,))):
         if callable(getattr(model, hook, None)):
             d.transforms[cap] = call_hook(hook, *args)
         else:

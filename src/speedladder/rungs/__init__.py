@@ -41,6 +41,7 @@ from speedladder.rungs.builtin import (
     padded_vocab,
     use_sdpa,
 )
+from speedladder.rungs.capability import Capability
 from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "TRANSFORM_KINDS",
     "UNIT_ROUNDOFF",
     "VOCAB_MULTIPLE",
+    "Capability",
     "Checkpointed",
     "Env",
     "PaddedHead",

@@ -31,6 +31,7 @@ from torch import nn
 from speedladder.config import codec
 from speedladder.errors import UsageError, one_line
 from speedladder.gpt import GPTConfig
+from speedladder.rungs.capability import Capability
 
 # What each kind of rung is, and so which gates judge it (gates.py, docs/rungs.md).
 KINDS: dict[str, str] = {
@@ -62,7 +63,7 @@ class StepSpec:
     @property
     def precision(self) -> str:
         """The arithmetic the matmuls run in: what the MFU peak and the gate tolerance depend on."""
-        if "float8" in self.transforms:
+        if Capability.FLOAT8 in self.transforms:
             return "fp8"
         if self.autocast in ("bf16", "fp16"):
             return self.autocast
@@ -121,8 +122,8 @@ class Env:
     device_type: str  # "cuda", "mps" or "cpu"
     cuda_capability: tuple[int, int] | None
     batch_multiplier: int
-    # What the model cannot do, as (capability, why): e.g. ("sdpa", "not applicable to this model: ...").
-    model_lacks: tuple[tuple[str, str], ...] = ()
+    # What the model cannot do, as (capability, why): e.g. (Capability.SDPA, "not applicable to this model: ...").
+    model_lacks: tuple[tuple[Capability, str], ...] = ()
     batch_lr_scale: str = "none"  # the batch rung's learning-rate rule (config.BATCH_LR_SCALES)
     model_hooks: tuple[str, ...] = ()  # the model's speedladder_* methods (models/base.py hooks_of)
     model_shape: GPTConfig | None = None  # its architecture in our GPT's terms, where known
@@ -139,7 +140,7 @@ class Requirement:
     compiler: bool = False  # inductor's code generator: Triton on CUDA, a C++ compiler on CPU
     modules: tuple[str, ...] = ()  # optional packages, by import name
     install: str | None = None  # how to get them
-    model: str | None = None  # a capability of the model: "blocks", "sdpa" or "pad-vocab" (models/base.py)
+    model: Capability | None = None  # what it needs of the model (its .needs is what a model may lack)
     hooks: tuple[str, ...] = ()  # methods the model must define, e.g. "speedladder_qk_norm" (docs/rungs.md)
     # The model's shape, in our GPT's terms: a function answering why it does not fit, or None when it does
     # (checked where the shape is known: our GPT, Hugging Face GPT-2).
@@ -153,7 +154,7 @@ class Requirement:
             if cap < self.min_capability:
                 want = ".".join(map(str, self.min_capability))
                 return f"needs CUDA compute capability >= {want}; this GPU is {cap[0]}.{cap[1]}"
-        lacks = dict(env.model_lacks).get(self.model) if self.model else None
+        lacks = dict(env.model_lacks).get(self.model.needs) if self.model else None
         if lacks:
             return lacks
         missing_hooks = [h for h in self.hooks if h not in env.model_hooks]
@@ -311,7 +312,7 @@ def rung(name: str, reason: str, kind: str = "speed", *, spec: SpecChange | None
         raise RungError(f"rung {name}: the reason is one line saying why it should pay")
     if name in RUNGS:
         raise RungError(f"rung {name!r} ({source}) is already defined ({RUNGS[name].source}): choose another name")
-    tname = transform or name
+    tname = str(transform or name)  # a Capability's value: StepSpec.transforms holds plain names
     if model is not None and tname in MODEL_TRANSFORMS:
         raise RungError(f"rung {name}: a model transform named {tname!r} exists already")
     r = Rung(name=name, reason=reason.strip(), kind=kind,
@@ -362,7 +363,7 @@ def lr_factor(rule: str, multiplier: int) -> float:
 
 
 def env_for(device: torch.device, batch_multiplier: int, batch_lr_scale: str = "none",
-            lacks: dict[str, str] | None = None, hooks: tuple[str, ...] = (),
+            lacks: dict[Capability, str] | None = None, hooks: tuple[str, ...] = (),
             shape: GPTConfig | None = None, base_batch: int | None = None, accum_steps: int | None = None) -> Env:
     """The Env of a device and a model."""
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None

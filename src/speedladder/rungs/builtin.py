@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from speedladder.gpt import GPT, Attention, Block, attention_heads, merge_heads
 from speedladder.rungs.api import Env, Requirement, RungError, StepSpec, lr_factor, rung
+from speedladder.rungs.capability import Capability
 
 
 class Checkpointed(nn.Module):
@@ -216,21 +217,23 @@ rung("accum", "the batch rung's batch by gradient accumulation over micro-batche
 rung("fp16", "fp16 autocast with a gradient scaler (torch.amp): half the bytes and tensor cores where bf16 is "
      "missing (CUDA capability < 8.0: T4, V100)", "speed", spec=_fp16)
 rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
-     "memory", model=checkpoint_blocks, transform="activation-checkpointing", requires=Requirement(model="blocks"))
+     "memory", model=checkpoint_blocks, transform=Capability.CHECKPOINTING,
+     requires=Requirement(model=Capability.CHECKPOINTING))
 rung("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, Flash kernels "
-     "on CUDA", "speed", model=use_sdpa, requires=Requirement(model="sdpa"))
+     "on CUDA", "speed", model=use_sdpa, requires=Requirement(model=Capability.SDPA))
 rung("fused-adamw", "AdamW's whole update in one fused kernel (fused=True; foreach where fused is missing)",
      "speed", spec=_fused_adamw)
 rung("pad-vocab", f"vocabulary padded to a multiple of {VOCAB_MULTIPLE} (50257 -> 50304) for aligned matmul "
-     "tiles; the padding is masked out", "speed", model=pad_vocab, requires=Requirement(model="pad-vocab"))
+     "tiles; the padding is masked out", "speed", model=pad_vocab,
+     requires=Requirement(model=Capability.PAD_VOCAB))
 rung("max-autotune", "torch.compile mode=max-autotune: benchmarks matmul/conv kernels and replays CUDA graphs",
      "speed", spec={"compile": True, "compile_mode": "max-autotune"},
      requires=Requirement(devices=("cuda",), compiler=True))
 rung("cudagraphs", "torch.compile mode=reduce-overhead: CUDA graphs replay a step's launches in one call", "speed",
      spec={"compile": True, "compile_mode": "reduce-overhead"}, requires=Requirement(devices=("cuda",), compiler=True))
 rung("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens to a loss, not more tokens/s",
-     "optimizer", spec={"optimizer": "muon"}, requires=Requirement(model="blocks"))
+     "optimizer", spec={"optimizer": "muon"}, requires=Requirement(model=Capability.BLOCKS))
 rung("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper", "speed",
-     model=float8_linears, transform="float8",
+     model=float8_linears, transform=Capability.FLOAT8,
      requires=Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
-                          install="pip install speedladder[fp8]", model="blocks"))
+                          install="pip install speedladder[fp8]", model=Capability.FLOAT8))

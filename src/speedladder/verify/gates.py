@@ -18,6 +18,7 @@ from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.records import Differential, Explanation, Fp64, Gate, Kinks, LearnsCheck, not_applicable
 from speedladder.rungs import StepSpec, float8_eligible, rounding_fuzz
+from speedladder.rungs.capability import Capability
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import bisect, correctness, emulate, kinks, probes, truth
 from speedladder.verify.truth import Errors
@@ -34,7 +35,7 @@ def precision_spec(spec: StepSpec) -> StepSpec:
     """Eager at a spec's shape and arithmetic: its autocast, TF32 and fp8 casts and its architecture rungs, nothing
     else (truth.py's scale)."""
     return StepSpec(spec.batch_size, spec.seq_len, autocast=spec.autocast, tf32=spec.tf32,
-                    transforms=tuple(t for t in spec.transforms if t == "float8" or t in spec.architecture))
+                    transforms=tuple(t for t in spec.transforms if t == Capability.FLOAT8 or t in spec.architecture))
 
 
 class Gates:
