@@ -114,7 +114,6 @@ CAPABILITY_STRINGS_ELSEWHERE = {
     ("profile/predict.py", "sdpa"), ("profile/predict.py", "pad-vocab"),  # predictors by rung name
     ("models/base.py", "blocks"),  # results.json's "blocks" key (the record's dotted path)
     ("models/ours.py", "blocks"),  # our GPT's attribute holding its blocks
-    ("models/__init__.py", "blocks"),  # the same, for a GPT built by the user
     ("parallel/worker.py", "blocks"),  # the same attribute, read from a module
     ("models/hf.py", "sdpa"),  # transformers' attn_implementation
 }

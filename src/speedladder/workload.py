@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from speedladder import models, results
+from speedladder.config import codec
 from speedladder.config.commands import RaceConfig
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig, pick_device
@@ -190,7 +191,7 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
                            "vocab_size": c.vocab_size, "train_tokens": c.n_tokens, "val_tokens": work.val.n_tokens,
                            "val_from": work.split.val_from},
                    model={"preset": work.cfg.run.preset, "params": work.params,
-                          "matmul_params": work.matmul_params, **work.model.record()},
+                          "matmul_params": work.matmul_params, **codec.to_data(work.model.record())},
                    schedule=work.schedule.describe())
 
 

@@ -140,7 +140,7 @@ class Requirement:
     compiler: bool = False  # inductor's code generator: Triton on CUDA, a C++ compiler on CPU
     modules: tuple[str, ...] = ()  # optional packages, by import name
     install: str | None = None  # how to get them
-    model: Capability | None = None  # what it needs of the model (its .needs is what a model may lack)
+    model: Capability | None = None  # what it needs of the model, e.g. Capability.BLOCKS (models/ say which they lack)
     hooks: tuple[str, ...] = ()  # methods the model must define, e.g. "speedladder_qk_norm" (docs/rungs.md)
     # The model's shape, in our GPT's terms: a function answering why it does not fit, or None when it does
     # (checked where the shape is known: our GPT, Hugging Face GPT-2).
@@ -363,7 +363,7 @@ def lr_factor(rule: str, multiplier: int) -> float:
 
 
 def env_for(device: torch.device, batch_multiplier: int, batch_lr_scale: str = "none",
-            lacks: dict[Capability, str] | None = None, hooks: tuple[str, ...] = (),
+            lacks: Mapping[Capability, str] | None = None, hooks: tuple[str, ...] = (),
             shape: GPTConfig | None = None, base_batch: int | None = None, accum_steps: int | None = None) -> Env:
     """The Env of a device and a model."""
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None

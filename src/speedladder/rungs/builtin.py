@@ -218,7 +218,7 @@ rung("fp16", "fp16 autocast with a gradient scaler (torch.amp): half the bytes a
      "missing (CUDA capability < 8.0: T4, V100)", "speed", spec=_fp16)
 rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
      "memory", model=checkpoint_blocks, transform=Capability.CHECKPOINTING,
-     requires=Requirement(model=Capability.CHECKPOINTING))
+     requires=Requirement(model=Capability.BLOCKS))
 rung("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, Flash kernels "
      "on CUDA", "speed", model=use_sdpa, requires=Requirement(model=Capability.SDPA))
 rung("fused-adamw", "AdamW's whole update in one fused kernel (fused=True; foreach where fused is missing)",
@@ -236,4 +236,4 @@ rung("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens t
 rung("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper", "speed",
      model=float8_linears, transform=Capability.FLOAT8,
      requires=Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
-                          install="pip install speedladder[fp8]", model=Capability.FLOAT8))
+                          install="pip install speedladder[fp8]", model=Capability.BLOCKS))
