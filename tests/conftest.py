@@ -8,9 +8,10 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import contextlib
+import dataclasses
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,19 @@ import torch
 from speedladder.cli import main
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig
+from speedladder.gpt import GPTConfig
 from speedladder.measure import counters, timer
+from speedladder.rungs import Capability
 from speedladder.workload import Workload, prepare
+
+
+@dataclasses.dataclass(frozen=True)
+class Described:
+    """A model as a rung's requirement reads it (rungs.ModelFacts), described by hand."""
+
+    lacks: Mapping[Capability, str] = dataclasses.field(default_factory=dict)
+    hooks: tuple[str, ...] = ()
+    shapes: GPTConfig | None = None
 
 torch.set_num_threads(1)
 

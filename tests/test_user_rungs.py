@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, only_folder
+from conftest import Described, cli, only_folder
 
 from speedladder import rungs
 from speedladder.config import codec, commands
@@ -221,7 +221,7 @@ def test_the_api_declares_all_three_kinds_of_change_and_refuses_bad_declarations
         rungs.rung("a,b", "a name with a comma", spec={})
     needs = Requirement(hooks=("speedladder_qk_norm",))
     assert "defines no speedladder_qk_norm() hook" in needs.unmet(Env("cpu", None, 2))
-    assert needs.unmet(Env("cpu", None, 2, model_hooks=("speedladder_qk_norm",))) is None
+    assert needs.unmet(Env("cpu", None, 2, model=Described(hooks=("speedladder_qk_norm",)))) is None
 
 
 RACE = ["race", "--preset", "tiny", "--device", "cpu", "--seeds", "2", "--calibrate-steps", "20",

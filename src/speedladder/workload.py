@@ -161,8 +161,8 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     vocab = corpus.vocab_size or model_def.vocab_size
     split = Split(dataclasses.replace(split.train, vocab_size=vocab), dataclasses.replace(split.val, vocab_size=vocab),
                   split.val_from)
-    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model_def.lacks,
-                  model_def.hooks, model_def.shapes, base_batch=cfg.batch_size, accum_steps=cfg.run.recipe.accum_steps)
+    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model_def, base_batch=cfg.batch_size,
+                  accum_steps=cfg.run.recipe.accum_steps)
     work = Workload(cfg, device, split.train, init, env, model_def, split)
     g = cfg.run.gates
     work.with_horizon(Span(g.learns_steps or g.loss_steps, "steps"))

@@ -22,8 +22,8 @@ import math
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -115,18 +115,29 @@ class StepSpec:
 ADAMW_VARIANTS = ("adamw", "adamw-fused", "adamw-foreach")
 
 
+class ModelFacts(Protocol):
+    """What a rung's requirement reads of the model; a models.ModelDef is one (the rungs sit below the models)."""
+
+    @property
+    def lacks(self) -> Mapping[Capability, str]: ...  # why, for each capability the model lacks
+
+    @property
+    def hooks(self) -> tuple[str, ...]: ...  # its speedladder_* methods
+
+    @property
+    def shapes(self) -> GPTConfig | None: ...  # its architecture in our GPT's terms, where known
+
+
 @dataclass(frozen=True)
 class Env:
-    """What a rung may depend on: the machine and the workload's knobs."""
+    """What a rung may depend on: the machine, the model and the workload's knobs."""
 
     device_type: str  # "cuda", "mps" or "cpu"
     cuda_capability: tuple[int, int] | None
     batch_multiplier: int
-    # What the model cannot do, as (capability, why): e.g. (Capability.SDPA, "not applicable to this model: ...").
-    model_lacks: tuple[tuple[Capability, str], ...] = ()
     batch_lr_scale: str = "none"  # the batch rung's learning-rate rule (config.BATCH_LR_SCALES)
-    model_hooks: tuple[str, ...] = ()  # the model's speedladder_* methods (models/base.py hooks_of)
-    model_shape: GPTConfig | None = None  # its architecture in our GPT's terms, where known
+    # The model, read where a requirement asks (None: one that lacks nothing and defines no hooks, shape unknown).
+    model: ModelFacts | None = field(default=None, compare=False)
     base_batch: int | None = None  # the workload's batch: the accum rung's micro-batch count starts from it
     accum_steps: int | None = None  # the recipe's micro-steps for the accum rung (None: batch_multiplier)
 
@@ -154,15 +165,17 @@ class Requirement:
             if cap < self.min_capability:
                 want = ".".join(map(str, self.min_capability))
                 return f"needs CUDA compute capability >= {want}; this GPU is {cap[0]}.{cap[1]}"
-        lacks = dict(env.model_lacks).get(self.model.needs) if self.model else None
+        model = env.model
+        lacks = model.lacks.get(self.model.needs) if self.model and model else None
         if lacks:
             return lacks
-        missing_hooks = [h for h in self.hooks if h not in env.model_hooks]
+        missing_hooks = [h for h in self.hooks if h not in (model.hooks if model else ())]
         if missing_hooks:
             return (f"not applicable to this model: it defines no {missing_hooks[0]}() hook (speedladder's GPT "
                     "does; docs/rungs.md)")
-        if self.shape is not None and env.model_shape is not None:  # known for our GPT and GPT-2; else the hook's
-            why = self.shape(env.model_shape)
+        shape = model.shapes if model else None
+        if self.shape is not None and shape is not None:  # known for our GPT and GPT-2; else the hook's
+            why = self.shape(shape)
             if why:
                 return f"not applicable to this model: {why}"
         missing = [m for m in self.modules if importlib.util.find_spec(m) is None]
@@ -363,10 +376,8 @@ def lr_factor(rule: str, multiplier: int) -> float:
 
 
 def env_for(device: torch.device, batch_multiplier: int, batch_lr_scale: str = "none",
-            lacks: Mapping[Capability, str] | None = None, hooks: tuple[str, ...] = (),
-            shape: GPTConfig | None = None, base_batch: int | None = None, accum_steps: int | None = None) -> Env:
+            model: ModelFacts | None = None, base_batch: int | None = None, accum_steps: int | None = None) -> Env:
     """The Env of a device and a model."""
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return Env(device.type, cap, batch_multiplier, model_lacks=tuple(sorted((lacks or {}).items())),
-               batch_lr_scale=batch_lr_scale, model_hooks=hooks, model_shape=shape, base_batch=base_batch,
-               accum_steps=accum_steps)
+    return Env(device.type, cap, batch_multiplier, batch_lr_scale=batch_lr_scale, model=model,
+               base_batch=base_batch, accum_steps=accum_steps)
