@@ -108,7 +108,7 @@ def test_the_old_flat_names_are_gone():
 
 
 # A capability's name as a string literal is allowed only where it is something else: a rung's name (the ladders,
-# the predictors, rung(...)'s first argument), a record's key, an attribute path, transformers' own switch.
+# the predictors, the first argument of rung(...) or rung.define(...)), a record's key, an attribute path, transformers' own switch.
 CAPABILITY_STRINGS_ELSEWHERE = {
     ("config/ladders.py", "sdpa"), ("config/ladders.py", "pad-vocab"),  # rung names in the ladders
     ("profile/predict.py", "sdpa"), ("profile/predict.py", "pad-vocab"),  # predictors by rung name
@@ -132,7 +132,7 @@ def test_capabilities_are_named_by_the_enum_alone():
             continue
         tree = ast.parse(path.read_text())
         rung_names = {id(node.args[0]) for node in ast.walk(tree) if isinstance(node, ast.Call) and node.args
-                      and getattr(node.func, "id", getattr(node.func, "attr", None)) == "rung"}
+                      and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("rung", "define")}
         docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Constant) and node.value in names and id(node) not in rung_names

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -221,13 +221,42 @@ class Rung:
 
 # The one registry: every rung, built-in or the user's, as declared through rung().
 RUNGS: dict[str, Rung] = {}
+
+V = TypeVar("V")
+
+
+class RungIndex(Mapping[str, V]):
+    """A read-only index of RUNGS, computed from it at each read: nothing to keep in step when a rung goes."""
+
+    def __init__(self, index: Callable[[], dict[str, V]]) -> None:
+        self._index = index
+
+    def __getitem__(self, name: str) -> V:
+        return self._index()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index())
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+
+def _with_transforms() -> Iterator[tuple[str, Rung]]:
+    """(transform name, rung) for each rung with a model transform; a later rung's wins a name."""
+    return ((r.transform_name, r) for r in RUNGS.values() if r.model is not None and r.transform_name)
+
+
 # Model transforms by name (StepSpec.transforms): each rung's own, under its transform name.
-MODEL_TRANSFORMS: dict[str, ModelTransform] = {}
-# A transform's kind (the rung that declared it) and whether it may make new parameters.
-TRANSFORM_KINDS: dict[str, str] = {}
-NEW_PARAMS: set[str] = set()
+MODEL_TRANSFORMS: Mapping[str, ModelTransform] = RungIndex(
+    lambda: {t: _checked(r.name, r.source, r.model) for t, r in _with_transforms() if r.model is not None})
+# A transform's kind (the rung that declared it).
+TRANSFORM_KINDS: Mapping[str, str] = RungIndex(lambda: {t: r.kind for t, r in _with_transforms()})
+# The transforms that may make new parameters (an architecture rung's always may), as a set of names.
+NEW_PARAMS: Mapping[str, bool] = RungIndex(
+    lambda: {t: True for t, r in _with_transforms() if r.changes_params or r.kind == "architecture"})
 # Optimizers that rungs bring, by name (StepSpec.optimizer); AdamW's and Muon are step.py's own.
-OPTIMIZERS: dict[str, OptimizerFactory] = {}
+OPTIMIZERS: Mapping[str, OptimizerFactory] = RungIndex(
+    lambda: {r.name: r.optimizer for r in RUNGS.values() if r.optimizer is not None})
 _SOURCE = [BUILT_IN]  # who is declaring now: a user's rung file while it is loaded (rungs/load.py)
 
 
@@ -291,69 +320,72 @@ def _spec_of(name: str, spec: SpecChange | None, model: ModelTransform | None, t
     return transform
 
 
-def rung(name: str, reason: str, kind: str = "speed", *, spec: SpecChange | None = None,
-         model: ModelTransform | None = None, optimizer: OptimizerFactory | None = None,
-         requires: Requirement | None = None, control: Callable[[StepSpec], StepSpec] | None = None,
-         control_reason: str | None = None, changes_params: bool = False, transform: str | None = None,
-         on: str | None = None) -> Any:
-    """Declare a rung and register it; the Rung, or, given none of spec/model/optimizer, a decorator.
+F = TypeVar("F", bound=Callable[..., Any])
 
-    kind: "speed", "memory", "optimizer" or "architecture" (KINDS). spec: fields of the StepSpec to set, or a
-    function (spec, env) -> spec. model: nn.Module -> nn.Module, on a freshly built model, keeping its parameter
-    objects unless `changes_params` (an architecture rung may always make new ones). optimizer: (named parameters,
-    learning rate) -> an optimizer. requires: what it needs (Requirement). transform: the name its model transform
-    goes by in StepSpec.transforms (the rung's own name by default). As a decorator, the function is the model
-    transform, or with on="spec" or on="optimizer" the spec transform or the optimizer factory.
-    """
-    if spec is None and model is None and optimizer is None and (on is not None or name != "eager"):
-        where = on or "model"
-        if where not in ("model", "spec", "optimizer"):
+
+class RungDeclarer:
+    """`speedladder.rung`: `@rung(...)` declares a rung around the function it decorates, `rung.define(...)` declares
+    one in a call. Two forms, each typed: a decorator never returns a Rung, a call never returns a decorator."""
+
+    def __call__(self, name: str, reason: str, kind: str = "speed", *, requires: Requirement | None = None,
+                 control: Callable[[StepSpec], StepSpec] | None = None, control_reason: str | None = None,
+                 changes_params: bool = False, transform: str | None = None,
+                 on: str = "model") -> Callable[[F], F]:
+        """A decorator declaring the rung whose model transform (on="model", the default), spec transform
+        (on="spec") or optimizer factory (on="optimizer") is the decorated function, which is returned unchanged.
+        The other arguments are `define`'s."""
+        if on not in ("model", "spec", "optimizer"):
             raise RungError(f"rung {name}: on must be model, spec or optimizer, got {on!r}")
 
-        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            given: dict[str, Any] = {where: fn}
-            rung(name, reason, kind, requires=requires, control=control, control_reason=control_reason,
-                 changes_params=changes_params, transform=transform, **given)
+        def decorate(fn: F) -> F:
+            self.define(name, reason, kind, requires=requires, control=control, control_reason=control_reason,
+                        changes_params=changes_params, transform=transform,
+                        spec=fn if on == "spec" else None, model=fn if on == "model" else None,
+                        optimizer=fn if on == "optimizer" else None)
             return fn
         return decorate
-    source = _SOURCE[-1]
-    if kind not in KINDS:
-        raise RungError(f"rung {name}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if not name or any(c in name for c in ",+ =") or name != name.strip():
-        raise RungError(f"rung name {name!r}: a name without spaces, commas, '+' or '=' is needed")
-    if not reason.strip() or "\n" in reason.strip():
-        raise RungError(f"rung {name}: the reason is one line saying why it should pay")
-    if name in RUNGS:
-        raise RungError(f"rung {name!r} ({source}) is already defined ({RUNGS[name].source}): choose another name")
-    tname = str(transform or name)  # a Capability's value: StepSpec.transforms holds plain names
-    if model is not None and tname in MODEL_TRANSFORMS:
-        raise RungError(f"rung {name}: a model transform named {tname!r} exists already")
-    r = Rung(name=name, reason=reason.strip(), kind=kind,
-             transform=_spec_of(name, spec, model, tname, optimizer, source),
-             requires=requires or Requirement(), control=control, control_reason=control_reason,
-             model=model, transform_name=tname if model is not None else None, optimizer=optimizer,
-             changes_params=changes_params, source=source)
-    RUNGS[name] = r
-    if model is not None:
-        MODEL_TRANSFORMS[tname] = _checked(name, source, model)
-        TRANSFORM_KINDS[tname] = kind
-        if changes_params or kind == "architecture":
-            NEW_PARAMS.add(tname)
-    if optimizer is not None:
-        OPTIMIZERS[name] = optimizer
-    return r
+
+    @staticmethod
+    def define(name: str, reason: str, kind: str = "speed", *, spec: SpecChange | None = None,
+               model: ModelTransform | None = None, optimizer: OptimizerFactory | None = None,
+               requires: Requirement | None = None, control: Callable[[StepSpec], StepSpec] | None = None,
+               control_reason: str | None = None, changes_params: bool = False, transform: str | None = None) -> Rung:
+        """Declare a rung and register it in RUNGS; the Rung.
+
+        kind: "speed", "memory", "optimizer" or "architecture" (KINDS). spec: fields of the StepSpec to set, or a
+        function (spec, env) -> spec. model: nn.Module -> nn.Module, on a freshly built model, keeping its parameter
+        objects unless `changes_params` (an architecture rung may always make new ones). optimizer: (named
+        parameters, learning rate) -> an optimizer. requires: what it needs (Requirement). transform: the name its
+        model transform goes by in StepSpec.transforms (the rung's own name by default).
+        """
+        source = _SOURCE[-1]
+        if kind not in KINDS:
+            raise RungError(f"rung {name}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        if not name or any(c in name for c in ",+ =") or name != name.strip():
+            raise RungError(f"rung name {name!r}: a name without spaces, commas, '+' or '=' is needed")
+        if not reason.strip() or "\n" in reason.strip():
+            raise RungError(f"rung {name}: the reason is one line saying why it should pay")
+        if name in RUNGS:
+            raise RungError(f"rung {name!r} ({source}) is already defined ({RUNGS[name].source}): choose another "
+                            "name")
+        tname = str(transform or name)  # a Capability's value: StepSpec.transforms holds plain names
+        if model is not None and tname in MODEL_TRANSFORMS:
+            raise RungError(f"rung {name}: a model transform named {tname!r} exists already")
+        RUNGS[name] = Rung(name=name, reason=reason.strip(), kind=kind,
+                           transform=_spec_of(name, spec, model, tname, optimizer, source),
+                           requires=requires or Requirement(), control=control, control_reason=control_reason,
+                           model=model, transform_name=tname if model is not None else None, optimizer=optimizer,
+                           changes_params=changes_params, source=source)
+        return RUNGS[name]
+
+
+rung = RungDeclarer()
+define = rung.define
 
 
 def unregister(name: str) -> None:
-    """Forget a rung and what it registered (tests; a rung file loaded again after a change)."""
-    r = RUNGS.pop(name, None)
-    if r is None:
-        return
-    if r.transform_name:
-        for table in (MODEL_TRANSFORMS, TRANSFORM_KINDS):
-            table.pop(r.transform_name, None)
-        NEW_PARAMS.discard(r.transform_name)
-    OPTIMIZERS.pop(name, None)
+    """Forget a rung (tests; a rung file loaded again after a change): the indexes above are read from RUNGS."""
+    RUNGS.pop(name, None)
 
 
 def compose(names: tuple[str, ...], spec: StepSpec, env: Env) -> StepSpec:
