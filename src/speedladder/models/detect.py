@@ -59,7 +59,7 @@ def facts(model: nn.Module, family: Family, seq_len: int, vocab: int | None,
                         else convention(model, seq_len, name, targets=family.targets))
     vocab_size = family.vocab_size if family.vocab_size is not None else (
         seen_vocab or vocab or _embedding_rows(model))
-    if vocab_size is None:
+    if not vocab_size:
         raise UsageError(f"{name} returns only a loss and has no nn.Embedding: give --vocab-size")
     blocks = find_blocks(model)
     if blocks:
