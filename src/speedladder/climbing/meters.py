@@ -20,7 +20,7 @@ from speedladder.measure.memory import MMAP_THRESHOLD, Saved, count_saved, proce
 from speedladder.profile.facts import ceiling_side, matmul_ceiling
 from speedladder.records import RungResult
 from speedladder.rungs import StepSpec, float8_matmul_params, padded_vocab
-from speedladder.rungs.capability import Capability
+from speedladder.spec import Capability
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, prepare
 

@@ -24,7 +24,7 @@ from speedladder.gpt import GPTConfig
 from speedladder.measure import peakflops
 from speedladder.records.model import ModelRecord
 from speedladder.rungs import MODEL_TRANSFORMS
-from speedladder.rungs.capability import Capability
+from speedladder.spec import Capability
 
 # How the ladder calls a model and reads its loss. x is (B, T) token ids, y the same shifted by one.
 CONVENTIONS: dict[str, str] = {

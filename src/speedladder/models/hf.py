@@ -25,7 +25,7 @@ from speedladder.errors import UsageError, one_line
 from speedladder.gpt import GPTConfig
 from speedladder.models.base import Family, Formula, Offers, Transform
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab
-from speedladder.rungs.capability import Capability
+from speedladder.spec import Capability
 
 # A transformers PreTrainedModel: its methods (set_attn_implementation, resize_token_embeddings, ...) are the
 # library's, and transformers is an optional extra without type information here.

@@ -24,7 +24,7 @@ from speedladder.errors import UsageError, one_line
 from speedladder.models.base import Family, Offers, Transform
 from speedladder.models.detect import PAD_VOCAB_HOOK, SDPA_HOOK
 from speedladder.rungs import VOCAB_MULTIPLE, Checkpointed, float8_linears
-from speedladder.rungs.capability import Capability
+from speedladder.spec import Capability
 
 LIVE = "<python object>"  # the source of a model given as an object: no other process can build it again
 _FILES: dict[tuple[str, float], Any] = {}  # modules loaded from files, by path and modification time

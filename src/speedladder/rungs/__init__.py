@@ -6,7 +6,6 @@ load.py brings a user's rung files (--rung-file). Importing this package declare
 
 from speedladder.rungs import builtin, speedrun  # noqa: F401 -- declaring them registers them
 from speedladder.rungs.api import (
-    ADAMW_VARIANTS,
     BUILT_IN,
     CHANGES_FUNCTION,
     KINDS,
@@ -21,7 +20,7 @@ from speedladder.rungs.api import (
     Rung,
     RungDeclarer,
     RungError,
-    StepSpec,
+    architecture,
     compose,
     env_for,
     kind_of,
@@ -43,8 +42,8 @@ from speedladder.rungs.builtin import (
     padded_vocab,
     use_sdpa,
 )
-from speedladder.rungs.capability import Capability
 from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
+from speedladder.spec import ADAMW_VARIANTS, Capability, StepSpec
 
 __all__ = [
     "ADAMW_VARIANTS",
@@ -70,6 +69,7 @@ __all__ = [
     "RungError",
     "SDPAttention",
     "StepSpec",
+    "architecture",
     "checkpoint_blocks",
     "compose",
     "env_for",

@@ -19,7 +19,7 @@ from torch.utils.checkpoint import checkpoint
 
 from speedladder.gpt import GPT, Attention, Block, attention_heads, merge_heads
 from speedladder.rungs.api import Env, Requirement, RungError, StepSpec, define, lr_factor
-from speedladder.rungs.capability import Capability
+from speedladder.spec import Capability
 
 
 class Checkpointed(nn.Module):
