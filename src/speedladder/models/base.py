@@ -139,7 +139,7 @@ class ModelDef:
     transforms: Mapping[Capability, Transform] = field(default_factory=dict)  # over the rungs' own
     lacks: Mapping[Capability, str] = field(default_factory=dict)  # why a rung needing it does not apply
     shapes: GPTConfig | None = None  # the architecture in our GPT's terms, for the prediction model; None: unknown
-    hooks: tuple[str, ...] = ()  # the speedladder_* methods it defines (hooks_of): what hook rungs need
+    hooks: tuple[str, ...] = ()  # the speedladder_* methods it defines (detect.hooks_of): what hook rungs need
     source: Mapping[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
     # FLOPs per token counted by torch, by sequence length: a cache filled on first use (the record stays frozen).
     counted: dict[int, int] = field(default_factory=dict, compare=False)

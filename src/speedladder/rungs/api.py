@@ -4,7 +4,8 @@ A rung has a name, a one-line reason, a kind, and what it changes: the step spec
 and the machine, or fields to set), the model (a function nn.Module -> nn.Module, applied to a freshly built
 model), or the optimizer (a factory from the named parameters and the learning rate). Its requirement says what it
 needs of the machine and the model, and is checked before anything is built; a rung that cannot run is skipped
-with that reason. Declared with `rung(...)`, it lands in RUNGS, the one registry every command reads.
+with that reason. Declared with the decorator `@rung(...)` or in one call, `rung.define(...)`, it lands in RUNGS, the
+one registry every command reads; the other tables (MODEL_TRANSFORMS, OPTIMIZERS, ...) are indexes computed from it.
 
     import speedladder
 
