@@ -163,9 +163,12 @@ def _shapes(kind: str, cfg: Any) -> GPTConfig | None:
     """GPT-2 in our GPT's terms (the same matmuls), for the prediction model; None for other architectures."""
     if kind != "gpt2":
         return None
-    return GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.n_positions, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                     n_embd=cfg.n_embd, mlp_hidden=cfg.n_inner or 4 * cfg.n_embd,
-                     tie_embeddings=bool(cfg.tie_word_embeddings), activation="gelu")
+    try:
+        return GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.n_positions, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                         n_embd=cfg.n_embd, mlp_hidden=cfg.n_inner or 4 * cfg.n_embd,
+                         tie_embeddings=bool(cfg.tie_word_embeddings), activation="gelu")
+    except ValueError:  # e.g. heads that do not divide the width: building the model says so, in one line
+        return None
 
 
 def family(name: str, overrides: tuple[str, ...], vocab: int | None) -> Family:
