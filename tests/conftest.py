@@ -8,9 +8,10 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import contextlib
+import dataclasses
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,29 @@ import torch
 from speedladder.cli import main
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig
+from speedladder.gpt import GPTConfig
 from speedladder.measure import counters, timer
+from speedladder.rungs import RUNGS, Capability, Rung
 from speedladder.workload import Workload, prepare
+
+
+def plant(monkeypatch: pytest.MonkeyPatch, name: str, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
+    """A model transform under `name` for one test: the rung that owns the name with `fn` for its transform, else a
+    speed rung of its own (MODEL_TRANSFORMS is an index of RUNGS, so the rung is what is planted)."""
+    owner = next((r for r in RUNGS.values() if r.transform_name == name), None)
+    planted = (dataclasses.replace(owner, model=fn) if owner else
+               Rung(name=f"planted-{name}", reason="planted by a test", kind="speed", transform=lambda s, e: s,
+                    model=fn, transform_name=name))
+    monkeypatch.setitem(RUNGS, planted.name, planted)
+
+
+@dataclasses.dataclass(frozen=True)
+class Described:
+    """A model as a rung's requirement reads it (rungs.ModelFacts), described by hand."""
+
+    lacks: Mapping[Capability, str] = dataclasses.field(default_factory=dict)
+    hooks: tuple[str, ...] = ()
+    shapes: GPTConfig | None = None
 
 torch.set_num_threads(1)
 

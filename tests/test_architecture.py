@@ -85,7 +85,7 @@ def test_few_modules_stay_flat():
     """The package's top level holds the entry points and the few modules every layer shares; the rest live in
     folders by concern (docs/architecture.md)."""
     flat = sorted(f.name for f in SRC.glob("*.py"))
-    assert len(flat) <= 12, flat
+    assert len(flat) <= 13, flat
 
 
 def test_the_old_flat_names_are_gone():
@@ -105,3 +105,37 @@ def test_the_old_flat_names_are_gone():
 
     assert not hasattr(config, "RunConfig") and not hasattr(verify, "equivalence")
     assert not hasattr(measure, "time_window")
+
+
+# A capability's name as a string literal is allowed only where it is something else: a rung's name (the ladders,
+# the predictors, the first argument of rung(...) or rung.define(...)), a record's key, an attribute path, transformers' own switch.
+CAPABILITY_STRINGS_ELSEWHERE = {
+    ("config/ladders.py", "sdpa"), ("config/ladders.py", "pad-vocab"),  # rung names in the ladders
+    ("profile/predict.py", "sdpa"), ("profile/predict.py", "pad-vocab"),  # predictors by rung name
+    ("models/base.py", "blocks"),  # results.json's "blocks" key (the record's dotted path)
+    ("models/ours.py", "blocks"),  # our GPT's attribute holding its blocks
+    ("parallel/worker.py", "blocks"),  # the same attribute, read from a module
+    ("models/hf.py", "sdpa"),  # transformers' attn_implementation
+}
+
+
+def test_capabilities_are_named_by_the_enum_alone():
+    """No string literal names a capability outside spec.py: Requirement and the transform tables use the
+    enum (rung names stay strings: the ladder's user-facing names)."""
+    from speedladder.spec import Capability
+
+    names = {c.value for c in Capability}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel == "spec.py":
+            continue
+        tree = ast.parse(path.read_text())
+        rung_names = {id(node.args[0]) for node in ast.walk(tree) if isinstance(node, ast.Call) and node.args
+                      and getattr(node.func, "id", getattr(node.func, "attr", None)) in ("rung", "define")}
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and node.value in names and id(node) not in rung_names
+                    and id(node) not in docs and (rel, node.value) not in CAPABILITY_STRINGS_ELSEWHERE):
+                found.append(f"{rel}:{node.lineno} {node.value!r}")
+    assert not found, "capabilities named by a string, not by Capability: " + ", ".join(found)

@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import plant
 
 from speedladder import verify
 from speedladder.config.run import RunConfig
@@ -87,7 +88,7 @@ def bench(tiny):
 def planted(monkeypatch):
     for name, fn in {"no-causal-mask": _attention(NoCausalMask), "wrong-scale": _attention(WrongScale),
                      "skip-block": _skip_last_block, "unmasked-padding": _unmasked_padding}.items():
-        monkeypatch.setitem(MODEL_TRANSFORMS, name, fn)
+        plant(monkeypatch, name, fn)
 
 
 def check_after_bf16(bench, step: TrainStep):
@@ -240,8 +241,8 @@ def test_a_legitimate_rounding_change_passes_by_fp64_where_a_fixed_floor_fails(t
     scale it passes, after eager and after bf16, and a wrong function on the same model still fails."""
     (tmp_path / "keybias.py").write_text(KEY_BIAS_MODEL)
     work = prepare(RunConfig(preset="tiny", device="cpu", model_source=f"{tmp_path / 'keybias.py'}:KeyBiasLM"))
-    monkeypatch.setitem(MODEL_TRANSFORMS, "split-k", _split_k)
-    monkeypatch.setitem(MODEL_TRANSFORMS, "wrong-scale-k", lambda m: _scale_keys(m, 1.5))
+    plant(monkeypatch, "split-k", _split_k)
+    plant(monkeypatch, "wrong-scale-k", lambda m: _scale_keys(m, 1.5))
     gates = Gates(work, Progress(quiet=True))
     ref = gates.reference(work.base_spec)
     assert ref.fp64 is not None, ref.fp64_why
@@ -348,14 +349,14 @@ def test_an_fp8_rung_with_rowwise_scales_passes_its_gates_and_tensorwise_fails_c
     pytest.importorskip("torchao.float8")
     spec = dataclasses.replace(bench[2], transforms=("float8",))
     assert spec.precision == "fp8"
-    monkeypatch.setitem(MODEL_TRANSFORMS, "float8", _float8("rowwise"))
+    plant(monkeypatch, "float8", _float8("rowwise"))
     gate = check_after_bf16(bench, tiny.step(spec))
     assert gate.passed, gate.detail
     assert gate.causality.past_max_abs == 0.0  # a token's scale is its own
     # Judged against eager at fp8 (the same casts, nothing else changed), not against bf16's smaller error.
     assert gate.equivalence.precision == "fp8" and gate.differential.fp64.scale == "eager fp8 (emulated)"
     assert gate.differential.base is None  # bf16 -> fp8: the base's distance is no scale for it
-    monkeypatch.setitem(MODEL_TRANSFORMS, "float8", _float8("tensorwise"))
+    plant(monkeypatch, "float8", _float8("tensorwise"))
     gate = check_after_bf16(bench, tiny.step(spec))
     assert not gate.passed and not gate.causality.passed, gate.detail
     assert gate.causality.past_max_abs > 10 * gate.causality.allowed

@@ -11,14 +11,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import cli
+from conftest import cli, plant
 from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
 from test_html_report import visit
 from torch import nn
 
 from speedladder.config.run import GateConfig, RunConfig
 from speedladder.progress import Progress
-from speedladder.rungs import MODEL_TRANSFORMS, RungError, SDPAttention, rounding_fuzz
+from speedladder.rungs import RungError, SDPAttention, rounding_fuzz
 from speedladder.step import TrainStep
 from speedladder.verify import correctness, flips, kinks, probes, truth
 from speedladder.verify.gates import Gates
@@ -140,7 +140,7 @@ class GeluLM(nn.Module):
 @pytest.fixture
 def fuzz(monkeypatch):
     def use(seed: int, scale: float = 1.0) -> None:
-        monkeypatch.setitem(MODEL_TRANSFORMS, "fuzz", rounding_fuzz(scale=scale, seed=seed))
+        plant(monkeypatch, "fuzz", rounding_fuzz(scale=scale, seed=seed))
     return use
 
 
@@ -244,7 +244,7 @@ def test_at_a_planted_kink_the_fuzz_passes_and_wrong_rungs_are_still_caught(tiny
         assert gate.passed, f"seed {seed}: {gate.detail}"
     for name, fn in {"no-causal-mask": _attention(NoCausalMask), "wrong-scale": _attention(WrongScale),
                      "skip-block": _skip_last_block}.items():
-        monkeypatch.setitem(MODEL_TRANSFORMS, name, fn)
+        plant(monkeypatch, name, fn)
         assert not _check(tiny, kinked, position, (name,)).passed, name
 
 
@@ -323,7 +323,7 @@ def test_kinks_the_probe_cannot_avoid_are_priced_into_the_allowance(tiny, fuzz, 
     priced = [d for d in (gate.differential.fp64.grad,) if d.kinks]
     assert priced and priced[0].allowed > priced[0].kinks, gate.differential.fp64.grad
     for name, fn in {"wrong-scale": _attention(WrongScale), "skip-block": _skip_last_block}.items():
-        monkeypatch.setitem(MODEL_TRANSFORMS, name, fn)
+        plant(monkeypatch, name, fn)
         wrong = dataclasses.replace(work.base_spec, transforms=(name,))
         assert not gates.check(work.step(wrong), ref, ref.probe, "eager", lambda m: None)[0].passed, name
 
@@ -406,7 +406,7 @@ class MaskOnlyInFp32(SDPAttention):
 
 
 def test_a_bf16_rung_whose_attention_sees_the_future_under_autocast_fails(tiny, bench, monkeypatch):
-    monkeypatch.setitem(MODEL_TRANSFORMS, "leaky-bf16", _attention(MaskOnlyInFp32))
+    plant(monkeypatch, "leaky-bf16", _attention(MaskOnlyInFp32))
     gates, ref, _, _ = bench
     spec = dataclasses.replace(tiny.base_spec, autocast="bf16", transforms=("leaky-bf16",))
     gate, _ = gates.check(tiny.step(spec), ref, ref.probe, "eager", lambda m: None)
@@ -420,7 +420,7 @@ def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
 
     from speedladder.rungs import float8_linears
 
-    monkeypatch.setitem(MODEL_TRANSFORMS, "float8", functools.partial(float8_linears, emulate=True))
+    plant(monkeypatch, "float8", functools.partial(float8_linears, emulate=True))
     gates = Gates(tiny, Progress(quiet=True))
     ref = gates.reference(tiny.base_spec)
     bf16 = dataclasses.replace(tiny.base_spec, autocast="bf16")
@@ -441,7 +441,7 @@ def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
     ("no-causal-mask", "causality", "blocks.0.attn"),
 ])
 def test_a_failed_gate_names_where_the_divergence_starts(tiny, bench, monkeypatch, transform, check, module):
-    monkeypatch.setitem(MODEL_TRANSFORMS, transform, {"no-causal-mask": _attention(NoCausalMask),
+    plant(monkeypatch, transform, {"no-causal-mask": _attention(NoCausalMask),
                                                       "wrong-scale": _attention(WrongScale),
                                                       "skip-block": _skip_last_block}[transform])
     gate = _check(tiny, bench, "eager", (transform,))

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import plant
 
 from speedladder import report, results
 from speedladder.cli import main
 from speedladder.measure import judging, peakflops, timer
 from speedladder.records import to_dict
-from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Requirement, Rung
+from speedladder.rungs import RUNGS, Requirement, Rung
 from speedladder.step import TrainStep
 from speedladder.verify import correctness
 
@@ -218,7 +219,7 @@ def extra_rungs(monkeypatch):
         model.blocks = torch.nn.ModuleList()
         return model
 
-    monkeypatch.setitem(MODEL_TRANSFORMS, "drop-blocks", drop_blocks)
+    plant(monkeypatch, "drop-blocks", drop_blocks)
     monkeypatch.setitem(RUNGS, "wrong", Rung(
         "wrong", "a deliberately wrong rung: skips every block, so it is faster and computes something else",
         "speed", lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "drop-blocks"))))
@@ -413,7 +414,7 @@ def slow_rung(monkeypatch):
         model.blocks[0] = Sleepy(model.blocks[0], 0.02)
         return model
 
-    monkeypatch.setitem(MODEL_TRANSFORMS, "sleepy", sleepy)
+    plant(monkeypatch, "sleepy", sleepy)
     monkeypatch.setitem(RUNGS, "slow", Rung(
         "slow", "a planted loss: the same function, sleeping 20 ms a step", "speed",
         lambda s, e: dataclasses.replace(s, transforms=(*s.transforms, "sleepy"))))
@@ -459,7 +460,7 @@ def test_noise_is_built_upon_only_above_one(tmp_path, monkeypatch, stack_all):
     from speedladder.measure.timer import Window
 
     for name in ("down", "up"):
-        monkeypatch.setitem(MODEL_TRANSFORMS, name, lambda model: model)  # the same function
+        plant(monkeypatch, name, lambda model: model)  # the same function
         monkeypatch.setitem(RUNGS, name, Rung(name, "planted: the same math, windows planted", "speed",
                                               lambda s, e, name=name: dataclasses.replace(
                                                   s, transforms=(*s.transforms, name))))
@@ -505,7 +506,7 @@ def test_a_rung_predicted_far_below_its_base_is_timed_in_one_short_window_unless
         model.blocks[0] = Sleepy(model.blocks[0], 0.1)
         return model
 
-    monkeypatch.setitem(MODEL_TRANSFORMS, "sleepy", sleepier)
+    plant(monkeypatch, "sleepy", sleepier)
     """No minute spent on what is known (docs/measurement.md, rule 4): a rung predicted below 0.5x its base is timed
     in one window beside it and stops there, neither gated nor built upon, its verdict `short` (one window claims
     nothing). One predicted so that measures within 2x of its base is timed in full and gated."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import pytest
 import torch
@@ -14,15 +18,18 @@ from usermodels import write_models
 from speedladder import models, results
 from speedladder.cli import main
 from speedladder.climbing import tune
+from speedladder.config import codec
 from speedladder.config.commands import Settings
 from speedladder.config.presets import PRESETS
+from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.models import count_flops, ours
 from speedladder.profile.categories import IDLE
 from speedladder.profile.predict import NO_MODEL, chain
 from speedladder.records import ProfileSummary
-from speedladder.rungs import RUNGS
+from speedladder.records.model import ModelRecord
+from speedladder.rungs import RUNGS, Capability
 from speedladder.training.train import load_checkpoint
 from speedladder.workload import prepare
 
@@ -339,3 +346,64 @@ def test_ddp_shards_a_user_model_by_its_blocks(model_dir, tmp_path):
     section = saved["parallel"]
     assert len(section["unit_bytes"]) == 3  # one FSDP unit per block of the user's nn.ModuleList, and the root
     assert section["measured"]["param_check"]["identical"]
+
+
+def _models_path(call: Callable[[], object]) -> tuple[list[str], set[tuple[str, str]]]:
+    """The files of models/ a call enters, in the order first entered, and every (caller, callee) pair of files.
+
+    A call's caller is the nearest frame below it in models/ (torch's nn.Module.__call__ between detect and a
+    forward defined in base is detect calling base), else "outside"."""
+    where = Path(models.__file__).parent
+
+    def file_of(frame: FrameType | None) -> str | None:
+        while frame is not None:
+            path = Path(frame.f_code.co_filename)
+            if path.parent == where:
+                return path.stem
+            frame = frame.f_back
+        return None
+
+    order: list[str] = []
+    edges: set[tuple[str, str]] = set()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event != "call" or Path(frame.f_code.co_filename).parent != where:
+            return
+        callee = Path(frame.f_code.co_filename).stem
+        caller = file_of(frame.f_back) or "outside"
+        if caller != callee:
+            edges.add((caller, callee))
+            if callee not in order:
+                order.append(callee)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return order, edges
+
+
+def test_a_model_file_enters_each_file_of_models_once_in_one_direction(model_dir):
+    """--model FILE.py:NAME goes __init__ -> user -> detect -> base: each file entered from one file only, and no
+    call goes back up to a file entered before (no zigzag between the family, the detection and the record)."""
+    cfg = resolve(RunConfig(preset="tiny", device="cpu", model_source=str(model_dir / "nano.py:GPT")), torch.device("cpu"))
+    order, edges = _models_path(lambda: models.define(cfg, 65))
+    assert order == ["__init__", "user", "detect", "base"], order
+    assert all(order.index(a) < order.index(b) for a, b in edges if a != "outside"), sorted(edges)
+    callers = {callee: {a for a, b in edges if b == callee} for callee in order}
+    assert callers == {"__init__": {"outside"}, "user": {"__init__"}, "detect": {"__init__"}, "base": {"detect"}}
+
+
+def test_a_model_def_is_frozen_and_its_record_is_typed():
+    """One ModelDef, built in models/__init__.py, changes no more; its record is a ModelRecord that results.json
+    writes as before and reads back."""
+    d = ours(PRESETS["tiny"].model)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.blocks = None  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        d.transforms[Capability.SDPA] = lambda m: m  # type: ignore[index]
+    saved = codec.to_data(d.record())
+    assert set(saved) == {"kind", "name", "source", "convention", "convention_means", "vocab_size", "flops_method",
+                          "blocks", "dropout", "not_applicable"}
+    assert ModelRecord.from_dict({**saved, "params": 1}) == d.record()

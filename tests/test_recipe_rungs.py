@@ -9,11 +9,12 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import plant as plant_transform
 
 from speedladder.errors import UsageError
 from speedladder.gpt import merge_heads, split_heads
 from speedladder.progress import Progress
-from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Env, SDPAttention, StepSpec
+from speedladder.rungs import RUNGS, Env, SDPAttention, StepSpec
 from speedladder.verify.gates import Gates
 
 # -- the accum rung --------------------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def test_fp16_with_its_scaler_passes_its_gates_at_its_own_precision(fp16_bench):
 @pytest.mark.parametrize("plant, caught_by", [(WrongScale, "differential"), (SeesTheFuture, "causality")])
 def test_a_wrong_rung_after_fp16_fails(tiny, fp16_bench, monkeypatch, plant, caught_by):
     gates, ref, fp16, probe, _ = fp16_bench
-    monkeypatch.setitem(MODEL_TRANSFORMS, "planted", _attention(plant))
+    plant_transform(monkeypatch, "planted", _attention(plant))
     step = tiny.step(dataclasses.replace(fp16, transforms=("planted",)))
     gate, _ = gates.check(step, ref, probe, "fp16", lambda m: None)
     assert not gate.passed and not getattr(gate, caught_by).passed, gate.detail

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import Described
 
 from speedladder.config.ladders import LADDERS
 from speedladder.config.resolved import resolve
@@ -43,9 +44,9 @@ def test_each_record_changes_the_function_and_keeps_every_parameter(name):
         assert float((logits(plain, x) - logits(changed, x)).abs().max()) > 1e-7
 
 
-def _env(**kw) -> Env:
-    return Env("cpu", None, 2, model_hooks=tuple(f"speedladder_{h}" for h in ("qk_norm", "relu2", "rotary",
-                                                                                 "softcap")), model_shape=CFG, **kw)
+def _env(shapes: GPTConfig = CFG, **kw) -> Env:
+    hooks = tuple(f"speedladder_{h}" for h in ("qk_norm", "relu2", "rotary", "softcap"))
+    return Env("cpu", None, 2, model=Described(hooks=hooks, shapes=shapes), **kw)
 
 
 def test_softcap_bounds_the_logits_and_a_padded_head_stays_masked():
@@ -70,7 +71,7 @@ def test_rotary_replaces_the_learned_positions():
     loss.backward()
     assert model.wpe.weight.grad is None  # the learned table is no longer added
     odd = dataclasses.replace(CFG, n_embd=18, n_head=2)  # head size 9
-    assert "even head size" in RUNGS["rotary"].requires.unmet(dataclasses.replace(_env(), model_shape=odd))
+    assert "even head size" in RUNGS["rotary"].requires.unmet(_env(shapes=odd))
 
 
 def test_a_model_without_the_hooks_is_told_why_each_record_does_not_apply():
@@ -104,7 +105,7 @@ def test_a_rung_on_top_of_a_record_is_checked_against_eager_with_that_record(tin
 def test_the_speedrun_ladder_names_the_records_after_muon():
     cfg = resolve(RunConfig(ladder="speedrun", preset="tiny"), torch.device("cpu"), known_rungs=tuple(RUNGS))
     assert cfg.run.rungs == LADDERS["speedrun"].rungs == ("eager", "compile", "bf16", "muon", *RECORDS)
-    assert prepare(RunConfig(preset="tiny", device="cpu")).env.model_hooks  # our GPT has the hooks
+    assert prepare(RunConfig(preset="tiny", device="cpu")).env.model.hooks  # our GPT has the hooks
 
 
 def test_race_takes_the_speedrun_ladder_by_name():

@@ -139,7 +139,7 @@ def logit_gain():
         model.ln_f = nn.Sequential(model.ln_f, Gain())
         return model
 
-    rungs.rung("logit-gain", "a learned gain on the final norm", "architecture", model=gain)
+    rungs.rung.define("logit-gain", "a learned gain on the final norm", "architecture", model=gain)
     yield
     rungs.unregister("logit-gain")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli, only_folder
+from conftest import Described, cli, only_folder
 
 from speedladder import rungs
 from speedladder.config import codec, commands
@@ -162,9 +162,9 @@ def test_an_architecture_rung_that_sees_the_future_fails_causality(planted):
 @pytest.mark.parametrize("body, says", [
     ("raise ValueError('boom')\n", "raised at import: ValueError: boom"),
     ("x = 1\n", "declares no rung"),
-    ("import speedladder\nspeedladder.rung('compile', 'a second compile rung', spec={'compile': True})\n",
+    ("import speedladder\nspeedladder.rung.define('compile', 'a second compile rung', spec={'compile': True})\n",
      "'compile' (" ),
-    ("import speedladder\nspeedladder.rung('odd', 'a rung of no known kind', kind='fast', spec={})\n",
+    ("import speedladder\nspeedladder.rung.define('odd', 'a rung of no known kind', kind='fast', spec={})\n",
      "kind must be one of speed, memory, optimizer, architecture"),
 ])
 def test_a_bad_rung_file_is_one_line_and_exit_2(tmp_path, forget, body, says):
@@ -210,18 +210,18 @@ def test_a_rung_that_fails_is_recorded_the_ladder_goes_on_and_the_command_exits_
 
 
 def test_the_api_declares_all_three_kinds_of_change_and_refuses_bad_declarations(forget):
-    made = rungs.rung("twice-lr", "AdamW at twice the rate", "optimizer",
+    made = rungs.rung.define("twice-lr", "AdamW at twice the rate", "optimizer",
                       optimizer=lambda named, lr: torch.optim.AdamW(named.values(), lr=2 * lr))
     assert made.transform(StepSpec(2, 8), Env("cpu", None, 2)).optimizer == "twice-lr"
-    on_spec = rungs.rung("compiled-again", "compile by the spec", spec={"compile": True})
+    on_spec = rungs.rung.define("compiled-again", "compile by the spec", spec={"compile": True})
     assert on_spec.transform(StepSpec(2, 8), Env("cpu", None, 2)).compile
     with pytest.raises(RungError, match="unknown step field 'compiled'"):
-        rungs.rung("typo", "a field that is not there", spec={"compiled": True})
+        rungs.rung.define("typo", "a field that is not there", spec={"compiled": True})
     with pytest.raises(RungError, match="without spaces"):
-        rungs.rung("a,b", "a name with a comma", spec={})
+        rungs.rung.define("a,b", "a name with a comma", spec={})
     needs = Requirement(hooks=("speedladder_qk_norm",))
     assert "defines no speedladder_qk_norm() hook" in needs.unmet(Env("cpu", None, 2))
-    assert needs.unmet(Env("cpu", None, 2, model_hooks=("speedladder_qk_norm",))) is None
+    assert needs.unmet(Env("cpu", None, 2, model=Described(hooks=("speedladder_qk_norm",)))) is None
 
 
 RACE = ["race", "--preset", "tiny", "--device", "cpu", "--seeds", "2", "--calibrate-steps", "20",
@@ -262,3 +262,30 @@ def test_the_documented_rung_file_is_raced(tmp_path, forget):
     assert fused["status"] == "ok" and fused["causality"]["passed"] and fused["built_on"] == "eager"
     assert len(fused["runs"]) == 2 and fused["verdict"] in ("win", "noise", "loss", "did not reach")
     assert not fused["changes_learning"]  # a speed rung: the same function, judged by time alone
+
+
+def test_the_indexes_are_read_from_rungs_so_unregister_forgets_a_rung_everywhere():
+    """MODEL_TRANSFORMS, TRANSFORM_KINDS, NEW_PARAMS and OPTIMIZERS are computed from RUNGS: one registry to keep."""
+    indexes = (rungs.MODEL_TRANSFORMS, rungs.TRANSFORM_KINDS, rungs.NEW_PARAMS, rungs.OPTIMIZERS)
+    made = rungs.rung.define("grown", "a planted architecture with its own optimizer", "architecture",
+                             model=lambda model: model, optimizer=lambda params, lr: torch.optim.SGD(params.values(), lr))
+    try:
+        assert isinstance(made, rungs.Rung) and rungs.TRANSFORM_KINDS["grown"] == "architecture"
+        assert all("grown" in index for index in indexes)
+    finally:
+        rungs.unregister("grown")
+    assert not any("grown" in index for index in indexes)
+
+
+def test_the_decorator_returns_the_function_and_define_the_rung():
+    @rungs.rung("decorated", "a planted model transform")
+    def decorated(model):
+        return model
+
+    try:
+        assert callable(decorated) and not isinstance(decorated, rungs.Rung)
+        assert rungs.RUNGS["decorated"].model is decorated and "decorated" in rungs.MODEL_TRANSFORMS
+        with pytest.raises(RungError, match="on must be"):
+            rungs.rung("elsewhere", "a part that is not there", on="loss")
+    finally:
+        rungs.unregister("decorated")

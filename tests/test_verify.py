@@ -6,10 +6,11 @@ import dataclasses
 import math
 
 import pytest
+from conftest import plant
 
 from speedladder.config.run import RunConfig
 from speedladder.data import BatchStream, unigram_entropy
-from speedladder.rungs import MODEL_TRANSFORMS, StepSpec
+from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep
 from speedladder.verify import correctness
 from speedladder.workload import prepare
@@ -32,8 +33,8 @@ def frozen(model):
 
 @pytest.fixture
 def wrong_transforms(monkeypatch):
-    monkeypatch.setitem(MODEL_TRANSFORMS, "no-causal-mask", no_causal_mask)
-    monkeypatch.setitem(MODEL_TRANSFORMS, "frozen", frozen)
+    plant(monkeypatch, "no-causal-mask", no_causal_mask)
+    plant(monkeypatch, "frozen", frozen)
 
 
 @pytest.fixture
@@ -120,13 +121,11 @@ def d2l_curves():
             block.attn.forward = lambda x: x * 0  # a model that sees only the current token
         return model
 
-    MODEL_TRANSFORMS["zero-attention"] = zero_attention
-    try:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        plant(monkeypatch, "zero-attention", zero_attention)
         curves = {name: correctness.train_curve(work.step(spec), work.stream(spec), 300) for name, spec in (
             ("eager", work.base_spec), ("bf16", dataclasses.replace(work.base_spec, autocast="bf16")),
             ("context-free", dataclasses.replace(work.base_spec, transforms=("zero-attention",))))}
-    finally:
-        del MODEL_TRANSFORMS["zero-attention"]
     return curves, unigram_entropy(work.corpus)
 
 

@@ -10,5 +10,5 @@ import speedladder
 SCALE = float(os.environ.get("FUZZ_SCALE", "1"))  # times the unit roundoff: 2^-24 in fp32, 2^-8 in bf16
 SEED = int(os.environ.get("FUZZ_SEED", "0"))
 
-speedladder.rung("fuzz", "a control that only re-rounds: the gates must pass it at every seed", kind="speed",
-                 model=speedladder.rounding_fuzz(scale=SCALE, seed=SEED))
+speedladder.rung.define("fuzz", "a control that only re-rounds: the gates must pass it at every seed",
+                        kind="speed", model=speedladder.rounding_fuzz(scale=SCALE, seed=SEED))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from speedladder.meta import __version__ as __version__
 
-__all__ = ["Requirement", "StepSpec", "apply", "climb", "race", "rounding_fuzz", "rung"]
-_RUNG_API = ("Requirement", "StepSpec", "rounding_fuzz", "rung")  # declaring a rung of your own (docs/rungs.md)
+__all__ = ["Capability", "Requirement", "StepSpec", "apply", "climb", "race", "rounding_fuzz", "rung"]
+_RUNG_API = ("Capability", "Requirement", "StepSpec", "rounding_fuzz", "rung")  # declaring a rung of your own (docs/rungs.md)
 
 
 def __getattr__(name: str):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from speedladder import models, results
+from speedladder.config import codec
 from speedladder.config.commands import RaceConfig
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig, pick_device
@@ -160,8 +161,8 @@ def prepare(run: RunConfig, model: object = None) -> Workload:
     vocab = corpus.vocab_size or model_def.vocab_size
     split = Split(dataclasses.replace(split.train, vocab_size=vocab), dataclasses.replace(split.val, vocab_size=vocab),
                   split.val_from)
-    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model_def.lacks,
-                  model_def.hooks, model_def.shapes, base_batch=cfg.batch_size, accum_steps=cfg.run.recipe.accum_steps)
+    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model_def, base_batch=cfg.batch_size,
+                  accum_steps=cfg.run.recipe.accum_steps)
     work = Workload(cfg, device, split.train, init, env, model_def, split)
     g = cfg.run.gates
     work.with_horizon(Span(g.learns_steps or g.loss_steps, "steps"))
@@ -190,7 +191,7 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
                            "vocab_size": c.vocab_size, "train_tokens": c.n_tokens, "val_tokens": work.val.n_tokens,
                            "val_from": work.split.val_from},
                    model={"preset": work.cfg.run.preset, "params": work.params,
-                          "matmul_params": work.matmul_params, **work.model.record()},
+                          "matmul_params": work.matmul_params, **codec.to_data(work.model.record())},
                    schedule=work.schedule.describe())
 
 

@@ -20,6 +20,7 @@ from speedladder.measure.memory import MMAP_THRESHOLD, Saved, count_saved, proce
 from speedladder.profile.facts import ceiling_side, matmul_ceiling
 from speedladder.records import RungResult
 from speedladder.rungs import StepSpec, float8_matmul_params, padded_vocab
+from speedladder.spec import Capability
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload, prepare
 
@@ -66,17 +67,17 @@ def predicted_activation_bytes(m: GPTConfig | None, spec: StepSpec) -> tuple[int
     """
     if m is None:
         return None, "no account of this model's saves: it is not our GPT (the measurement stands alone)"
-    if "float8" in spec.transforms:
+    if Capability.FLOAT8 in spec.transforms:
         return None, "no account of float8's saved scales and casts"
     B, T, C, H, M = spec.micro_batch, spec.seq_len, m.n_embd, m.n_head, m.mlp_hidden  # one micro-step's saves
     bf16 = spec.autocast in ("bf16", "fp16")  # either half precision: two bytes an activation, as autocast casts
     a = 2 if bf16 else FP32_BYTES
-    vocab = padded_vocab(m.vocab_size) if "pad-vocab" in spec.transforms else m.vocab_size
+    vocab = padded_vocab(m.vocab_size) if Capability.PAD_VOCAB in spec.transforms else m.vocab_size
     bt, btc = B * T, B * T * C
-    if "activation-checkpointing" in spec.transforms:
+    if Capability.CHECKPOINTING in spec.transforms:
         block, how = FP32_BYTES * btc, "each block's input only (checkpointed)"
     else:
-        sdpa = "sdpa" in spec.transforms
+        sdpa = Capability.SDPA in spec.transforms
         attention = (a * 3 * btc + FP32_BYTES * H * bt) if sdpa else (a * (3 * btc + H * B * T * T) + T * T)
         mlp = a * B * T * M * (2 if m.activation == "gelu" else 1)
         weights = 2 * (4 * C * C + 2 * C * M) if bf16 else 0

@@ -11,7 +11,7 @@ capability a rung needs and this model lacks, why.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -22,7 +22,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from speedladder.gpt import GPTConfig
 from speedladder.measure import peakflops
-from speedladder.rungs import MODEL_TRANSFORMS, Checkpointed
+from speedladder.records.model import ModelRecord
+from speedladder.rungs import MODEL_TRANSFORMS
+from speedladder.spec import Capability
 
 # How the ladder calls a model and reads its loss. x is (B, T) token ids, y the same shifted by one.
 CONVENTIONS: dict[str, str] = {
@@ -31,15 +33,6 @@ CONVENTIONS: dict[str, str] = {
     "logits": "forward(x) -> logits, the loss computed here",
     "hf": "forward(x) -> an output with .logits (Hugging Face), the loss computed here",
 }
-
-# The model capability each model transform needs (rungs.Requirement.model names the same ones).
-CAPABILITY: dict[str, str] = {"activation-checkpointing": "blocks", "float8": "blocks", "sdpa": "sdpa",
-                              "pad-vocab": "pad-vocab"}
-
-# The hooks a module of the user's own may define (docs/models.md, "Hooks").
-SDPA_HOOK = "speedladder_sdpa"  # method(): attention through F.scaled_dot_product_attention, in place
-PAD_VOCAB_HOOK = "speedladder_pad_vocab"  # method(multiple): vocabulary rows grown in place to a multiple
-BLOCKS_HOOK = "speedladder_blocks"  # attribute: the dotted path of the repeated blocks, when the search would miss
 
 DROPOUT_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
@@ -94,48 +87,43 @@ def dropout_off(model: nn.Module, whole: bool = False) -> int:
     return active
 
 
-def find_blocks(model: nn.Module) -> str | None:
-    """The dotted path of the model's repeated blocks: its hook, else the nn.ModuleList or nn.Sequential of
-    same-typed modules holding the most parameters; None when there is none."""
-    hinted = getattr(model, BLOCKS_HOOK, None)
-    if isinstance(hinted, str):
-        return hinted
-    best, size = None, 0
-    for name, m in model.named_modules():
-        if name and isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) and len({type(c) for c in m}) == 1:
-            n = sum(p.numel() for p in m.parameters())
-            if n > size:
-                best, size = name, n
-    return best
+Transform = Callable[[nn.Module], nn.Module]
+# The FLOPs formula's terms where a family knows the architecture: (N of the 6N rule, (layers, heads, head size)).
+Formula = tuple[int, tuple[int, int, int]]
 
 
-def checkpoint_each(model: nn.Module, path: str) -> nn.Module:
-    """Activation checkpointing around each of the repeated blocks, in place: the same parameter objects."""
-    blocks = cast("nn.ModuleList | nn.Sequential", model.get_submodule(path))  # what find_blocks finds
-    for i, block in enumerate(blocks):
-        blocks[i] = Checkpointed(block)
-    return model
+@dataclass(frozen=True)
+class Offers:
+    """The transforms a family offers a model, by the capability each provides, and why it lacks the others."""
+
+    transforms: Mapping[Capability, Transform] = field(default_factory=dict)
+    lacks: Mapping[Capability, str] = field(default_factory=dict)
 
 
-HOOK_PREFIX = "speedladder_"
+@dataclass(frozen=True)
+class Family:
+    """What a model family (models/ours.py, hf.py, user.py) exports: how to build its model, which transforms it
+    offers, and what it knows of the model without looking; models.define turns it into the one ModelDef."""
+
+    kind: str  # "speedladder" (our GPT), "hf" (Hugging Face) or "user"
+    name: str  # as results.json and the reports name it
+    factory: Callable[[], nn.Module]  # a fresh model, random weights, on the current default device
+    offers: Callable[[nn.Module, str | None], Offers]  # (a built model, its blocks' path) -> its transforms
+    source: Mapping[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
+    formula: Callable[[nn.Module], Formula | None] | None = None  # the FLOPs formula's terms; None: counted
+    convention: str | None = None  # known without a trial forward; None: detected
+    targets: bool = True  # whether a trial forward may pass the targets as the second argument
+    vocab_size: int | None = None  # known; None: detected
+    dropout: str | None = None  # known (the model has none, or its config set it to 0); None: detected
+    dropout_given: bool = False  # dropout=0.0 was passed to the user's factory
+    shapes: GPTConfig | None = None  # the architecture in our GPT's terms, for the prediction model
+    refusal: str | None = None  # what a failing build means, in words (None: "building NAME failed")
 
 
-def hooks_of(model: nn.Module) -> tuple[str, ...]:
-    """The model's hook methods, by name (docs/models.md, docs/rungs.md): callables named speedladder_*."""
-    return tuple(sorted(n for n in dir(type(model)) if n.startswith(HOOK_PREFIX) and callable(getattr(model, n))))
-
-
-def call_hook(name: str, *args: Any) -> Callable[[nn.Module], nn.Module]:
-    """A model transform that calls the model's own hook method (it changes the model in place)."""
-    def apply(model: nn.Module) -> nn.Module:
-        getattr(model, name)(*args)
-        return model
-    return apply
-
-
-@dataclass
+@dataclass(frozen=True)
 class ModelDef:
-    """A model the ladder can climb: how to build it, call it, count it and change it."""
+    """A model the ladder can climb: how to build it, call it, count it and change it. Built in one place only,
+    models.define (or models.of_module, models.ours), from a Family and the Facts detect.facts found."""
 
     kind: str  # "speedladder" (our GPT), "hf" (Hugging Face) or "user"
     name: str  # as results.json and the reports name it
@@ -148,12 +136,13 @@ class ModelDef:
     blocks: str | None = None  # dotted path of the repeated blocks
     dropout: str = "none"  # what was done about dropout, in words
     whole_eval: bool = False  # the whole model in eval mode (its randomness is outside the dropout modules)
-    transforms: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)  # over rungs' own
-    lacks: dict[str, str] = field(default_factory=dict)  # capability -> why a rung needing it does not apply
+    transforms: Mapping[Capability, Transform] = field(default_factory=dict)  # over the rungs' own
+    lacks: Mapping[Capability, str] = field(default_factory=dict)  # why a rung needing it does not apply
     shapes: GPTConfig | None = None  # the architecture in our GPT's terms, for the prediction model; None: unknown
-    hooks: tuple[str, ...] = ()  # the speedladder_* methods it defines (hooks_of): what hook rungs need
-    source: dict[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
-    counted: dict[int, int] = field(default_factory=dict)  # FLOPs per token counted by torch, by sequence length
+    hooks: tuple[str, ...] = ()  # the speedladder_* methods it defines (detect.hooks_of): what hook rungs need
+    source: Mapping[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
+    # FLOPs per token counted by torch, by sequence length: a cache filled on first use (the record stays frozen).
+    counted: dict[int, int] = field(default_factory=dict, compare=False)
 
     @property
     def flops_method(self) -> str:
@@ -182,10 +171,11 @@ class ModelDef:
 
     def transform(self, name: str) -> Callable[[nn.Module], nn.Module]:
         """The model transform of that name for this model: its own, else the rungs' (written for our GPT)."""
-        why = self.lacks.get(CAPABILITY.get(name, ""))
+        cap = Capability.named(name)
+        why = self.lacks.get(cap.needs) if cap else None
         if why:
             raise RuntimeError(f"{name}: {why}")
-        return self.transforms.get(name) or MODEL_TRANSFORMS[name]
+        return (self.transforms.get(cap) if cap else None) or MODEL_TRANSFORMS[name]
 
     def blocks_of(self, model: nn.Module) -> list[nn.Module]:
         """The repeated blocks of a built model (after the transforms: a checkpointed block is still one)."""
@@ -200,12 +190,12 @@ class ModelDef:
             self.counted[seq_len] = count_flops(self, seq_len)
         return self.counted[seq_len]
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> ModelRecord:
         """What results.json keeps about the model, beside its parameter counts."""
-        return {"kind": self.kind, "name": self.name, "source": self.source, "convention": self.convention,
-                "convention_means": CONVENTIONS[self.convention], "vocab_size": self.vocab_size,
-                "flops_method": self.flops_method, "blocks": self.blocks, "dropout": self.dropout,
-                "not_applicable": dict(self.lacks)}
+        return ModelRecord(kind=self.kind, name=self.name, source=dict(self.source), convention=self.convention,
+                           convention_means=CONVENTIONS[self.convention], vocab_size=self.vocab_size,
+                           flops_method=self.flops_method, blocks=self.blocks, dropout=self.dropout,
+                           not_applicable={str(k): v for k, v in self.lacks.items()})
 
 
 def count_flops(model_def: ModelDef, seq_len: int) -> int:

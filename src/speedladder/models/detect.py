@@ -1,5 +1,7 @@
-"""How to call a model nobody described: one trial forward on a batch of one sequence, read by its shape.
+"""The facts of a built model, gathered in one call (`facts`): how to call it, its vocabulary, its blocks, its hooks,
+what was done about dropout, and how its FLOPs are counted.
 
+How to call a model nobody described is found by one trial forward on a batch of one sequence, read by its shape.
 The conventions (models.base.CONVENTIONS) are told apart by what the forward
 takes and returns: (logits, loss) or a loss for forward(x, y), logits or an
 object with .logits for forward(x). Logits are (1, T, V); V is the model's
@@ -11,13 +13,95 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.models.base import CONVENTIONS, Adapted, dropout_off
+from speedladder.models.base import CONVENTIONS, Adapted, Family, Formula, dropout_off
+
+# The hooks a module of the user's own may define (docs/models.md, "Hooks").
+HOOK_PREFIX = "speedladder_"
+SDPA_HOOK = "speedladder_sdpa"  # method(): attention through F.scaled_dot_product_attention, in place
+PAD_VOCAB_HOOK = "speedladder_pad_vocab"  # method(multiple): vocabulary rows grown in place to a multiple
+BLOCKS_HOOK = "speedladder_blocks"  # attribute: the dotted path of the repeated blocks, when the search would miss
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one look at a built model tells: everything a ModelDef holds beyond its family's own word."""
+
+    convention: str  # a key of CONVENTIONS
+    vocab_size: int  # the real vocabulary: the logits' width before any padding (0: not known, not needed)
+    params: int  # every parameter once (a tied matrix counts once)
+    blocks: str | None  # dotted path of the repeated blocks
+    hooks: tuple[str, ...]  # the speedladder_* methods it defines
+    dropout: str  # what was done about dropout, in words
+    whole_eval: bool  # the whole model in eval mode (its randomness is outside the dropout modules)
+    matmul_params: int | None  # N of the 6N rule where the family knows the architecture; None: counted by torch
+    attention: tuple[int, int, int] | None  # (layers, heads, head size) of the formula's attention term
+
+
+def facts(model: nn.Module, family: Family, seq_len: int, vocab: int | None,
+          formula: Formula | None = None) -> Facts:
+    """The facts of a model built by its family: what the family knows is taken, the rest is found by looking.
+
+    `vocab` is the data's (None: the model's). A convention or dropout handling the family does not know is found by
+    trial forwards of one sequence of seq_len tokens. `formula` is the family's FLOPs formula's terms for this
+    model (Family.formula's answer); without it the FLOPs are counted by torch.
+    """
+    name = family.name
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UsageError(f"{name} has no trainable parameters: there is nothing to train")
+    conv, seen_vocab = ((family.convention, None) if family.convention
+                        else convention(model, seq_len, name, targets=family.targets))
+    vocab_size = family.vocab_size if family.vocab_size is not None else (
+        seen_vocab or vocab or _embedding_rows(model))
+    if not vocab_size:
+        raise UsageError(f"{name} returns only a loss and has no nn.Embedding: give --vocab-size")
+    blocks = find_blocks(model)
+    if blocks:
+        try:
+            model.get_submodule(blocks)
+        except AttributeError:
+            raise UsageError(f"{name}.{BLOCKS_HOOK} names {blocks!r}, which is not a submodule") from None
+    if family.dropout is not None:
+        dropout, whole = family.dropout, False
+    else:
+        dropout, whole = dropout_handled(model, Adapted(model, conv, vocab_size), seq_len, name)
+        if family.dropout_given and dropout == "none found":
+            dropout = f"off: dropout=0.0 given to {name}"
+    matmul, attention = formula or (None, None)
+    return Facts(convention=conv, vocab_size=vocab_size, params=sum(p.numel() for p in model.parameters()),
+                 blocks=blocks, hooks=hooks_of(model), dropout=dropout, whole_eval=whole, matmul_params=matmul,
+                 attention=attention)
+
+
+def find_blocks(model: nn.Module) -> str | None:
+    """The dotted path of the model's repeated blocks: its hook, else the nn.ModuleList or nn.Sequential of
+    same-typed modules holding the most parameters; None when there is none."""
+    hinted = getattr(model, BLOCKS_HOOK, None)
+    if isinstance(hinted, str):
+        return hinted
+    best, size = None, 0
+    for name, m in model.named_modules():
+        if name and isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) and len({type(c) for c in m}) == 1:
+            n = sum(p.numel() for p in m.parameters())
+            if n > size:
+                best, size = name, n
+    return best
+
+
+def hooks_of(model: nn.Module) -> tuple[str, ...]:
+    """The model's hook methods, by name (docs/models.md, docs/rungs.md): callables named speedladder_*."""
+    return tuple(sorted(n for n in dir(type(model)) if n.startswith(HOOK_PREFIX) and callable(getattr(model, n))))
+
+
+def _embedding_rows(model: nn.Module) -> int | None:
+    first = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return first.num_embeddings if first is not None else None
 
 
 def accepted() -> str:

@@ -23,9 +23,9 @@ from torch import nn
 
 from speedladder.errors import UsageError, one_line
 from speedladder.gpt import GPTConfig
-from speedladder.models.base import ModelDef, find_blocks, hooks_of
-from speedladder.models.detect import convention
+from speedladder.models.base import Family, Formula, Offers, Transform
 from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab
+from speedladder.spec import Capability
 
 # A transformers PreTrainedModel: its methods (set_attn_implementation, resize_token_embeddings, ...) are the
 # library's, and transformers is an optional extra without type information here.
@@ -144,8 +144,8 @@ def pad_vocab(model: HFModel) -> HFModel:
     return model
 
 
-def _formula(model: HFModel, kind: str, cfg: Any) -> tuple[int | None, tuple[int, int, int] | None]:
-    """N and the attention term for GPT-2 and Llama; (None, None) for any other architecture (counted)."""
+def _formula(model: HFModel, kind: str, cfg: Any) -> Formula | None:
+    """N and the attention term for GPT-2 and Llama; None for any other architecture (counted)."""
     params = sum(p.numel() for p in model.parameters())
     emb = model.get_input_embeddings().weight
     tied = model.get_output_embeddings().weight is emb
@@ -156,52 +156,52 @@ def _formula(model: HFModel, kind: str, cfg: Any) -> tuple[int | None, tuple[int
     if kind == "llama":
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return params - lookups, (cfg.num_hidden_layers, cfg.num_attention_heads, head_dim)
-    return None, None
+    return None
 
 
 def _shapes(kind: str, cfg: Any) -> GPTConfig | None:
     """GPT-2 in our GPT's terms (the same matmuls), for the prediction model; None for other architectures."""
     if kind != "gpt2":
         return None
-    return GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.n_positions, n_layer=cfg.n_layer, n_head=cfg.n_head,
-                     n_embd=cfg.n_embd, mlp_hidden=cfg.n_inner or 4 * cfg.n_embd,
-                     tie_embeddings=bool(cfg.tie_word_embeddings), activation="gelu")
-
-
-def define(name: str, overrides: tuple[str, ...], vocab: int | None, seq_len: int,
-           seed: int) -> tuple[ModelDef, dict[str, torch.Tensor]]:
-    """The ModelDef of a Hugging Face model, and its initial weights (seeded, on the host)."""
-    cfg, dropped = config(name, overrides, vocab)
-    factory = functools.partial(build, cfg)
-    torch.manual_seed(seed)
     try:
-        with torch.device("cpu"):
-            model = factory()
-    except (ValueError, TypeError, AttributeError) as e:  # settings the model refuses, e.g. heads that do not divide
-        raise UsageError(f"{type(cfg).__name__} settings refused by the model: {one_line(e)}") from None
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    label = f"Hugging Face {type(model).__name__}"
-    conv, seen_vocab = convention(model, seq_len, label, targets=False)  # the logits' width, and that it runs at this length
+        return GPTConfig(vocab_size=cfg.vocab_size, block_size=cfg.n_positions, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                         n_embd=cfg.n_embd, mlp_hidden=cfg.n_inner or 4 * cfg.n_embd,
+                         tie_embeddings=bool(cfg.tie_word_embeddings), activation="gelu")
+    except ValueError:  # e.g. heads that do not divide the width: building the model says so, in one line
+        return None
+
+
+def family(name: str, overrides: tuple[str, ...], vocab: int | None) -> Family:
+    """A Hugging Face model from its config: built with random weights, its convention found by a trial forward
+    of x alone (its second argument is not the targets), FLOPs by formula for GPT-2 and Llama."""
+    cfg, dropped = config(name, overrides, vocab)
     kind = cfg.model_type
-    matmul, attention = _formula(model, kind, cfg)
-    d = ModelDef(kind="hf", name=label, factory=factory, convention=conv, vocab_size=seen_vocab or cfg.vocab_size,
-                 params=sum(p.numel() for p in model.parameters()), matmul_params=matmul, attention=attention,
-                 blocks=find_blocks(model), shapes=_shapes(kind, cfg), hooks=hooks_of(model),
-                 dropout=("off: config " + ", ".join(f"{k}=0" for k in dropped)) if dropped else "none: its config "
-                         "sets no dropout",
-                 source={"hf": name, "hf_set": list(overrides), "model_type": kind,
-                         "config": json.loads(cfg.to_json_string())})
-    add_transforms(d)
-    return d, init
+    return Family(kind="hf", name=f"Hugging Face {_class_name(cfg)}", factory=functools.partial(build, cfg),
+                  offers=offers, formula=functools.partial(_formula, kind=kind, cfg=cfg), targets=False,
+                  refusal=f"{type(cfg).__name__} settings refused by the model",
+                  dropout=("off: config " + ", ".join(f"{k}=0" for k in dropped)) if dropped else "none: its config "
+                          "sets no dropout",
+                  shapes=_shapes(kind, cfg),
+                  source={"hf": name, "hf_set": list(overrides), "model_type": kind,
+                          "config": json.loads(cfg.to_json_string())})
 
 
-def add_transforms(d: ModelDef) -> None:
-    """The rungs on a Hugging Face model, through the library's own switches (d.blocks found already)."""
-    d.transforms.update({"activation-checkpointing": checkpointing, "sdpa": use_sdpa, "pad-vocab": pad_vocab})
-    if d.blocks:
-        d.transforms["float8"] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
-    else:
-        d.lacks["blocks"] = "not applicable to this model: no repeated blocks found"
+def _class_name(cfg: Any) -> str:
+    """The causal LM class transformers builds for this config, e.g. GPT2LMHeadModel."""
+    try:
+        return str(transformers().AutoModelForCausalLM._model_mapping[type(cfg)].__name__)
+    except Exception:  # noqa: BLE001 -- a private table: without it, the config's name; building then says more
+        return type(cfg).__name__
+
+
+def offers(model: nn.Module, blocks: str | None) -> Offers:
+    """The rungs on a Hugging Face model, through the library's own switches; fp8 acts on the blocks found."""
+    transforms: dict[Capability, Transform] = {Capability.CHECKPOINTING: checkpointing, Capability.SDPA: use_sdpa,
+                                               Capability.PAD_VOCAB: pad_vocab}
+    if not blocks:
+        return Offers(transforms, {Capability.BLOCKS: "not applicable to this model: no repeated blocks found"})
+    transforms[Capability.FLOAT8] = functools.partial(float8_linears, prefix=f"{blocks}.")
+    return Offers(transforms)
 
 
 def is_hf(model: nn.Module) -> bool:

@@ -1,22 +1,31 @@
-"""Our GPT (gpt.py) as a ModelDef: the same record every other model gets, with what we know of it."""
+"""Our GPT (gpt.py) as a family: how to build it, and what we know of it without looking."""
 
 from __future__ import annotations
 
 import functools
 
-import torch
+from torch import nn
 
 from speedladder.gpt import GPT, GPTConfig
-from speedladder.models.base import ModelDef, hooks_of
+from speedladder.models.base import Family, Formula, Offers
 
 
-def ours(cfg: GPTConfig, preset: str | None = None) -> ModelDef:
-    """The bundled GPT: forward(x, y) -> (logits, loss); the rungs' own transforms are written for it."""
-    with torch.device("meta"):  # counted without allocating
-        model = GPT(cfg)
-    return ModelDef(
-        kind="speedladder", name=f"speedladder GPT{f' ({preset})' if preset else ''}",
-        factory=functools.partial(GPT, cfg), convention="logits_loss", vocab_size=cfg.vocab_size,
-        params=model.num_params(), matmul_params=model.matmul_params(),
-        attention=(cfg.n_layer, cfg.n_head, cfg.head_dim), blocks="blocks",
-        dropout="none: the model has no dropout", shapes=cfg, source={"preset": preset}, hooks=hooks_of(model))
+def family(cfg: GPTConfig, preset: str | None = None) -> Family:
+    """The bundled GPT: forward(x, y) -> (logits, loss), no dropout; the rungs' own transforms are written for it,
+    so it offers none of its own."""
+    return Family(kind="speedladder", name=f"speedladder GPT{f' ({preset})' if preset else ''}",
+                  factory=functools.partial(GPT, cfg), offers=offers, source={"preset": preset},
+                  formula=formula, convention="logits_loss", vocab_size=cfg.vocab_size,
+                  dropout="none: the model has no dropout", shapes=cfg)
+
+
+def offers(model: nn.Module, blocks: str | None) -> Offers:
+    """Nothing over the rungs' own transforms, which are written for our GPT."""
+    return Offers()
+
+
+def formula(model: nn.Module) -> Formula:
+    """PaLM's formula's terms, from the GPT's own counts."""
+    assert isinstance(model, GPT)  # the factory's
+    cfg = model.cfg
+    return model.matmul_params(), (cfg.n_layer, cfg.n_head, cfg.head_dim)

@@ -16,24 +16,15 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-import torch
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.models.base import (
-    BLOCKS_HOOK,
-    PAD_VOCAB_HOOK,
-    SDPA_HOOK,
-    ModelDef,
-    call_hook,
-    checkpoint_each,
-    find_blocks,
-    hooks_of,
-)
-from speedladder.models.detect import convention, dropout_handled
-from speedladder.rungs import VOCAB_MULTIPLE, float8_linears
+from speedladder.models.base import Family, Offers, Transform
+from speedladder.models.detect import PAD_VOCAB_HOOK, SDPA_HOOK
+from speedladder.rungs import VOCAB_MULTIPLE, Checkpointed, float8_linears
+from speedladder.spec import Capability
 
 LIVE = "<python object>"  # the source of a model given as an object: no other process can build it again
 _FILES: dict[tuple[str, float], Any] = {}  # modules loaded from files, by path and modification time
@@ -112,61 +103,44 @@ def factory_of(obj: Any, vocab: int | None, seq_len: int) -> tuple[Callable[[], 
     return functools.partial(obj, **given), given
 
 
-def build_checked(factory: Callable[[], nn.Module], name: str) -> nn.Module:
-    try:
-        model = factory()
-    except Exception as e:  # noqa: BLE001 -- the user's code: one line, exit 2
-        raise UsageError(f"building {name} failed: {one_line(e)}") from None
-    if not isinstance(model, nn.Module):
-        raise UsageError(f"{name} returned a {type(model).__name__}, not an nn.Module")
+def family(obj: Any, name: str, source: Mapping[str, Any], vocab: int | None, seq_len: int) -> Family:
+    """A model of the user's own: an nn.Module (copied), a class or a function (given the workload's values); how
+    to call it, its vocabulary and its dropout are found by looking (models/detect.py)."""
+    factory, given = factory_of(obj, vocab, seq_len)
+    return Family(kind="user", name=name, factory=factory, offers=offers, source={**source, "arguments": given},
+                  dropout_given="dropout" in given)
+
+
+def offers(model: nn.Module, blocks: str | None) -> Offers:
+    """The transforms this model supports through its blocks and hooks; why the others do not apply."""
+    transforms: dict[Capability, Transform] = {}
+    lacks: dict[Capability, str] = {}
+    if blocks:
+        transforms[Capability.CHECKPOINTING] = functools.partial(checkpoint_each, path=blocks)
+        transforms[Capability.FLOAT8] = functools.partial(float8_linears, prefix=f"{blocks}.")
+    else:
+        lacks[Capability.BLOCKS] = ("not applicable to this model: no repeated blocks (an nn.ModuleList or "
+                                    "nn.Sequential of same-typed modules holding parameters) to wrap")
+    for cap, hook, args in ((Capability.SDPA, SDPA_HOOK, ()), (Capability.PAD_VOCAB, PAD_VOCAB_HOOK, (VOCAB_MULTIPLE,))):
+        if callable(getattr(model, hook, None)):
+            transforms[cap] = call_hook(hook, *args)
+        else:
+            lacks[cap] = (f"not applicable to this model: neither speedladder's GPT nor a Hugging Face model, "
+                          f"and it defines no {hook}() hook (docs/models.md)")
+    return Offers(transforms, lacks)
+
+
+def checkpoint_each(model: nn.Module, path: str) -> nn.Module:
+    """Activation checkpointing around each of the repeated blocks, in place: the same parameter objects."""
+    blocks = cast("nn.ModuleList | nn.Sequential", model.get_submodule(path))  # what find_blocks finds
+    for i, block in enumerate(blocks):
+        blocks[i] = Checkpointed(block)
     return model
 
 
-def define(obj: Any, name: str, source: dict[str, Any], vocab: int | None, seq_len: int,
-           seed: int) -> tuple[ModelDef, dict[str, torch.Tensor]]:
-    """The ModelDef of a user's model, and its initial weights (seeded, on the host)."""
-    factory, given = factory_of(obj, vocab, seq_len)
-    torch.manual_seed(seed)
-    with torch.device("cpu"):
-        model = build_checked(factory, name)
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    if not any(p.requires_grad for p in model.parameters()):
-        raise UsageError(f"{name} has no trainable parameters: there is nothing to train")
-    conv, seen_vocab = convention(model, seq_len, name)
-    vocab_size = seen_vocab or vocab or _embedding_rows(model)
-    if not vocab_size:
-        raise UsageError(f"{name} returns only a loss and has no nn.Embedding: give --vocab-size")
-    d = ModelDef(kind="user", name=name, factory=factory, convention=conv, vocab_size=vocab_size,
-                 params=sum(p.numel() for p in model.parameters()), source={**source, "arguments": given},
-                 hooks=hooks_of(model))
-    d.dropout, d.whole_eval = dropout_handled(model, d.adapter(model), seq_len, name)
-    if "dropout" in given and d.dropout == "none found":
-        d.dropout = f"off: dropout=0.0 given to {name}"
-    d.blocks = find_blocks(model)
-    add_transforms(d, model)
-    return d, init
-
-
-def _embedding_rows(model: nn.Module) -> int | None:
-    first = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
-    return first.num_embeddings if first is not None else None
-
-
-def add_transforms(d: ModelDef, model: nn.Module) -> None:
-    """The transforms this model supports through its blocks and hooks; why the others do not apply."""
-    if d.blocks:
-        try:
-            model.get_submodule(d.blocks)
-        except AttributeError:
-            raise UsageError(f"{d.name}.{BLOCKS_HOOK} names {d.blocks!r}, which is not a submodule") from None
-        d.transforms["activation-checkpointing"] = functools.partial(checkpoint_each, path=d.blocks)
-        d.transforms["float8"] = functools.partial(float8_linears, prefix=f"{d.blocks}.")
-    else:
-        d.lacks["blocks"] = ("not applicable to this model: no repeated blocks (an nn.ModuleList or nn.Sequential "
-                             "of same-typed modules holding parameters) to wrap")
-    for cap, hook, args in (("sdpa", SDPA_HOOK, ()), ("pad-vocab", PAD_VOCAB_HOOK, (VOCAB_MULTIPLE,))):
-        if callable(getattr(model, hook, None)):
-            d.transforms[cap] = call_hook(hook, *args)
-        else:
-            d.lacks[cap] = (f"not applicable to this model: neither speedladder's GPT nor a Hugging Face model, "
-                            f"and it defines no {hook}() hook (docs/models.md)")
+def call_hook(name: str, *args: Any) -> Transform:
+    """A model transform that calls the model's own hook method (it changes the model in place)."""
+    def apply(model: nn.Module) -> nn.Module:
+        getattr(model, name)(*args)
+        return model
+    return apply

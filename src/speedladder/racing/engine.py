@@ -46,7 +46,7 @@ from speedladder.racing.runs import Clock, Going, Runs, WallClock, rotated, rung
 from speedladder.racing.verdicts import builds_upon, built_upon_line, capped_out, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.records.race import RaceRole
-from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, compose
+from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, architecture, compose
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import probes
 from speedladder.workload import Workload, free_device_memory, machine_load, new_results
@@ -68,7 +68,7 @@ def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
     fast."""
     return (spec.batch_size != base.batch_size or spec.lr_scale != base.lr_scale
             or (spec.optimizer in ADAMW_VARIANTS) != (base.optimizer in ADAMW_VARIANTS)
-            or spec.architecture != base.architecture)
+            or architecture(spec) != architecture(base))
 
 
 class Race(Runs):

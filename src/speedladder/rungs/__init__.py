@@ -6,7 +6,6 @@ load.py brings a user's rung files (--rung-file). Importing this package declare
 
 from speedladder.rungs import builtin, speedrun  # noqa: F401 -- declaring them registers them
 from speedladder.rungs.api import (
-    ADAMW_VARIANTS,
     BUILT_IN,
     CHANGES_FUNCTION,
     KINDS,
@@ -16,10 +15,12 @@ from speedladder.rungs.api import (
     RUNGS,
     TRANSFORM_KINDS,
     Env,
+    ModelFacts,
     Requirement,
     Rung,
+    RungDeclarer,
     RungError,
-    StepSpec,
+    architecture,
     compose,
     env_for,
     kind_of,
@@ -42,6 +43,7 @@ from speedladder.rungs.builtin import (
     use_sdpa,
 )
 from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
+from speedladder.spec import ADAMW_VARIANTS, Capability, StepSpec
 
 __all__ = [
     "ADAMW_VARIANTS",
@@ -56,14 +58,18 @@ __all__ = [
     "TRANSFORM_KINDS",
     "UNIT_ROUNDOFF",
     "VOCAB_MULTIPLE",
+    "Capability",
     "Checkpointed",
     "Env",
+    "ModelFacts",
     "PaddedHead",
     "Requirement",
     "Rung",
+    "RungDeclarer",
     "RungError",
     "SDPAttention",
     "StepSpec",
+    "architecture",
     "checkpoint_blocks",
     "compose",
     "env_for",

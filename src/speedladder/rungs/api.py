@@ -4,7 +4,8 @@ A rung has a name, a one-line reason, a kind, and what it changes: the step spec
 and the machine, or fields to set), the model (a function nn.Module -> nn.Module, applied to a freshly built
 model), or the optimizer (a factory from the named parameters and the learning rate). Its requirement says what it
 needs of the machine and the model, and is checked before anything is built; a rung that cannot run is skipped
-with that reason. Declared with `rung(...)`, it lands in RUNGS, the one registry every command reads.
+with that reason. Declared with the decorator `@rung(...)` or in one call, `rung.define(...)`, it lands in RUNGS, the
+one registry every command reads; the other tables (MODEL_TRANSFORMS, OPTIMIZERS, ...) are indexes computed from it.
 
     import speedladder
 
@@ -22,15 +23,15 @@ import math
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
 
-from speedladder.config import codec
 from speedladder.errors import UsageError, one_line
 from speedladder.gpt import GPTConfig
+from speedladder.spec import Capability, StepSpec
 
 # What each kind of rung is, and so which gates judge it (gates.py, docs/rungs.md).
 KINDS: dict[str, str] = {
@@ -44,88 +45,31 @@ CHANGES_FUNCTION = ("optimizer", "architecture")  # the equivalence gates do not
 BUILT_IN = "built-in"
 
 
-@dataclass(frozen=True)
-class StepSpec:
-    """One training step's configuration; the defaults are R0, eager fp32."""
 
-    batch_size: int
-    seq_len: int
-    compile: bool = False  # torch.compile the model (forward, loss and backward)
-    autocast: str | None = None  # None (fp32), "bf16", or "fp16" (with a gradient scaler)
-    tf32: bool = False  # fp32 matmuls on tensor cores (CUDA only)
-    transforms: tuple[str, ...] = ()  # names in MODEL_TRANSFORMS, applied in order
-    compile_mode: str | None = None  # torch.compile's mode: None (default), "max-autotune", "reduce-overhead"
-    optimizer: str = "adamw"  # "adamw", "adamw-fused", "adamw-foreach", "muon", or a rung's own (OPTIMIZERS)
-    lr_scale: float = 1.0  # every optimizer's learning rate times this (the batch rung's --batch-lr-scale rule)
-    accum: int = 1  # micro-steps per update: each of batch_size / accum sequences, gradients accumulated (accum rung)
+
+class ModelFacts(Protocol):
+    """What a rung's requirement reads of the model; a models.ModelDef is one (the rungs sit below the models)."""
 
     @property
-    def precision(self) -> str:
-        """The arithmetic the matmuls run in: what the MFU peak and the gate tolerance depend on."""
-        if "float8" in self.transforms:
-            return "fp8"
-        if self.autocast in ("bf16", "fp16"):
-            return self.autocast
-        return "tf32" if self.tf32 else "fp32"
+    def lacks(self) -> Mapping[Capability, str]: ...  # why, for each capability the model lacks
 
     @property
-    def tokens_per_step(self) -> int:
-        """Tokens one update trains on (every micro-step of it)."""
-        return self.batch_size * self.seq_len
+    def hooks(self) -> tuple[str, ...]: ...  # its speedladder_* methods
 
     @property
-    def micro_batch(self) -> int:
-        """Sequences in one forward and backward: the batch, or a micro-batch of it under accumulation."""
-        return self.batch_size // self.accum
-
-    @property
-    def cudagraphs(self) -> bool:
-        """Whether compiled code replays CUDA graphs, whose outputs the next replay overwrites."""
-        return self.compile and self.compile_mode in ("max-autotune", "reduce-overhead")
-
-    @property
-    def same_update(self) -> bool:
-        """AdamW in any implementation at eager's learning rate: the same update rule, so the loss band applies."""
-        return self.optimizer in ADAMW_VARIANTS and self.lr_scale == 1.0
-
-    @property
-    def architecture(self) -> tuple[str, ...]:
-        """The model transforms of architecture rungs: the function this spec computes, as eager would."""
-        return tuple(t for t in self.transforms if TRANSFORM_KINDS.get(t) == "architecture")
-
-    @property
-    def update_change(self) -> str:
-        """Why this spec's updates differ from eager's (empty when they do not)."""
-        parts = ([f"{self.optimizer} updates differently from AdamW"] if self.optimizer not in ADAMW_VARIANTS else [])
-        if self.lr_scale != 1.0:
-            parts.append(f"its learning rate is {self.lr_scale:.3g}x eager's")
-        return " and ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return codec.to_data(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> StepSpec:
-        """A spec saved in results.json or a winner.toml, through the one codec: lists become the tuples, types are
-        checked, a field added later takes its default, one a later version added is skipped."""
-        return codec.from_data(cls, d, "spec", unknown="skip")
-
-
-ADAMW_VARIANTS = ("adamw", "adamw-fused", "adamw-foreach")
+    def shapes(self) -> GPTConfig | None: ...  # its architecture in our GPT's terms, where known
 
 
 @dataclass(frozen=True)
 class Env:
-    """What a rung may depend on: the machine and the workload's knobs."""
+    """What a rung may depend on: the machine, the model and the workload's knobs."""
 
     device_type: str  # "cuda", "mps" or "cpu"
     cuda_capability: tuple[int, int] | None
     batch_multiplier: int
-    # What the model cannot do, as (capability, why): e.g. ("sdpa", "not applicable to this model: ...").
-    model_lacks: tuple[tuple[str, str], ...] = ()
     batch_lr_scale: str = "none"  # the batch rung's learning-rate rule (config.BATCH_LR_SCALES)
-    model_hooks: tuple[str, ...] = ()  # the model's speedladder_* methods (models/base.py hooks_of)
-    model_shape: GPTConfig | None = None  # its architecture in our GPT's terms, where known
+    # The model, read where a requirement asks (None: one that lacks nothing and defines no hooks, shape unknown).
+    model: ModelFacts | None = field(default=None, compare=False)
     base_batch: int | None = None  # the workload's batch: the accum rung's micro-batch count starts from it
     accum_steps: int | None = None  # the recipe's micro-steps for the accum rung (None: batch_multiplier)
 
@@ -139,7 +83,7 @@ class Requirement:
     compiler: bool = False  # inductor's code generator: Triton on CUDA, a C++ compiler on CPU
     modules: tuple[str, ...] = ()  # optional packages, by import name
     install: str | None = None  # how to get them
-    model: str | None = None  # a capability of the model: "blocks", "sdpa" or "pad-vocab" (models/base.py)
+    model: Capability | None = None  # what it needs of the model, e.g. Capability.BLOCKS (models/ say which they lack)
     hooks: tuple[str, ...] = ()  # methods the model must define, e.g. "speedladder_qk_norm" (docs/rungs.md)
     # The model's shape, in our GPT's terms: a function answering why it does not fit, or None when it does
     # (checked where the shape is known: our GPT, Hugging Face GPT-2).
@@ -153,15 +97,17 @@ class Requirement:
             if cap < self.min_capability:
                 want = ".".join(map(str, self.min_capability))
                 return f"needs CUDA compute capability >= {want}; this GPU is {cap[0]}.{cap[1]}"
-        lacks = dict(env.model_lacks).get(self.model) if self.model else None
+        model = env.model
+        lacks = model.lacks.get(self.model.needs) if self.model and model else None
         if lacks:
             return lacks
-        missing_hooks = [h for h in self.hooks if h not in env.model_hooks]
+        missing_hooks = [h for h in self.hooks if h not in (model.hooks if model else ())]
         if missing_hooks:
             return (f"not applicable to this model: it defines no {missing_hooks[0]}() hook (speedladder's GPT "
                     "does; docs/rungs.md)")
-        if self.shape is not None and env.model_shape is not None:  # known for our GPT and GPT-2; else the hook's
-            why = self.shape(env.model_shape)
+        shape = model.shapes if model else None
+        if self.shape is not None and shape is not None:  # known for our GPT and GPT-2; else the hook's
+            why = self.shape(shape)
             if why:
                 return f"not applicable to this model: {why}"
         missing = [m for m in self.modules if importlib.util.find_spec(m) is None]
@@ -207,13 +153,42 @@ class Rung:
 
 # The one registry: every rung, built-in or the user's, as declared through rung().
 RUNGS: dict[str, Rung] = {}
+
+V = TypeVar("V")
+
+
+class RungIndex(Mapping[str, V]):
+    """A read-only index of RUNGS, computed from it at each read: nothing to keep in step when a rung goes."""
+
+    def __init__(self, index: Callable[[], dict[str, V]]) -> None:
+        self._index = index
+
+    def __getitem__(self, name: str) -> V:
+        return self._index()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index())
+
+    def __len__(self) -> int:
+        return len(self._index())
+
+
+def _with_transforms() -> Iterator[tuple[str, Rung]]:
+    """(transform name, rung) for each rung with a model transform; a later rung's wins a name."""
+    return ((r.transform_name, r) for r in RUNGS.values() if r.model is not None and r.transform_name)
+
+
 # Model transforms by name (StepSpec.transforms): each rung's own, under its transform name.
-MODEL_TRANSFORMS: dict[str, ModelTransform] = {}
-# A transform's kind (the rung that declared it) and whether it may make new parameters.
-TRANSFORM_KINDS: dict[str, str] = {}
-NEW_PARAMS: set[str] = set()
+MODEL_TRANSFORMS: Mapping[str, ModelTransform] = RungIndex(
+    lambda: {t: _checked(r.name, r.source, r.model) for t, r in _with_transforms() if r.model is not None})
+# A transform's kind (the rung that declared it).
+TRANSFORM_KINDS: Mapping[str, str] = RungIndex(lambda: {t: r.kind for t, r in _with_transforms()})
+# The transforms that may make new parameters (an architecture rung's always may), as a set of names.
+NEW_PARAMS: Mapping[str, bool] = RungIndex(
+    lambda: {t: True for t, r in _with_transforms() if r.changes_params or r.kind == "architecture"})
 # Optimizers that rungs bring, by name (StepSpec.optimizer); AdamW's and Muon are step.py's own.
-OPTIMIZERS: dict[str, OptimizerFactory] = {}
+OPTIMIZERS: Mapping[str, OptimizerFactory] = RungIndex(
+    lambda: {r.name: r.optimizer for r in RUNGS.values() if r.optimizer is not None})
 _SOURCE = [BUILT_IN]  # who is declaring now: a user's rung file while it is loaded (rungs/load.py)
 
 
@@ -277,69 +252,77 @@ def _spec_of(name: str, spec: SpecChange | None, model: ModelTransform | None, t
     return transform
 
 
-def rung(name: str, reason: str, kind: str = "speed", *, spec: SpecChange | None = None,
-         model: ModelTransform | None = None, optimizer: OptimizerFactory | None = None,
-         requires: Requirement | None = None, control: Callable[[StepSpec], StepSpec] | None = None,
-         control_reason: str | None = None, changes_params: bool = False, transform: str | None = None,
-         on: str | None = None) -> Any:
-    """Declare a rung and register it; the Rung, or, given none of spec/model/optimizer, a decorator.
+F = TypeVar("F", bound=Callable[..., Any])
 
-    kind: "speed", "memory", "optimizer" or "architecture" (KINDS). spec: fields of the StepSpec to set, or a
-    function (spec, env) -> spec. model: nn.Module -> nn.Module, on a freshly built model, keeping its parameter
-    objects unless `changes_params` (an architecture rung may always make new ones). optimizer: (named parameters,
-    learning rate) -> an optimizer. requires: what it needs (Requirement). transform: the name its model transform
-    goes by in StepSpec.transforms (the rung's own name by default). As a decorator, the function is the model
-    transform, or with on="spec" or on="optimizer" the spec transform or the optimizer factory.
-    """
-    if spec is None and model is None and optimizer is None and (on is not None or name != "eager"):
-        where = on or "model"
-        if where not in ("model", "spec", "optimizer"):
+
+class RungDeclarer:
+    """`speedladder.rung`: `@rung(...)` declares a rung around the function it decorates, `rung.define(...)` declares
+    one in a call. Two forms, each typed: a decorator never returns a Rung, a call never returns a decorator."""
+
+    def __call__(self, name: str, reason: str, kind: str = "speed", *, requires: Requirement | None = None,
+                 control: Callable[[StepSpec], StepSpec] | None = None, control_reason: str | None = None,
+                 changes_params: bool = False, transform: str | None = None,
+                 on: str = "model") -> Callable[[F], F]:
+        """A decorator declaring the rung whose model transform (on="model", the default), spec transform
+        (on="spec") or optimizer factory (on="optimizer") is the decorated function, which is returned unchanged.
+        The other arguments are `define`'s."""
+        if on not in ("model", "spec", "optimizer"):
             raise RungError(f"rung {name}: on must be model, spec or optimizer, got {on!r}")
 
-        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            given: dict[str, Any] = {where: fn}
-            rung(name, reason, kind, requires=requires, control=control, control_reason=control_reason,
-                 changes_params=changes_params, transform=transform, **given)
+        def decorate(fn: F) -> F:
+            self.define(name, reason, kind, requires=requires, control=control, control_reason=control_reason,
+                        changes_params=changes_params, transform=transform,
+                        spec=fn if on == "spec" else None, model=fn if on == "model" else None,
+                        optimizer=fn if on == "optimizer" else None)
             return fn
         return decorate
-    source = _SOURCE[-1]
-    if kind not in KINDS:
-        raise RungError(f"rung {name}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
-    if not name or any(c in name for c in ",+ =") or name != name.strip():
-        raise RungError(f"rung name {name!r}: a name without spaces, commas, '+' or '=' is needed")
-    if not reason.strip() or "\n" in reason.strip():
-        raise RungError(f"rung {name}: the reason is one line saying why it should pay")
-    if name in RUNGS:
-        raise RungError(f"rung {name!r} ({source}) is already defined ({RUNGS[name].source}): choose another name")
-    tname = transform or name
-    if model is not None and tname in MODEL_TRANSFORMS:
-        raise RungError(f"rung {name}: a model transform named {tname!r} exists already")
-    r = Rung(name=name, reason=reason.strip(), kind=kind,
-             transform=_spec_of(name, spec, model, tname, optimizer, source),
-             requires=requires or Requirement(), control=control, control_reason=control_reason,
-             model=model, transform_name=tname if model is not None else None, optimizer=optimizer,
-             changes_params=changes_params, source=source)
-    RUNGS[name] = r
-    if model is not None:
-        MODEL_TRANSFORMS[tname] = _checked(name, source, model)
-        TRANSFORM_KINDS[tname] = kind
-        if changes_params or kind == "architecture":
-            NEW_PARAMS.add(tname)
-    if optimizer is not None:
-        OPTIMIZERS[name] = optimizer
-    return r
+
+    @staticmethod
+    def define(name: str, reason: str, kind: str = "speed", *, spec: SpecChange | None = None,
+               model: ModelTransform | None = None, optimizer: OptimizerFactory | None = None,
+               requires: Requirement | None = None, control: Callable[[StepSpec], StepSpec] | None = None,
+               control_reason: str | None = None, changes_params: bool = False, transform: str | None = None) -> Rung:
+        """Declare a rung and register it in RUNGS; the Rung.
+
+        kind: "speed", "memory", "optimizer" or "architecture" (KINDS). spec: fields of the StepSpec to set, or a
+        function (spec, env) -> spec. model: nn.Module -> nn.Module, on a freshly built model, keeping its parameter
+        objects unless `changes_params` (an architecture rung may always make new ones). optimizer: (named
+        parameters, learning rate) -> an optimizer. requires: what it needs (Requirement). transform: the name its
+        model transform goes by in StepSpec.transforms (the rung's own name by default).
+        """
+        source = _SOURCE[-1]
+        if kind not in KINDS:
+            raise RungError(f"rung {name}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        if not name or any(c in name for c in ",+ =") or name != name.strip():
+            raise RungError(f"rung name {name!r}: a name without spaces, commas, '+' or '=' is needed")
+        if not reason.strip() or "\n" in reason.strip():
+            raise RungError(f"rung {name}: the reason is one line saying why it should pay")
+        if name in RUNGS:
+            raise RungError(f"rung {name!r} ({source}) is already defined ({RUNGS[name].source}): choose another "
+                            "name")
+        tname = str(transform or name)  # a Capability's value: StepSpec.transforms holds plain names
+        if model is not None and tname in MODEL_TRANSFORMS:
+            raise RungError(f"rung {name}: a model transform named {tname!r} exists already")
+        RUNGS[name] = Rung(name=name, reason=reason.strip(), kind=kind,
+                           transform=_spec_of(name, spec, model, tname, optimizer, source),
+                           requires=requires or Requirement(), control=control, control_reason=control_reason,
+                           model=model, transform_name=tname if model is not None else None, optimizer=optimizer,
+                           changes_params=changes_params, source=source)
+        return RUNGS[name]
+
+
+rung = RungDeclarer()
+define = rung.define
 
 
 def unregister(name: str) -> None:
-    """Forget a rung and what it registered (tests; a rung file loaded again after a change)."""
-    r = RUNGS.pop(name, None)
-    if r is None:
-        return
-    if r.transform_name:
-        for table in (MODEL_TRANSFORMS, TRANSFORM_KINDS):
-            table.pop(r.transform_name, None)
-        NEW_PARAMS.discard(r.transform_name)
-    OPTIMIZERS.pop(name, None)
+    """Forget a rung (tests; a rung file loaded again after a change): the indexes above are read from RUNGS."""
+    RUNGS.pop(name, None)
+
+
+def architecture(spec: StepSpec) -> tuple[str, ...]:
+    """The model transforms of a spec that architecture rungs brought: the function it computes, as eager would."""
+    return tuple(t for t in spec.transforms if TRANSFORM_KINDS.get(t) == "architecture")
 
 
 def compose(names: tuple[str, ...], spec: StepSpec, env: Env) -> StepSpec:
@@ -362,10 +345,8 @@ def lr_factor(rule: str, multiplier: int) -> float:
 
 
 def env_for(device: torch.device, batch_multiplier: int, batch_lr_scale: str = "none",
-            lacks: dict[str, str] | None = None, hooks: tuple[str, ...] = (),
-            shape: GPTConfig | None = None, base_batch: int | None = None, accum_steps: int | None = None) -> Env:
+            model: ModelFacts | None = None, base_batch: int | None = None, accum_steps: int | None = None) -> Env:
     """The Env of a device and a model."""
     cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return Env(device.type, cap, batch_multiplier, model_lacks=tuple(sorted((lacks or {}).items())),
-               batch_lr_scale=batch_lr_scale, model_hooks=hooks, model_shape=shape, base_batch=base_batch,
-               accum_steps=accum_steps)
+    return Env(device.type, cap, batch_multiplier, batch_lr_scale=batch_lr_scale, model=model,
+               base_batch=base_batch, accum_steps=accum_steps)

@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from speedladder.gpt import GPT, Attention, Block, attention_heads, merge_heads
-from speedladder.rungs.api import Env, Requirement, RungError, StepSpec, lr_factor, rung
+from speedladder.rungs.api import Env, Requirement, RungError, StepSpec, define, lr_factor
+from speedladder.spec import Capability
 
 
 class Checkpointed(nn.Module):
@@ -201,36 +202,38 @@ def _fused_adamw(spec: StepSpec, env: Env) -> StepSpec:
 
 # Model transforms keep every parameter object, so weights loaded before them stay in place (pad-vocab grows the
 # vocabulary's rows in place; TrainStep maps them back to the reference shapes).
-rung("eager", "R0: the baseline, eager PyTorch in fp32", "speed", spec={})
-rung("compile", "R1: fuse the elementwise tail into fewer kernels, cut Python dispatch", "speed",
-     spec={"compile": True}, requires=Requirement(compiler=True))
-rung("bf16", "R2: bf16 autocast halves bytes and runs matmuls on tensor cores (AVX-512 BF16 or AMX on a CPU: "
-     "measured anyway where bf16 is emulated); TF32 for what stays fp32", "speed", spec=_bf16,
-     requires=Requirement(min_capability=(8, 0)))
-rung("batch", "R3: a bigger batch fills the device and spreads per-step overhead over more tokens", "speed",
-     spec=_batch_up, control=_fp32_control,
-     control_reason="the same batch in fp32: did bf16 buy the memory headroom for it?")
-rung("accum", "the batch rung's batch by gradient accumulation over micro-batches of the workload's: the same "
-     "update in a micro-batch's activation memory, the optimizer's share spread over more tokens", "speed",
-     spec=_accumulate)
-rung("fp16", "fp16 autocast with a gradient scaler (torch.amp): half the bytes and tensor cores where bf16 is "
-     "missing (CUDA capability < 8.0: T4, V100)", "speed", spec=_fp16)
-rung("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
-     "memory", model=checkpoint_blocks, transform="activation-checkpointing", requires=Requirement(model="blocks"))
-rung("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, Flash kernels "
-     "on CUDA", "speed", model=use_sdpa, requires=Requirement(model="sdpa"))
-rung("fused-adamw", "AdamW's whole update in one fused kernel (fused=True; foreach where fused is missing)",
-     "speed", spec=_fused_adamw)
-rung("pad-vocab", f"vocabulary padded to a multiple of {VOCAB_MULTIPLE} (50257 -> 50304) for aligned matmul "
-     "tiles; the padding is masked out", "speed", model=pad_vocab, requires=Requirement(model="pad-vocab"))
-rung("max-autotune", "torch.compile mode=max-autotune: benchmarks matmul/conv kernels and replays CUDA graphs",
-     "speed", spec={"compile": True, "compile_mode": "max-autotune"},
-     requires=Requirement(devices=("cuda",), compiler=True))
-rung("cudagraphs", "torch.compile mode=reduce-overhead: CUDA graphs replay a step's launches in one call", "speed",
-     spec={"compile": True, "compile_mode": "reduce-overhead"}, requires=Requirement(devices=("cuda",), compiler=True))
-rung("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens to a loss, not more tokens/s",
-     "optimizer", spec={"optimizer": "muon"}, requires=Requirement(model="blocks"))
-rung("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper", "speed",
-     model=float8_linears, transform="float8",
-     requires=Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
-                          install="pip install speedladder[fp8]", model="blocks"))
+define("eager", "R0: the baseline, eager PyTorch in fp32", "speed", spec={})
+define("compile", "R1: fuse the elementwise tail into fewer kernels, cut Python dispatch", "speed",
+       spec={"compile": True}, requires=Requirement(compiler=True))
+define("bf16", "R2: bf16 autocast halves bytes and runs matmuls on tensor cores (AVX-512 BF16 or AMX on a CPU: "
+       "measured anyway where bf16 is emulated); TF32 for what stays fp32", "speed", spec=_bf16,
+       requires=Requirement(min_capability=(8, 0)))
+define("batch", "R3: a bigger batch fills the device and spreads per-step overhead over more tokens", "speed",
+       spec=_batch_up, control=_fp32_control,
+       control_reason="the same batch in fp32: did bf16 buy the memory headroom for it?")
+define("accum", "the batch rung's batch by gradient accumulation over micro-batches of the workload's: the same "
+       "update in a micro-batch's activation memory, the optimizer's share spread over more tokens", "speed",
+       spec=_accumulate)
+define("fp16", "fp16 autocast with a gradient scaler (torch.amp): half the bytes and tensor cores where bf16 is "
+       "missing (CUDA capability < 8.0: T4, V100)", "speed", spec=_fp16)
+define("ckpt", "R4: activation checkpointing per block trades one recomputed forward for activation memory",
+       "memory", model=checkpoint_blocks, transform=Capability.CHECKPOINTING,
+       requires=Requirement(model=Capability.BLOCKS))
+define("sdpa", "fused attention (F.scaled_dot_product_attention): no (T, T) score matrix in memory, Flash kernels "
+       "on CUDA", "speed", model=use_sdpa, requires=Requirement(model=Capability.SDPA))
+define("fused-adamw", "AdamW's whole update in one fused kernel (fused=True; foreach where fused is missing)",
+       "speed", spec=_fused_adamw)
+define("pad-vocab", f"vocabulary padded to a multiple of {VOCAB_MULTIPLE} (50257 -> 50304) for aligned matmul "
+       "tiles; the padding is masked out", "speed", model=pad_vocab,
+       requires=Requirement(model=Capability.PAD_VOCAB))
+define("max-autotune", "torch.compile mode=max-autotune: benchmarks matmul/conv kernels and replays CUDA graphs",
+       "speed", spec={"compile": True, "compile_mode": "max-autotune"},
+       requires=Requirement(devices=("cuda",), compiler=True))
+define("cudagraphs", "torch.compile mode=reduce-overhead: CUDA graphs replay a step's launches in one call", "speed",
+       spec={"compile": True, "compile_mode": "reduce-overhead"}, requires=Requirement(devices=("cuda",), compiler=True))
+define("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens to a loss, not more tokens/s",
+       "optimizer", spec={"optimizer": "muon"}, requires=Requirement(model=Capability.BLOCKS))
+define("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper", "speed",
+       model=float8_linears, transform=Capability.FLOAT8,
+       requires=Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
+                          install="pip install speedladder[fp8]", model=Capability.BLOCKS))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from torch import nn
 
 from speedladder.gpt import GPTConfig
-from speedladder.rungs.api import Requirement, rung
+from speedladder.rungs.api import Requirement, define
 
 SOFTCAP = 15.0  # the speedrun's cap since its record 18 (it was 30 before)
 
@@ -35,15 +35,15 @@ def even_head(cfg: GPTConfig) -> str | None:
     return None if cfg.head_dim % 2 == 0 else f"rotary positions need an even head size, not {cfg.head_dim}"
 
 
-rung("qk-norm", "QK-norm: queries and keys RMS-normalized per head keep attention logits bounded, so a higher "
-     "learning rate trains stably (Henry et al. 2020; modded-nanogpt's architecture records)", "architecture",
-     model=hook("speedladder_qk_norm"), requires=Requirement(hooks=("speedladder_qk_norm",)))
-rung("relu2", "ReLU^2 activation in the MLP: sparser, and better per token than GELU (So et al. 2021, Primer; "
-     "modded-nanogpt's architecture records)", "architecture",
-     model=hook("speedladder_relu2"), requires=Requirement(hooks=("speedladder_relu2",)))
-rung("rotary", "rotary position embeddings instead of a learned table: relative positions, no table to learn "
-     "(Su et al. 2021, RoFormer; modded-nanogpt's architecture records)", "architecture",
-     model=hook("speedladder_rotary"), requires=Requirement(hooks=("speedladder_rotary",), shape=even_head))
-rung("softcap", f"logits soft-capped at {SOFTCAP:g} by tanh keep the head from overconfident logits early "
-     "(Gemma 2, 2024; modded-nanogpt's record 18 lowered the cap from 30 to 15)", "architecture",
-     model=hook("speedladder_softcap", SOFTCAP), requires=Requirement(hooks=("speedladder_softcap",)))
+define("qk-norm", "QK-norm: queries and keys RMS-normalized per head keep attention logits bounded, so a higher "
+       "learning rate trains stably (Henry et al. 2020; modded-nanogpt's architecture records)", "architecture",
+       model=hook("speedladder_qk_norm"), requires=Requirement(hooks=("speedladder_qk_norm",)))
+define("relu2", "ReLU^2 activation in the MLP: sparser, and better per token than GELU (So et al. 2021, Primer; "
+       "modded-nanogpt's architecture records)", "architecture",
+       model=hook("speedladder_relu2"), requires=Requirement(hooks=("speedladder_relu2",)))
+define("rotary", "rotary position embeddings instead of a learned table: relative positions, no table to learn "
+       "(Su et al. 2021, RoFormer; modded-nanogpt's architecture records)", "architecture",
+       model=hook("speedladder_rotary"), requires=Requirement(hooks=("speedladder_rotary",), shape=even_head))
+define("softcap", f"logits soft-capped at {SOFTCAP:g} by tanh keep the head from overconfident logits early "
+       "(Gemma 2, 2024; modded-nanogpt's record 18 lowered the cap from 30 to 15)", "architecture",
+       model=hook("speedladder_softcap", SOFTCAP), requires=Requirement(hooks=("speedladder_softcap",)))

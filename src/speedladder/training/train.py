@@ -31,6 +31,7 @@ from speedladder.data import BatchStream, get_tokenizer
 from speedladder.errors import UsageError
 from speedladder.gpt import GPT, GPTConfig
 from speedladder.measure import devicemem
+from speedladder.records.model import ModelRecord
 from speedladder.rungs import RUNGS, StepSpec, compose
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.training.recipe import Span
@@ -79,7 +80,7 @@ def load_checkpoint(path: str | Path, device: str = "cpu") -> tuple[nn.Module, d
     """A saved checkpoint as the plain model (our GPT, the Hugging Face model or the user's own, without the rungs'
     transforms) and the rest of what was saved."""
     ckpt = torch.load(path, map_location=device, weights_only=True)
-    model = GPT(GPTConfig(**ckpt["config"])) if ckpt.get("config") else models.rebuild(ckpt["model_def"])
+    model = GPT(GPTConfig(**ckpt["config"])) if ckpt.get("config") else models.rebuild(ModelRecord.from_dict(ckpt["model_def"]))
     model.load_state_dict(ckpt["model"])
     return model, ckpt
 
@@ -289,7 +290,7 @@ def main(s: Settings) -> int:
         log(f"validation every {args.eval_every} steps on {work.split.val_from} ({work.val.n_tokens:,} tokens, "
             f"{cfg.run.val_sequences} sequences), the clock stopped meanwhile")
     saved = {"config": dataclasses.asdict(cfg.model) if cfg.model else None,
-             "model_def": {**work.model.record(), "seq_len": cfg.seq_len},
+             "model_def": {**codec.to_data(work.model.record()), "seq_len": cfg.seq_len},
              "spec": codec.to_data(spec), "tokenizer": work.corpus.tokenizer, "corpus": work.corpus.source,
              "steps": args.steps, "settings": {"train": codec.to_data(args), "run": codec.to_data(cfg.run)}}
     ckpt = None

@@ -34,7 +34,7 @@ from speedladder.config.recipe import RecipeConfig
 from speedladder.config.resolved import resolve
 from speedladder.config.run import MuonConfig, RunConfig, pick_device
 from speedladder.errors import UsageError
-from speedladder.rungs import RUNGS, StepSpec, compose, env_for
+from speedladder.rungs import RUNGS, ModelFacts, StepSpec, compose, env_for
 from speedladder.rungs import load as rung_files
 from speedladder.rungs.optim import MuonAdamW
 from speedladder.step import AUTOCAST, AdamWFactory, make_optimizer
@@ -63,14 +63,14 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _from_settings(path: Path, device: torch.device, hooks: tuple[str, ...]) -> tuple[StepSpec, RunConfig]:
+def _from_settings(path: Path, device: torch.device, model: ModelFacts | None) -> tuple[StepSpec, RunConfig]:
     """A config file's spec: its rungs (train's, else run's) composed on its workload's eager step, for this device
-    and a model with these hooks. The config's own rung files are loaded first, refused if they changed since."""
+    and this model. The config's own rung files are loaded first, refused if they changed since."""
     s = codec.from_data(settings.Settings, settings.read(path))
     rung_files.load(s.run.rung_files, s.run.rung_hashes)
     names = tuple(n for n in (s.train.rungs or s.run.rungs or ()) if n != "eager")
     cfg = resolve(s.run, pick_device(str(device)), known_rungs=tuple(RUNGS))
-    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, hooks=hooks, base_batch=cfg.batch_size,
+    env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model, base_batch=cfg.batch_size,
                   accum_steps=cfg.run.recipe.accum_steps)
     for n in names:
         why = RUNGS[n].requires.unmet(env)
@@ -80,7 +80,7 @@ def _from_settings(path: Path, device: torch.device, hooks: tuple[str, ...]) -> 
 
 
 def winner(where: str | Path | StepSpec, device: torch.device,
-           hooks: tuple[str, ...] = ()) -> tuple[StepSpec, RunConfig]:
+           model: ModelFacts | None = None) -> tuple[StepSpec, RunConfig]:
     """The spec to apply and the run configuration it came with (its learning rate, Muon's settings): a StepSpec
     as given; a config file (tune's winner.toml, a run's config.toml); or a folder's winner (tune's, a race's
     fastest to the target, else a run's fastest rung)."""
@@ -88,7 +88,7 @@ def winner(where: str | Path | StepSpec, device: torch.device,
         return where, RunConfig()
     path = Path(where)
     if path.suffix == ".toml":
-        return _from_settings(path, device, hooks)
+        return _from_settings(path, device, model)
     saved = results.load(path)
     tuned = saved.tune.winner_spec if saved.tune else None
     raced = saved.race.entry(saved.race.fastest) if saved.race and saved.race.fastest else None
@@ -115,7 +115,7 @@ def apply(model: nn.Module, where: str | Path | StepSpec, optimizer: AdamWFactor
     """
     device = _device(model)
     source = models.of_module(model)
-    spec, run = winner(where, device, source.hooks)
+    spec, run = winner(where, device, source)
     named = dict(model.named_parameters())  # by reference name, before any transform: the objects stay
     for name in spec.transforms:
         try:

@@ -17,7 +17,8 @@ from speedladder.data import unigram_entropy
 from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.records import Differential, Explanation, Fp64, Gate, Kinks, LearnsCheck, not_applicable
-from speedladder.rungs import StepSpec, float8_eligible, rounding_fuzz
+from speedladder.rungs import StepSpec, architecture, float8_eligible, rounding_fuzz
+from speedladder.spec import Capability
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import bisect, correctness, emulate, kinks, probes, truth
 from speedladder.verify.truth import Errors
@@ -27,14 +28,14 @@ from speedladder.workload import Workload, free_device_memory
 def reference_spec(spec: StepSpec) -> StepSpec:
     """Eager fp32 at a spec's shape, with its architecture rungs (they change the function on purpose): what the
     spec is checked against."""
-    return StepSpec(spec.batch_size, spec.seq_len, transforms=spec.architecture)
+    return StepSpec(spec.batch_size, spec.seq_len, transforms=architecture(spec))
 
 
 def precision_spec(spec: StepSpec) -> StepSpec:
     """Eager at a spec's shape and arithmetic: its autocast, TF32 and fp8 casts and its architecture rungs, nothing
     else (truth.py's scale)."""
     return StepSpec(spec.batch_size, spec.seq_len, autocast=spec.autocast, tf32=spec.tf32,
-                    transforms=tuple(t for t in spec.transforms if t == "float8" or t in spec.architecture))
+                    transforms=tuple(t for t in spec.transforms if t == Capability.FLOAT8 or t in architecture(spec)))
 
 
 class Gates:
@@ -87,7 +88,7 @@ class Gates:
         if eager not in self.references:
             k = self.work.cfg.run.gates.loss_steps
             micro = self.micro_batch(eager.batch_size)
-            arch = f" with {'+'.join(eager.architecture)}" if eager.architecture else ""
+            arch = f" with {'+'.join(architecture(eager))}" if architecture(eager) else ""
             self.progress(f"eager fp32{arch} reference at B={eager.batch_size}, T={eager.seq_len} ({k} steps"
                           + (f", gradients accumulated over micro-batches of {micro})" if micro else ")"), "gates")
             try:
