@@ -116,3 +116,17 @@ def test_a_file_shown_in_the_docs_is_the_file_itself():
             assert block == (ROOT / path).read_text(encoding="utf-8"), f"{page.name} shows {path} as it was"
             shown += 1
     assert shown >= 1
+
+
+def test_follow_one_rung_points_at_the_lines_it_names():
+    """docs/architecture.md's walk through one rung gives `file:line` `name` for each hop: the line must still hold
+    that name (its def, its class, or the call that declares it), or the walk has drifted from the code."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text[text.index('<a id="follow-one-rung"></a>'):text.index("## One seam between models and rungs")]
+    refs = re.findall(r"`(src/[\w/]+\.py):(\d+)` `(\w+)`", section)
+    assert len(refs) >= 20
+    hops = {path.split("/")[2].removesuffix(".py") for path, _, _ in refs}
+    assert {"workload", "climbing", "step", "verify", "records", "results", "report"} <= hops
+    for path, line, name in refs:
+        held = (ROOT / path).read_text().splitlines()[int(line) - 1]
+        assert re.search(rf"\b(def|class) {name}\b|^{name}\(", held), f"{path}:{line} does not hold {name}: {held!r}"

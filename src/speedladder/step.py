@@ -91,11 +91,20 @@ AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # a spec's autocast,
 
 
 class TrainStep:
-    """One spec's training step. It owns the model (built from the initial weights, transformed, wrapped, compiled),
-    the optimizer, the schedule and the gradient scaler, and counts its updates and the scaler's skipped ones.
-    A call: the micro-steps' forward and backward (`_micro_steps`), then `update`: unscale (fp16), clip, step,
-    clear, schedule. `forward_backward` is the gates' one pass (gradients left in .grad, unscaled); `reset` puts
-    back the initial weights with a fresh optimizer, schedule and scaler."""
+    """One spec's training step: what is timed, gated and trained.
+
+    Owns: the model (built from the initial weights, its spec's transforms applied, wrapped, compiled), the
+    optimizer (the recipe's parameter groups), the schedule and the gradient scaler (fp16), and the counts of its
+    updates and of the scaler's skipped ones.
+
+    In order: built once (`__init__`: build, transform, wrap, compile lazily on the first call); each call runs the
+    micro-steps' forward and backward under the spec's precision (`_micro_steps`), then `update`: unscale (fp16),
+    clip, step, clear the gradients, advance the schedule. The gates use `forward_backward`, one pass that leaves the
+    gradients in .grad, unscaled; `reset` puts back the initial weights with a fresh optimizer, schedule and scaler,
+    so the step the ladder timed is the one it gates.
+
+    Leaves behind: the trained weights in `model`, each call's loss (returned, detached), and `updates` and
+    `skipped_updates()`, which the ladder records (fp16's skipped steps); it saves nothing itself."""
 
     def __init__(self, spec: StepSpec, model: ModelDef | GPTConfig, init: dict[str, torch.Tensor],
                  device: torch.device, lr: float, wrap: Callable[[nn.Module], nn.Module] | None = None,
