@@ -20,6 +20,7 @@ from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig, TimingConfig
 from speedladder.errors import UsageError
 from speedladder.records import Results, Role, RungResult, from_dict, to_dict
+from speedladder.spec import StepSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs"
 
@@ -34,6 +35,40 @@ def test_a_saved_results_file_reads_as_typed_records_and_writes_back_unchanged(n
     if saved.race is not None:
         assert isinstance(saved.race.config, RaceConfig) and saved.race.config.seeds == raw["race"]["config"]["seeds"]
     assert _within(raw, to_dict(saved))  # every field read is written back, the flat config included
+
+
+def test_a_rungs_spec_reads_as_a_step_spec_and_an_old_failed_rungs_empty_spec_as_none(tmp_path):
+    raw = json.loads((EXAMPLES / "example-cpu-results.json").read_text())
+    saved = from_dict(Results, raw)
+    assert [r.spec for r in saved.rungs] == [StepSpec.from_dict(r["spec"]) for r in raw["rungs"]]
+    assert all(isinstance(r.spec, StepSpec) and isinstance(r.spec.transforms, tuple) for r in saved.rungs)
+    # A file of an earlier version saved a rung whose spec could not be made as {}: it reads as None, not as a
+    # spec of defaults, and is written back as null, which reads as None again.
+    raw["rungs"][-1].update(spec={}, status="error", detail="its spec could not be made", precision="")
+    (tmp_path / "results.json").write_text(json.dumps(raw))
+    old = results.load(tmp_path)
+    assert old.rungs[-1].spec is None and old.rungs[0].spec == saved.rungs[0].spec
+    results.save(old, tmp_path)
+    assert json.loads((tmp_path / "results.json").read_text())["rungs"][-1]["spec"] is None
+    assert results.load(tmp_path).rungs[-1].spec is None
+
+
+@dataclasses.dataclass
+class _Inner:
+    n: int = 1
+
+
+@dataclasses.dataclass
+class _Outer:
+    maybe: _Inner | None = None
+    always: _Inner = dataclasses.field(default_factory=_Inner)
+
+
+def test_an_empty_table_is_none_where_none_may_stand_and_the_defaults_where_it_may_not():
+    assert from_data(_Outer, {"maybe": {}, "always": {}}) == _Outer(None, _Inner())
+    assert from_data(_Outer, {"maybe": {"n": 2}, "always": {"n": 3}}) == _Outer(_Inner(2), _Inner(3))
+    assert from_data(_Outer, {"maybe": None}).maybe is None
+    assert from_data(RunConfig, {"timing": {}}).timing == TimingConfig()
 
 
 def _within(part, whole) -> bool:
@@ -76,8 +111,8 @@ def test_unknown_keys_are_named_in_a_users_file_kept_in_a_record_and_skipped_in_
 
 
 def test_json_has_no_infinity_toml_has_it():
-    r = RungResult(name="x", rung="x", role=Role.RUNG, reason="", kind="speed", built_on=None, spec={},
-                   precision="fp32", requirement={}, mfu=math.inf, step_ms=math.nan)
+    r = RungResult(name="x", rung="x", role=Role.RUNG, reason="", kind="speed", built_on=None,
+                   spec=StepSpec(4, 32), precision="fp32", requirement={}, mfu=math.inf, step_ms=math.nan)
     data = to_data(r, json=True)
     assert data["mfu"] is None and data["step_ms"] is None and data["role"] == "rung"
     assert to_data({"x": math.inf})["x"] == math.inf  # TOML has inf: written as given

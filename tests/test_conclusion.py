@@ -15,6 +15,7 @@ from speedladder.measure.judging import Spread
 from speedladder.records import Environment, Gate, LearnsCheck, Prediction, ProfileSummary, Results, RungResult
 from speedladder.report import conclusion, html
 from speedladder.report.text import print_report
+from speedladder.spec import StepSpec
 
 BF16_WHY = ("matmuls 33% of the step; in bf16 they run at 0.06x their fp32 speed at this model's shapes (measured "
             "here, casts included); this CPU has no native bf16 -> bf16 ≈ 0.10x")
@@ -25,7 +26,7 @@ COMPILE_NOTE = ("elementwise, norm and softmax tail (inductor's fused C++ loops)
 def rung(name: str, tokens: float, prev: float | None, built_on: str | None, verdict: str, kind: str = "speed",
          predicted: float | None = None, why: str = "", gate: bool | None = True, **kw) -> RungResult:
     r = RungResult(name=name, rung=name, role="rung", reason=f"{name}'s reason", kind=kind, built_on=built_on,
-                   spec={"batch_size": 16}, precision=kw.pop("precision", "fp32"), requirement={}, status="ok")
+                   spec=StepSpec(16, 64), precision=kw.pop("precision", "fp32"), requirement={}, status="ok")
     r.tokens_per_s, r.speedup_prev, r.verdict = Spread(tokens, tokens * 0.95, tokens * 1.05), prev, verdict
     r.step_ms, r.speedup_cum = 16 * 64 / tokens * 1e3, kw.pop("speedup_cum", prev)
     r.gate = None if gate is None else Gate(passed=gate, reference=built_on is None)

@@ -16,6 +16,7 @@ from speedladder.profile.predict import baseline_parts
 from speedladder.profile.sides import compare, sums
 from speedladder.records import Environment, Prediction, ProfileSummary, Results, RungResult, from_dict
 from speedladder.report.explained import lines_of
+from speedladder.spec import StepSpec
 
 
 def profile(ms: dict[str, float], compiled: bool = False) -> dict:
@@ -68,9 +69,9 @@ def test_predicted_parts_are_rescaled_to_the_base_profile():
 
 def _rung(name: str, built_on: str | None, error: float | None, role: str = "rung", prev: float | None = None,
           kind: str = "speed", verdict: str | None = None) -> RungResult:
-    return RungResult(name=name, rung=name, role=role, reason="", kind=kind, built_on=built_on, spec={},
-                      precision="fp32", requirement={}, status="ok", prediction_error=error, speedup_prev=prev,
-                      verdict=verdict)
+    return RungResult(name=name, rung=name, role=role, reason="", kind=kind, built_on=built_on,
+                      spec=StepSpec(16, 64), precision="fp32", requirement={}, status="ok", prediction_error=error,
+                      speedup_prev=prev, verdict=verdict)
 
 
 def test_every_loss_and_every_miss_is_explained_but_not_a_rung_stopped_short():
@@ -143,8 +144,8 @@ def test_compiles_loss_on_a_cpu_adds_up_and_says_what_the_compiler_did():
     explained_x = sum(v["base_ms"] for v in e["parts"].values()) / sum(v["rung_ms"] for v in e["parts"].values())
     assert explained_x == pytest.approx(measured)
     assert e["grew"] == "elementwise & norm" and e["culprit"] == "tail" and "C++ loops" in e["note"]
-    r = RungResult(name="compile", rung="compile", role="rung", reason="", kind="speed", built_on="eager", spec={},
-                   precision="fp32", requirement={}, status="ok", speedup_prev=measured, prediction_error=-0.33,
+    r = RungResult(name="compile", rung="compile", role="rung", reason="", kind="speed", built_on="eager",
+                   spec=StepSpec(16, 64), precision="fp32", requirement={}, status="ok", speedup_prev=measured, prediction_error=-0.33,
                    predicted=Prediction(1.17, "fusion"), explanation={"rungs": ["eager", "compile"],
                                                                       "base_rungs": ["eager"], **e,
                                                                       "trace": "trace-compile.json",
@@ -238,7 +239,6 @@ def test_compile_fusion_saves_only_the_time_the_bytes_account_for(tiny):
     """The written model's change learned from the misses: fusion's cut in bytes pays in proportion to how much of
     the tail's time those bytes take at the copy bandwidth measured here."""
     from speedladder.profile import predict
-    from speedladder.rungs import StepSpec
 
     ms = {"matmul": 50.0, "elementwise & norm": 30.0, IDLE: 20.0}
     p = from_dict(ProfileSummary, profile(ms))

@@ -15,7 +15,7 @@ from speedladder import report, results
 from speedladder.cli import main
 from speedladder.measure import judging, peakflops, timer
 from speedladder.records import to_dict
-from speedladder.rungs import RUNGS, Requirement, Rung
+from speedladder.rungs import RUNGS, Requirement, Rung, RungError, StepSpec
 from speedladder.step import TrainStep
 from speedladder.verify import correctness
 
@@ -317,6 +317,21 @@ def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
                  "--rungs", "eager,batch", "--quiet", "--out", str(out)]) == 0
     batch = by_name(saved(out))["batch"]
     assert batch["status"] == "skipped" and "exceeds the corpus" in batch["detail"]
+
+
+def test_a_rung_whose_spec_cannot_be_made_is_an_error_saved_without_a_spec(tmp_path, monkeypatch, capsys):
+    def refuse(spec, env):
+        raise RungError("no spec today")
+
+    monkeypatch.setitem(RUNGS, "no-spec", Rung("no-spec", "a spec transform that refuses", "speed", refuse))
+    assert main(["run", *FAST, "--learns-steps", "0", "--rungs", "eager,no-spec", "--quiet", "--out", str(tmp_path)]) == 0
+    rung = by_name(saved(tmp_path))["no-spec"]
+    assert rung["status"] == "error" and rung["detail"] == "no spec today" and rung["spec"] is None
+    typed = results.load(run_dir(tmp_path))
+    assert typed.rung("no-spec").spec is None and isinstance(typed.rung("eager").spec, StepSpec)
+    assert "no spec today" in capsys.readouterr().out
+    assert main(["gates", str(run_dir(tmp_path)), "no-spec", "--quiet"]) == 2
+    assert "no-spec was not measured in this run (error)" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -302,7 +302,7 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     for precision, (peak, basis) in peaks.items():
         assert peak is not None and 0 < peak < float("inf") and peak == ladder.flop_peaks.ceilings[precision]
         assert basis.startswith("measured peak, a 4096×4096×4096 matmul's throughput on this device")
-    r = RungResult(name="eager", rung="eager", role=Role.RUNG, reason="", kind="speed", built_on=None, spec={},
+    r = RungResult(name="eager", rung="eager", role=Role.RUNG, reason="", kind="speed", built_on=None, spec=fp32,
                    precision="fp32", requirement={}, peak_tflops=peaks["fp32"][0], peak_basis=peaks["fp32"][1],
                    tflops=0.01, mfu=peakflops.mfu(10_000, fpt, peaks["fp32"][0]))
     assert r.mfu == pytest.approx(0.01 / peaks["fp32"][0])  # 10,000 tokens/s x 1 MFLOP each: 0.01 TFLOP/s

@@ -17,6 +17,7 @@ from speedladder.measure import memory
 from speedladder.records import Environment, Results, RungResult
 from speedladder.report.memory import bar_label, memory_notes, peak_cell, short_bytes
 from speedladder.rungs import Checkpointed, compose
+from speedladder.spec import StepSpec
 
 F32 = 4  # bytes
 
@@ -106,7 +107,7 @@ def test_resident_peak_sees_a_known_allocation():
 
 def test_memory_cells_and_notes_from_saved_records():
     def rec(name: str, kind: str, saved: int, pred: int, base: int, peak: int, built_on: str | None) -> RungResult:
-        return RungResult(name=name, rung=name, role="rung", reason="", kind=kind, built_on=built_on, spec={},
+        return RungResult(name=name, rung=name, role="rung", reason="", kind=kind, built_on=built_on, spec=StepSpec(4, 32),
                           precision="fp32", requirement={}, status="ok", saved_activation_bytes=saved,
                           predicted_activation_bytes=pred, process_base_bytes=base, process_peak_bytes=peak)
 
@@ -149,7 +150,7 @@ def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
 
     monkeypatch.setattr(meters, "peaks_in_child", broken)
     monkeypatch.setattr(meters, "process_peak_unsupported", lambda: None)
-    r = RungResult(name="eager", rung="eager", role="rung", reason="", kind="speed", built_on=None, spec={},
+    r = RungResult(name="eager", rung="eager", role="rung", reason="", kind="speed", built_on=None, spec=tiny.base_spec,
                    precision="fp32", requirement={}, status="ok")
     meters.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
     assert r.process_peak_bytes is None and r.resident_rise is None and peak_cell(r) == "n/a"
@@ -165,7 +166,7 @@ def test_the_fp32_control_note_compares_the_resident_rise_on_a_cpu():
 
     def rec(name: str, role: str, rise_mib: int, tokens: float) -> RungResult:
         return RungResult(name=name, rung="batch", role=role, reason="", kind="speed", built_on=None,
-                          spec={"batch_size": 64}, precision="bf16" if role == "rung" else "fp32", requirement={},
+                          spec=StepSpec(64, 32), precision="bf16" if role == "rung" else "fp32", requirement={},
                           status="ok", tokens_per_s=Spread(tokens, tokens, tokens), process_base_bytes=100 * 2**20,
                           process_peak_bytes=(100 + rise_mib) * 2**20)
 

@@ -19,6 +19,7 @@ from speedladder import report, results
 from speedladder.cli import main
 from speedladder.measure.judging import Spread
 from speedladder.records import Environment, Gate, Results, RungResult, from_dict, to_dict
+from speedladder.spec import StepSpec
 
 COLOURS = report.COLOURS
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "example-cpu-results.json"
@@ -28,7 +29,7 @@ SCHEMA_1 = Path(__file__).resolve().parent / "data" / "results-schema1.json"
 
 def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", status="ok", passed=True, **kw):
     r = RungResult(name=name, rung=kw.pop("rung", name), role=role, reason="", kind="speed", built_on=built_on,
-                   spec={"batch_size": kw.pop("batch_size", 64)}, precision=kw.pop("precision", "fp32"),
+                   spec=StepSpec(kw.pop("batch_size", 64), 64), precision=kw.pop("precision", "fp32"),
                    requirement={}, status=status, detail=kw.pop("detail", ""))
     if status == "ok":
         r.tokens_per_s = Spread(median, median * (1 - spread), median * (1 + spread))

@@ -22,8 +22,8 @@ from speedladder.rungs import RUNGS, Env, Requirement, StepSpec
 
 def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", built_on="eager", detail="",
          **extra) -> RungResult:
-    r = RungResult(name=name, rung=name, role=role, reason="", kind="speed", built_on=built_on, spec={},
-                   precision="fp32", requirement={}, status=status, detail=detail, **extra)
+    r = RungResult(name=name, rung=name, role=role, reason="", kind="speed", built_on=built_on,
+                   spec=StepSpec(4, 32), precision="fp32", requirement={}, status=status, detail=detail, **extra)
     if status == "ok":
         r.verdict, r.speedup_prev = verdict, prev
         r.gate = Gate(passed=passed, detail="" if passed else "logits differ")

@@ -132,7 +132,7 @@ class Ladder:
         r = RungResult(
             name=f"{rung.name}-fp32" if control else rung.name, rung=rung.name, role=role,
             reason=(rung.control_reason or "") if control else rung.reason, kind=rung.kind,
-            built_on=base.name if base else None, spec=spec.to_dict(), precision=spec.precision,
+            built_on=base.name if base else None, spec=spec, precision=spec.precision,
             requirement=rung.requires.to_dict(), source=rung.source,
             predicted=None if control else self._predicted(rung) if isinstance(predicted, str) else predicted)
         self.results.rungs.append(r)
@@ -161,7 +161,7 @@ class Ladder:
 
     def _measure(self, r: RungResult, spec: StepSpec, base: RungResult | None, say: Callable[[str], None]) -> None:
         w = self.work
-        base_spec = StepSpec.from_dict(base.spec) if base is not None else None
+        base_spec = base.spec if base is not None else None
         with matmul_precision(spec):
             # Made before the rung's step is built (its memory is handed back first); for a rung that may stop short,
             # only once it has not (_gate).
@@ -352,7 +352,7 @@ class Ladder:
     def _failed(self, rung: Rung, base: RungResult | None, why: str) -> None:
         """A rung whose spec could not be made: recorded as an error, with the reason."""
         r = RungResult(name=rung.name, rung=rung.name, role=Role.RUNG, reason=rung.reason, kind=rung.kind,
-                       built_on=base.name if base else None, spec={}, precision="", requirement=rung.requires.to_dict(),
+                       built_on=base.name if base else None, spec=None, precision="", requirement=rung.requires.to_dict(),
                        status="error", detail=why, source=rung.source)
         self.results.rungs.append(r)
         self.progress.scoped(r.name)(f"error: {why}")
@@ -382,7 +382,8 @@ class Ladder:
             return
         for r in candidates:
             say = self.progress.scoped(f"learns-check {r.name}")
-            spec = StepSpec.from_dict(r.spec)
+            spec = r.spec
+            assert spec is not None  # it passed its gates: it was measured
             eager = "" if (spec.batch_size, spec.seq_len) in self.gates.eager_curves else (
                 ", and eager fp32's over the same batches")
             with say.task(f"{self.work.cfg.run.gates.learns_steps} steps{eager}",

@@ -15,7 +15,7 @@ from speedladder import results
 from speedladder.config.commands import run_from_results
 from speedladder.errors import UsageError
 from speedladder.progress import Progress
-from speedladder.records import Gate, Results, RungResult, to_dict
+from speedladder.records import Gate, Results, to_dict
 from speedladder.rungs import StepSpec
 from speedladder.step import matmul_precision
 from speedladder.verify.gates import Gates
@@ -27,17 +27,18 @@ def command(run_dir: str | Path, rung: str) -> str:
     return f"speedladder gates {run_dir} {rung}"
 
 
-def _chain(saved: Results, name: str) -> list[RungResult]:
-    """The named rung and the rungs it built on, bottom first."""
+def _chain(saved: Results, name: str) -> list[tuple[str, StepSpec]]:
+    """The named rung and the rungs it built on, bottom first: each one's name and spec."""
     by_name = {r.name: r for r in saved.rungs}
     if name not in by_name:
-        known = ", ".join(r.name for r in saved.rungs if r.spec) or "none"
+        known = ", ".join(r.name for r in saved.rungs if r.spec is not None) or "none"
         raise UsageError(f"no rung {name!r} in this run (its rungs: {known})")
-    chain, r = [], by_name.get(name)
+    chain: list[tuple[str, StepSpec]] = []
+    r = by_name.get(name)
     while r is not None:
-        if not r.spec:
+        if r.spec is None:
             raise UsageError(f"rung {r.name} was not measured in this run ({r.status}): it has no gates to run")
-        chain.append(r)
+        chain.append((r.name, r.spec))
         r = by_name.get(r.built_on) if r.built_on else None
     return chain[::-1]
 
@@ -52,17 +53,16 @@ def regate(run_dir: str | Path, name: str, device: str | None = None, progress: 
     gates = Gates(work, progress or Progress())
     probe, base_name = None, None
     gate = Gate(passed=False, detail="not run")
-    for r in chain:
-        spec = StepSpec.from_dict(r.spec)
-        say = (progress or Progress()).scoped(r.name)
+    for rung, spec in chain:
+        say = (progress or Progress()).scoped(rung)
         with matmul_precision(spec):
             ref = None if gates.is_reference(spec) else gates.reference(spec)
             step = work.step(spec)
             gate, mine = gates.check(step, ref, probe, base_name, say)
         free_device_memory(work.device)
-        if r.name != name and not gate.passed:
-            say(f"the rung below, {r.name}, fails its gate here: {gate.detail}")
-        probe, base_name = mine, r.name
+        if rung != name and not gate.passed:
+            say(f"the rung below, {rung}, fails its gate here: {gate.detail}")
+        probe, base_name = mine, rung
     if gate.explanation is not None:
         gate.explanation = dataclasses.replace(gate.explanation, command=command(run_dir, name))
     return gate

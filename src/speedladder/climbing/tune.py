@@ -142,7 +142,7 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
     res = ladder.results
     env: Env = ladder.work.env
     base = res.baseline
-    measured = {_key(r.spec): r.name for r in res.rungs if r.ok}
+    measured = {_key(r.spec.to_dict()): r.name for r in res.rungs if r.ok and r.spec is not None}
     out = []
     budget.reserve = 0
     for name, names in candidates(res, limit):
@@ -176,10 +176,11 @@ def measure_finalists(ladder: Ladder, budget: Budget, n: int, say: Callable[[str
     base = res.baseline
     out = []
     for r in finalists(res, n):
+        assert r.spec is not None  # a finalist passed its gates: it was measured
         names = rungs_of(r, res)
         names = tuple(x for x in names if x != "eager")
         say(f"final: {r.name} again, eager fp32 re-timed beside it")
-        final = ladder.climb(combination_rung(f"final-{r.name}", names), StepSpec.from_dict(r.spec), base,
+        final = ladder.climb(combination_rung(f"final-{r.name}", names), r.spec, base,
                              role=Role.FINAL, predicted=ladder.predicted_together(names))
         final.rungs_combined = list(names)
         ladder.save()
@@ -194,7 +195,7 @@ def summarize(section: TuneSection, results: Results, run_dir: str | Path) -> No
     best = winner(results)
     names = tuple(n for n in (rungs_of(best, results) if best else ()) if n != "eager")
     section.winner, section.winner_rungs = (best.name if best else None), list(names)
-    section.winner_spec = best.spec if best else None
+    section.winner_spec = best.spec.to_dict() if best and best.spec else None
     section.commands = commands(run_dir) if best else None
 
 
@@ -262,9 +263,9 @@ def race_seconds(configs: list[Raced], results: Results, calibrate_steps: int, s
     each configuration that compiles compiled once, as slowly as the slowest compile of the climb; None without an
     eager measurement."""
     eager = results.baseline
-    if eager is None or eager.tokens_per_s is None:
+    if eager is None or eager.tokens_per_s is None or eager.spec is None:
         return None
-    base = StepSpec.from_dict(eager.spec)
+    base = eager.spec
     r = calibrate_steps * base.tokens_per_step / eager.tokens_per_s.median
     runs = (1 + seeds) * r + seeds * sum(min(cap_factor, 1.5 / (c.tokens_x or 1.0)) * r for c in configs)
     compile_s = max((x.compile_s or 0.0 for x in results.rungs if x.ok), default=0.0)
@@ -306,5 +307,6 @@ def tokens_judge(section: TuneSection, results: Results) -> None:
     if best is None:
         return
     rule = results.config.run.batch_lr_scale
-    section.tokens_judge = TuneJudge("tokens", best.name, list(section.winner_rungs), best.spec,
+    section.tokens_judge = TuneJudge("tokens", best.name, list(section.winner_rungs),
+                                     best.spec.to_dict() if best.spec else None,
                                      rule if "batch" in section.winner_rungs else None, best.speedup_cum)

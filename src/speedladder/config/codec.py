@@ -10,6 +10,8 @@ rule set:
   (`unknown="skip"`: a saved file written by another version); a dataclass with an `extra` field (a results
   record) keeps what it does not declare there, and `to_data` writes it back, so nothing read is lost;
 - a missing key takes the field's default, and the dataclass's own checks run as it is made;
+- an empty table for a field that may hold None and is otherwise a dataclass reads as None, not as a dataclass
+  of defaults (results.json once saved a failed rung's spec as {});
 - JSON has no NaN or infinity (`json=True`: a non-finite number is written as null); TOML has both;
 - a dataclass whose plain form is not its fields (the resolved config, flat in results.json) says so with a
   `to_plain` method and a `from_plain` classmethod, which the codec calls.
@@ -211,6 +213,8 @@ def _value(tp: Any, value: Any, where: str, unknown: Unknown) -> Any:
     if dataclasses.is_dataclass(base) and isinstance(base, type):
         if not isinstance(value, Mapping):
             raise UsageError(f"{where}: expected a table of {base.__name__} fields, got {value!r}")
+        if nullable and not value:  # an empty table where None may stand is None (a saved file's "spec": {})
+            return None
         return from_data(base, value, where, unknown)
     if isinstance(base, type) and issubclass(base, Enum):
         try:

@@ -16,6 +16,7 @@ from speedladder.records.checks import (
     Role,
     TokensToTarget,
 )
+from speedladder.spec import StepSpec
 
 
 @dataclass
@@ -53,7 +54,7 @@ class RungResult:
     reason: str
     kind: str  # "speed", "memory" or "optimizer"
     built_on: str | None  # the result it is compared with
-    spec: dict[str, Any]  # the StepSpec, as saved
+    spec: StepSpec | None  # what the rung measured; None: a rung whose spec could not be made
     precision: str
     requirement: dict[str, Any]
     status: str = "pending"  # "ok", "skipped", "oom", "error", "interrupted" (or "pending" while it runs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -85,7 +86,7 @@ def recipe_line(results: Results) -> list[str]:
     return [f"recipe: {recipe.describe()}" + (f"; schedule: {results.schedule}" if results.schedule else "") + "."]
 
 
-def spec_value(spec: Any, name: str) -> Any:
-    """One field of a saved step spec, a StepSpec record or the dict older records keep: the one place the
-    reports read a spec, so they do not depend on which of the two a record holds."""
-    return spec.get(name) if isinstance(spec, dict) else getattr(spec, name, None)
+def spec_value(spec: Mapping[str, Any] | None, name: str) -> Any:
+    """One field of a step spec that a record keeps as saved, a dict: a race entry's, tune's winner's, a profile's
+    or a parallel run's (a rung's spec is a StepSpec, read by attribute). A key the dict lacks is None."""
+    return spec.get(name) if spec is not None else None

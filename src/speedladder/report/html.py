@@ -20,7 +20,7 @@ from pathlib import Path
 from speedladder.records import LearnsCheck, LossBand, Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import machine, summary
 from speedladder.report import parallel as parallel_report
-from speedladder.report.common import label, model_label, spec_value
+from speedladder.report.common import label, model_label
 from speedladder.report.explained import explanation_html
 from speedladder.report.gates import divergence_html, gates_html
 from speedladder.report.htmlkit import (
@@ -191,7 +191,7 @@ def loss_section(saved: Results) -> str:
                 refs_drawn.append(tuple(ref))
                 ax.plot(range(1, len(ref) + 1), ref, color="black", linewidth=1.2,
                         linestyle=REF_STYLES[(len(refs_drawn) - 1) % len(REF_STYLES)],
-                        label=f"eager fp32, B={spec_value(r.spec, 'batch_size')}")
+                        label=f"eager fp32, B={r.spec.batch_size if r.spec else None}")
             losses = _numbers(band.losses) or []
             line, = ax.plot(range(1, len(losses) + 1), losses, linewidth=1, label=r.name)
             rel = [(a - b) / b if b else math.nan for a, b in zip(losses, ref)]

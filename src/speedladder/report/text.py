@@ -20,7 +20,6 @@ from speedladder.report.common import (
     not_built_upon,
     recipe_line,
     recipe_part,
-    spec_value,
     times,
 )
 from speedladder.report.explained import explanation_notes, explanation_tables
@@ -183,7 +182,7 @@ def drift_lines(results: Results) -> list[str]:
 
 
 def _control_note(rung: RungResult, control: RungResult) -> str:
-    b = spec_value(rung.spec, "batch_size")
+    b = rung.spec.batch_size if rung.spec else None
     if control.status == "oom":
         return f"fp32 at B={b} ran out of memory: bf16 bought the headroom for this batch."
     if not control.ok or control.tokens_per_s is None or rung.tokens_per_s is None:
@@ -211,8 +210,8 @@ def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
         out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r.kind} rung).")
     base = by_name.get(r.built_on or "")
-    opt = spec_value(r.spec, "optimizer")
-    if r.ok and opt and base is not None and opt != spec_value(base.spec, "optimizer"):
+    opt = r.spec.optimizer if r.spec else None
+    if r.ok and opt and base is not None and base.spec is not None and opt != base.spec.optimizer:
         out.append(f"{r.name}: optimizer {opt}.")
     out.extend(_recipe_notes(r, base))
     gate = r.gate
@@ -235,11 +234,10 @@ def _recipe_notes(r: RungResult, base: RungResult | None) -> list[str]:
     if r.scaler_skipped is not None:
         out.append(f"{r.name}: the gradient scaler skipped {r.scaler_skipped} of {r.scaler_updates} updates while it "
                    "was measured (inf or NaN gradients: the scale halves and the update is not made).")
-    accum = spec_value(r.spec, "accum") or 1
-    batch = spec_value(r.spec, "batch_size")
-    if accum > 1 and r.ok:
+    if r.spec is not None and r.spec.accum > 1 and r.ok:
+        accum, batch = r.spec.accum, r.spec.batch_size
         text = f"{r.name}: B={batch} in {accum} micro-steps of {batch // accum}"
-        same = base is not None and spec_value(base.spec, "batch_size") == batch and base.ok
+        same = base is not None and base.spec is not None and base.spec.batch_size == batch and base.ok
         if same and base is not None and base.tokens_per_s is not None and r.speedup_prev is not None:
             text += f", {r.speedup_prev:.2f}× {base.name}'s tokens/s (one batch of {batch})"
             if r.peak_memory_bytes and base.peak_memory_bytes:
