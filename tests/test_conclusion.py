@@ -12,7 +12,17 @@ from rich.console import Console
 from speedladder import results
 from speedladder.cli import main
 from speedladder.measure.judging import Spread
-from speedladder.records import Environment, Gate, LearnsCheck, Prediction, ProfileSummary, Results, RungResult
+from speedladder.records import (
+    CorpusRecord,
+    Environment,
+    Gate,
+    LearnsCheck,
+    Prediction,
+    ProfileSummary,
+    Results,
+    RungResult,
+    SavedModel,
+)
 from speedladder.report import conclusion, html
 from speedladder.report.text import print_report
 
@@ -56,8 +66,8 @@ def nothing_paid() -> Results:
     profile = ProfileSummary(regime="compute-bound", regime_label="borderline (compute / memory)",
                              buckets={"compute": 0.45, "memory": 0.40, "overhead": 0.15})
     return Results(schema=results.SCHEMA, status="complete", created="2026-12-03T00:00:00+00:00", command=["x"],
-                   config=resolved(), environment=env, model={"kind": "speedladder"},
-                   corpus={"source": "timemachine"}, rungs=rungs, fastest="eager", profile=profile,
+                   config=resolved(), environment=env, model=SavedModel(kind="speedladder"),
+                   corpus=CorpusRecord(source="timemachine"), rungs=rungs, fastest="eager", profile=profile,
                    learns_check=LearnsCheck(rung="eager", passed=True))
 
 

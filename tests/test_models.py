@@ -308,7 +308,7 @@ def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
                      "--budget-minutes", "0.01", "--out", str(tmp_path), "--quiet")
     assert rc == 0, err
     saved = results.load(next(tmp_path.iterdir()))
-    assert saved.model["kind"] == "user" and saved.config.run.model_source == spec
+    assert saved.model.kind == "user" and saved.config.run.model_source == spec
     skipped = {r.name: r.detail for r in saved.rungs if r.status == "skipped"}
     assert len(skipped) == len(saved.rungs)  # 0.6 s: the profile alone spends the budget
     assert "tune budget" in skipped["eager"] and "not applicable to this model" in skipped["sdpa"]

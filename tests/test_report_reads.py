@@ -32,16 +32,9 @@ MATPLOTLIB = ("spines", "rcParams", "by_key()")
 
 # Module -> key reads still there; each a free-form dict field of a record (see the docstring).
 DEBT = {
-    "html.py": 7,  # Results.model, Results.corpus
-    "common.py": 2,  # Results.model
-    "conclusion.py": 10,  # a rung's explanation, the profile's buckets, Results.model
+    "conclusion.py": 9,  # a rung's explanation, the profile's buckets
     "explained.py": 26,  # a rung's explanation (profile/explain.py writes it as a dict)
-    "machine.py": 5,  # a rung's timing windows
     "profile.py": 33,  # the profile's categories, matmuls, per-step figures; Results.predictions
-    "summary.py": 1,  # a tune's commands
-    "text.py": 11,  # a rung's timing, Results.model, Results.corpus
-    "tune.py": 8,  # a tune's candidates and commands
-    "race/text.py": 2,  # Results.corpus
 }
 
 

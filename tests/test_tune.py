@@ -84,9 +84,9 @@ def test_the_winner_and_the_commands_that_reproduce_it():
     assert tune.rungs_of(res.rung("batch"), res) == (
         "eager", "compile", "sdpa", "batch")
     cmds = tune.commands("runs/x")
-    assert cmds["run"] == "speedladder run --config runs/x/winner.toml"
-    assert cmds["train"] == "speedladder train --config runs/x/winner.toml"
-    assert cmds["apply"] == 'model, optimizer, autocast, spec = speedladder.apply(model, "runs/x/winner.toml")'
+    assert cmds.run == "speedladder run --config runs/x/winner.toml"
+    assert cmds.train == "speedladder train --config runs/x/winner.toml"
+    assert cmds.apply == 'model, optimizer, autocast, spec = speedladder.apply(model, "runs/x/winner.toml")'
     cfg = resolve(RunConfig(preset="tiny"), torch.device("cpu"))
     won = tune.winner_settings(Settings(), cfg.run, ("compile", "sdpa", "batch"))
     assert won.run.rungs == ("eager", "compile", "sdpa", "batch") and won.train.rungs == ("compile", "sdpa", "batch")

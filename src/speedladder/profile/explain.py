@@ -44,7 +44,7 @@ def timed(r: RungResult) -> dict[str, float] | None:
     """A rung's step and its base's as the windows timed them beside each other (ms), with its measured x prev."""
     if r.base_timing is None or r.step_ms is None or r.speedup_prev is None:
         return None
-    steps = [w["seconds"] / w["steps"] for w in r.base_timing.get("windows", []) if not w.get("recompiles")]
+    steps = [w.seconds / w.steps for w in r.base_timing.windows if not w.recompiles]
     if not steps:
         return None
     return {"base_ms": 1e3 * statistics.median(steps), "rung_ms": r.step_ms, "x": r.speedup_prev}

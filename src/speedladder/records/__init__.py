@@ -6,8 +6,8 @@ know lands in its `extra` and is written back unchanged; a field the file
 lacks takes the record's default. Nothing read is lost.
 
 One module per idea: `results` (the run's record and its kind), `rung` (a rung's record, its gates and
-prediction), `checks` (each gate's check), `environment`, `machine`, `profile`, `parallel`, `race`, `tune`,
-`sweep`, and `convert` (the JSON rules). Every name is importable from here as well.
+prediction), `checks` (each gate's check), `timing` (a rung's windows), `model`, `corpus`, `environment`,
+`machine`, `profile`, `parallel`, `race`, `tune`, `sweep`, and `convert` (the JSON rules). Every name is importable from here as well.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ from speedladder.records.checks import (
     not_applicable,
 )
 from speedladder.records.convert import from_dict, to_dict
+from speedladder.records.corpus import CorpusRecord
 from speedladder.records.environment import Environment
 from speedladder.records.machine import BusyProcess, MachineLoad
+from speedladder.records.model import ModelRecord, SavedModel
 from speedladder.records.parallel import (
     Bandwidth,
     KPrediction,
@@ -46,7 +48,8 @@ from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceE
 from speedladder.records.results import Results, RunKind
 from speedladder.records.rung import Gate, Prediction, RungResult
 from speedladder.records.sweep import Crossover, SweepPoint, SweepRung, SweepSection, SweepSkip, SweepSummary
-from speedladder.records.tune import TuneJudge, TuneSection
+from speedladder.records.timing import TimingRecord, WindowRecord
+from speedladder.records.tune import TuneCandidate, TuneCommands, TuneJudge, TuneSection
 
 __all__ = [
     "EXTRA",
@@ -55,6 +58,7 @@ __all__ = [
     "BusyProcess",
     "Causality",
     "Check",
+    "CorpusRecord",
     "Crossover",
     "Differential",
     "Distance",
@@ -70,6 +74,7 @@ __all__ = [
     "LossBand",
     "MachineLoad",
     "MeasuredJob",
+    "ModelRecord",
     "PairedTest",
     "ParallelSection",
     "ParamCheck",
@@ -85,15 +90,20 @@ __all__ = [
     "Role",
     "RunKind",
     "RungResult",
+    "SavedModel",
     "SingleProcess",
     "SweepPoint",
     "SweepRung",
     "SweepSection",
     "SweepSkip",
     "SweepSummary",
+    "TimingRecord",
     "TokensToTarget",
+    "TuneCandidate",
+    "TuneCommands",
     "TuneJudge",
     "TuneSection",
+    "WindowRecord",
     "from_dict",
     "not_applicable",
     "to_dict",

@@ -100,7 +100,7 @@ def _changes(results: Results) -> list[str]:
         out.append("--ladder full: sdpa, fused AdamW and pad-vocab, which this ladder did not try")
     if c.preset in SMALL_PRESETS and not (c.run.model_source or c.run.hf):
         out.append(f"a bigger preset (--preset {CUDA_DEFAULT_PRESET}): matmuls large enough to pay for bf16 and fusion")
-    if results.model.get("kind", "speedladder") == "speedladder":
+    if results.model.kind == "speedladder":
         out.append("your own model (--model FILE.py:NAME, --hf gpt2|llama): the ladder climbs it the same way")
     if env.device_type == "cpu":
         out.append("a GPU: docs/gpu.md runs the ladder, the race and tune there")
