@@ -18,6 +18,7 @@ from speedladder.records import (
     Gate,
     LearnsCheck,
     Prediction,
+    ProfiledExplanation,
     ProfileSummary,
     Results,
     RungResult,
@@ -53,8 +54,8 @@ def nothing_paid() -> Results:
     rungs = [
         rung("eager", 20_000, None, None, "baseline", speedup_cum=1.0),
         rung("compile", 17_400, 0.87, "eager", "loss", predicted=1.13, why="fusion", not_built_upon="slower: a loss",
-             explanation={"note": COMPILE_NOTE, "base_rungs": ["eager"], "base_step_ms": 60.0, "rung_step_ms": 69.1,
-                          "categories": {}, "parts": {}}),
+             explanation=ProfiledExplanation(note=COMPILE_NOTE, base_rungs=["eager"], base_step_ms=60.0,
+                                             rung_step_ms=69.1)),
         rung("bf16", 1_600, 0.08, "eager", "short", predicted=0.10, why=BF16_WHY, gate=None, precision="bf16",
              not_built_upon="slower: 0.08x in one short window"),
         rung("batch", 19_000, 0.95, "eager", "noise", predicted=1.3, why="per-step costs",

@@ -32,8 +32,7 @@ MATPLOTLIB = ("spines", "rcParams", "by_key()")
 
 # Module -> key reads still there; each a free-form dict field of a record (see the docstring).
 DEBT = {
-    "conclusion.py": 9,  # a rung's explanation, the profile's buckets
-    "explained.py": 26,  # a rung's explanation (profile/explain.py writes it as a dict)
+    "conclusion.py": 5,  # the profile's buckets
     "profile.py": 33,  # the profile's categories, matmuls, per-step figures; Results.predictions
 }
 

@@ -6,8 +6,9 @@ know lands in its `extra` and is written back unchanged; a field the file
 lacks takes the record's default. Nothing read is lost.
 
 One module per idea: `results` (the run's record and its kind), `rung` (a rung's record, its gates and
-prediction), `checks` (each gate's check), `timing` (a rung's windows), `model`, `corpus`, `environment`,
-`machine`, `profile`, `parallel`, `race`, `tune`, `sweep`, and `convert` (the JSON rules). Every name is importable from here as well.
+prediction), `checks` (each gate's check), `timing` (a rung's windows), `explanation` (a miss profiled),
+`model`, `corpus`, `environment`, `machine`, `profile`, `parallel`, `race`, `tune`, `sweep`, and `convert` (the
+JSON rules). Every name is importable from here as well.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from speedladder.records.checks import (
 from speedladder.records.convert import from_dict, to_dict
 from speedladder.records.corpus import CorpusRecord
 from speedladder.records.environment import Environment
+from speedladder.records.explanation import OpsPerStep, PartMs, ProfiledExplanation, SideMs, TimedSteps
 from speedladder.records.machine import BusyProcess, MachineLoad
 from speedladder.records.model import ModelRecord, SavedModel
 from speedladder.records.parallel import (
@@ -75,13 +77,16 @@ __all__ = [
     "MachineLoad",
     "MeasuredJob",
     "ModelRecord",
+    "OpsPerStep",
     "PairedTest",
     "ParallelSection",
     "ParamCheck",
+    "PartMs",
     "Prediction",
     "Probe",
     "ProbeSize",
     "ProfileSummary",
+    "ProfiledExplanation",
     "RaceEntry",
     "RaceRun",
     "RaceSection",
@@ -91,12 +96,14 @@ __all__ = [
     "RunKind",
     "RungResult",
     "SavedModel",
+    "SideMs",
     "SingleProcess",
     "SweepPoint",
     "SweepRung",
     "SweepSection",
     "SweepSkip",
     "SweepSummary",
+    "TimedSteps",
     "TimingRecord",
     "TokensToTarget",
     "TuneCandidate",

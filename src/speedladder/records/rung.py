@@ -16,6 +16,7 @@ from speedladder.records.checks import (
     Role,
     TokensToTarget,
 )
+from speedladder.records.explanation import ProfiledExplanation
 from speedladder.records.timing import TimingRecord
 
 
@@ -97,7 +98,7 @@ class RungResult:
     process_base_bytes: int | None = None
     process_peak_bytes: int | None = None
     memory_note: str = ""
-    explanation: dict[str, Any] | None = None  # a prediction missed beyond the limit: base and rung profiled
+    explanation: ProfiledExplanation | None = None  # a prediction missed beyond the limit: base and rung profiled
     # fp16's gradient scaler: the updates it skipped (inf or NaN gradients) of those the rung's measurement made
     # (its first step, warm-up and windows); None without a scaler.
     scaler_skipped: int | None = None

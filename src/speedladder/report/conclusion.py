@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, PRESETS
 from speedladder.measure.judging import SHORT
-from speedladder.records import Results, Role, RungResult, RunKind
+from speedladder.records import ProfiledExplanation, Results, Role, RungResult, RunKind
 from speedladder.report.common import STATUS_LABEL, times
 
 SMALL_PRESETS = ("tiny", "d2l-cpu")  # scaled down so that a CPU climbs in minutes: matmuls too small to pay much
@@ -44,18 +44,18 @@ def why_not(r: RungResult) -> str:
         return f"{STATUS_LABEL.get(r.status, r.status)}: {r.detail}"
     pred = r.predicted.speedup if r.predicted else None
     head = f"{times(r.speedup_prev)} {r.built_on}" + (f" (predicted {pred:.2f}×)" if pred else "")
-    e = r.explanation or {}
+    e = r.explanation or ProfiledExplanation()
     if r.verdict == SHORT:
         return f"{head} in one short window: {_reason(r.predicted.reason) if r.predicted else 'as predicted'}"
     if r.gate is not None and not r.gate.passed:
         return f"{head}, failed its gate: {r.gate.detail}"
     if r.kind != "speed":
         return f"{head}, a {r.kind} rung ({r.reason})"
-    if e.get("note"):
-        return f"{head}, {r.verdict}: {e['note']}"
+    if e.note:
+        return f"{head}, {r.verdict}: {e.note}"
     if r.predicted and r.prediction_error is not None and abs(r.prediction_error) <= 0.25:
         return f"{head}, {r.verdict}, as predicted: {_reason(r.predicted.reason)}"
-    return f"{head}, {r.verdict}" + (f": {e['error']}" if e.get("error") else "")
+    return f"{head}, {r.verdict}" + (f": {e.error}" if e.error else "")
 
 
 def regime_line(results: Results) -> str:
