@@ -27,7 +27,7 @@ from speedladder.errors import UsageError
 from speedladder.models import count_flops, ours
 from speedladder.profile.categories import IDLE
 from speedladder.profile.predict import NO_MODEL, chain
-from speedladder.records import ProfileSummary
+from speedladder.records import CategoryTime, ProfileSummary
 from speedladder.records.model import ModelRecord
 from speedladder.rungs import RUNGS, Capability
 from speedladder.training.train import load_checkpoint
@@ -270,7 +270,7 @@ def test_rungs_that_need_what_a_model_lacks_are_unmet():
 def test_an_unknown_architecture_gets_no_invented_prediction():
     names = ("matmul", "attention", "elementwise & norm", "reductions & softmax", "copies & H2D", "optimizer", IDLE,
              "other")
-    profile = ProfileSummary(categories={n: {"ms": 1.0} for n in names},
+    profile = ProfileSummary(categories={n: CategoryTime(ms=1.0) for n in names},
                              params=1000, copy_gbps=10.0, matmuls={}, model=None)
     work = prepare(RunConfig(preset="tiny", device="cpu"))
     preds = {p.rung: p for p in chain(profile, ["compile", "bf16", "batch", "ckpt", "sdpa", "fused-adamw"],

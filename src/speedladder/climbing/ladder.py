@@ -265,7 +265,7 @@ class Ladder:
             return
         self.results.profile = from_dict(ProfileSummary, b)
         preds = chain(self.results.profile, self.work.cfg.run.rungs or (), self.work.base_spec, self.work.env)
-        self.results.predictions = [p.to_dict() for p in preds]
+        self.results.predictions = [p.record() for p in preds]
         say(f"{b.get('regime_label') or b['regime']}: {b['evidence']}")
         for p in preds:
             say(f"predicted {p.rung}: " + ("n/a" if p.speedup is None else f"{p.speedup:.2f}x") + f" ({p.reason})")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from speedladder.measure import processor
 from speedladder.profile import spread
 from speedladder.profile.categories import IDLE
-from speedladder.records import ProfileSummary
+from speedladder.records import CategoryTime, ProfilePrediction, ProfileSummary
 from speedladder.rungs import RUNGS, Env, StepSpec
 
 # Rungs whose prediction reads this model's own matmul shapes (profile.matmul_facts) or its GPT sizes: for an
@@ -70,15 +70,20 @@ class Prediction:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def record(self) -> ProfilePrediction:
+        """As results.json keeps it."""
+        return ProfilePrediction(self.rung, self.speedup, self.reason, dict(self.parts_ms), self.tokens_per_step,
+                                 self.speedup_iqr)
+
 
 def baseline_parts(profile: ProfileSummary) -> dict[str, float]:
     """The profiled step in the model's parts (ms per step)."""
     c = profile.categories
 
     def net(name: str) -> float:  # a category's time less its operators' fixed cost
-        return c[name]["ms"] - c[name].get("floor_ms", 0.0)
+        return c[name].ms - c[name].floor_ms
 
-    floors = sum(c[name].get("floor_ms", 0.0) for name in c if name not in (IDLE, "optimizer"))
+    floors = sum(c[name].floor_ms for name in c if name not in (IDLE, "optimizer"))
     matmul = net("matmul")
     attn_frac = (profile.matmuls.get("attention_fraction") or {}).get("fp32", 0.0)
     tail = net("elementwise & norm") + net("reductions & softmax")
@@ -87,7 +92,7 @@ def baseline_parts(profile: ProfileSummary) -> dict[str, float]:
     return {
         "matmul": matmul * (1 - attn_frac), "attn_matmul": matmul * attn_frac, "attention": net("attention"),
         "attn_tail": attn_tail, "tail": tail - attn_tail, "copies": net("copies & H2D"),
-        "optimizer": c["optimizer"]["ms"], "overhead": c[IDLE]["ms"] + floors, "other": c["other"]["ms"],
+        "optimizer": c["optimizer"].ms, "overhead": c[IDLE].ms + floors, "other": c["other"].ms,
     }
 
 
@@ -319,9 +324,8 @@ def _step_profiles(profile: ProfileSummary) -> list[ProfileSummary]:
     """The profile as each profiled step alone would have it: that step's categories, every other fact kept."""
     out = []
     for step in profile.per_step:
-        total = sum(step["ms"].values()) or 1.0
-        cats = {c: {"ms": v, "share": v / total, "floor_ms": step["floor_ms"].get(c, 0.0)}
-                for c, v in step["ms"].items()}
+        total = sum(step.ms.values()) or 1.0
+        cats = {c: CategoryTime(ms=v, share=v / total, floor_ms=step.floor_ms.get(c, 0.0)) for c, v in step.ms.items()}
         out.append(dataclasses.replace(profile, categories=cats, per_step=[]))
     return out
 

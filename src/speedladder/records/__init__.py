@@ -45,7 +45,7 @@ from speedladder.records.parallel import (
     ProbeSize,
     SingleProcess,
 )
-from speedladder.records.profile import ProfileSummary
+from speedladder.records.profile import CategoryTime, ProfilePrediction, ProfileSummary, StepFigures
 from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
 from speedladder.records.results import Results, RunKind
 from speedladder.records.rung import Gate, Prediction, RungResult
@@ -58,6 +58,7 @@ __all__ = [
     "Bandwidth",
     "BudgetCheck",
     "BusyProcess",
+    "CategoryTime",
     "Causality",
     "Check",
     "CorpusRecord",
@@ -85,6 +86,7 @@ __all__ = [
     "Prediction",
     "Probe",
     "ProbeSize",
+    "ProfilePrediction",
     "ProfileSummary",
     "ProfiledExplanation",
     "RaceEntry",
@@ -98,6 +100,7 @@ __all__ = [
     "SavedModel",
     "SideMs",
     "SingleProcess",
+    "StepFigures",
     "SweepPoint",
     "SweepRung",
     "SweepSection",

@@ -7,11 +7,58 @@ from typing import Any
 
 
 @dataclass
+class CategoryTime:
+    """One operator category of the median profiled step (profile/categories.breakdown)."""
+
+    ms: float = 0.0
+    share: float = 0.0  # of the step
+    floor_ms: float = 0.0  # each operator's fixed cost within it (CPU only)
+    ms_iqr: list[float] | None = None  # across the steps; None in a file from before they were kept
+    share_iqr: list[float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepFigures:
+    """One profiled step: its wall time, operators, and ms (and fixed cost) by category."""
+
+    wall_ms: float = 0.0
+    ops: int = 0
+    ms: dict[str, float] = field(default_factory=dict)  # by category name
+    floor_ms: dict[str, float] = field(default_factory=dict)
+    minor_faults: int | None = None  # pages the kernel mapped for the step (profile/child.py)
+    wait_share: float | None = None  # a CPU step's threads waiting for a core, over the core time it asked for
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_plain(self) -> dict[str, Any]:
+        """As saved: the two figures the child adds only where it read them are left out when absent."""
+        out: dict[str, Any] = {"wall_ms": self.wall_ms, "ops": self.ops, "ms": self.ms, "floor_ms": self.floor_ms}
+        if self.minor_faults is not None:
+            out["minor_faults"] = self.minor_faults
+        if self.wait_share is not None:
+            out["wait_share"] = self.wait_share
+        return {**out, **self.extra}
+
+
+@dataclass
+class ProfilePrediction:
+    """A rung's predicted × from the baseline's profile, chained along the ladder (profile/predict.Prediction)."""
+
+    rung: str
+    speedup: float | None  # None: no prediction model for the rung
+    reason: str
+    parts_ms: dict[str, float] = field(default_factory=dict)  # the predicted step, by the model's part
+    tokens_per_step: int = 0
+    speedup_iqr: list[float] | None = None  # the same made from each profiled step alone: its quartiles
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ProfileSummary:
     """The profiled step (profile/child.py): categories, regime, device facts; or the error that stopped it."""
 
     error: str | None = None
-    categories: dict[str, Any] = field(default_factory=dict)
+    categories: dict[str, CategoryTime] = field(default_factory=dict)  # by category name
     regime: str | None = None
     evidence: str = ""
     buckets: dict[str, float] = field(default_factory=dict)
@@ -42,7 +89,7 @@ class ProfileSummary:
     compiler: dict[str, Any] | None = None
     # Step by step (issue 16): `categories` is the median step (each category's median across the steps, with its
     # "ms_iqr" and "share_iqr"); these keep the steps themselves and what their spread says.
-    per_step: list[dict[str, Any]] = field(default_factory=list)  # wall_ms, ops, minor_faults; ms, floor_ms by category
+    per_step: list[StepFigures] = field(default_factory=list)
     spread_basis: str = ""  # what the ranges are (the interquartile range across the steps)
     outlier_steps: list[int] = field(default_factory=list)  # indices into per_step of steps far outside the others
     outlier_rule: str = ""

@@ -13,7 +13,7 @@ from speedladder.records.environment import Environment
 from speedladder.records.machine import MachineLoad
 from speedladder.records.model import SavedModel
 from speedladder.records.parallel import ParallelSection
-from speedladder.records.profile import ProfileSummary
+from speedladder.records.profile import ProfilePrediction, ProfileSummary
 from speedladder.records.race import RaceSection
 from speedladder.records.rung import RungResult
 from speedladder.records.sweep import SweepSection
@@ -54,7 +54,7 @@ class Results:
     learns_check: LearnsCheck | None = None
     fastest: str | None = None
     profile: ProfileSummary | None = None
-    predictions: list[dict[str, Any]] | None = None
+    predictions: list[ProfilePrediction] | None = None
     tune: TuneSection | None = None
     parallel: ParallelSection | None = None
     sweep: SweepSection | None = None  # `speedladder sweep`: the axis, its points and each rung's crossover
