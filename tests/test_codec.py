@@ -113,3 +113,17 @@ def test_a_saved_timing_mirrors_the_timer():
             f.name for f in dataclasses.fields(measured)]
     t = Timing(1.0, [0.5], [False], [Window(0.1, 2, 64, 0, other_cores=0.5, shared=True)], window_steps=2)
     assert to_data(TimingRecord.of(t)) == dataclasses.asdict(t)
+
+
+def test_records_of_several_shapes_are_saved_as_they_were_read():
+    """A record saved with only the keys its kind has (no matmul facts, a step without its optional figures, a tune
+    candidate measured or found already measured) is written back with exactly those keys."""
+    from speedladder.records import ProfileSummary, TuneSection, from_dict, to_dict
+
+    profile = {"matmuls": {}, "per_step": [{"wall_ms": 1.0, "ops": 3, "ms": {"matmul": 1.0}, "floor_ms": {}},
+                                           {"wall_ms": 1.5, "ops": 3, "ms": {}, "floor_ms": {}, "minor_faults": 2}]}
+    saved = to_dict(from_dict(ProfileSummary, profile))
+    assert saved["matmuls"] == {} and saved["per_step"] == profile["per_step"]
+    candidates = [{"name": "c1", "rungs": ["a"], "same_as": "a"}, {"name": "c2", "rungs": ["a", "b"], "status": "ok",
+                                                                    "detail": ""}]
+    assert to_dict(from_dict(TuneSection, {"candidates": candidates}))["candidates"] == candidates

@@ -271,7 +271,7 @@ def test_an_unknown_architecture_gets_no_invented_prediction():
     names = ("matmul", "attention", "elementwise & norm", "reductions & softmax", "copies & H2D", "optimizer", IDLE,
              "other")
     profile = ProfileSummary(categories={n: CategoryTime(ms=1.0) for n in names},
-                             params=1000, copy_gbps=10.0, matmuls={}, model=None)
+                             params=1000, copy_gbps=10.0, model=None)
     work = prepare(RunConfig(preset="tiny", device="cpu"))
     preds = {p.rung: p for p in chain(profile, ["compile", "bf16", "batch", "ckpt", "sdpa", "fused-adamw"],
                                       work.base_spec, work.env)}

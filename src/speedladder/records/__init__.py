@@ -45,7 +45,7 @@ from speedladder.records.parallel import (
     ProbeSize,
     SingleProcess,
 )
-from speedladder.records.profile import CategoryTime, ProfilePrediction, ProfileSummary, StepFigures
+from speedladder.records.profile import CategoryTime, MatmulFacts, ProfilePrediction, ProfileSummary, StepFigures
 from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
 from speedladder.records.results import Results, RunKind
 from speedladder.records.rung import Gate, Prediction, RungResult
@@ -76,6 +76,7 @@ __all__ = [
     "LearnsCheck",
     "LossBand",
     "MachineLoad",
+    "MatmulFacts",
     "MeasuredJob",
     "ModelRecord",
     "OpsPerStep",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -53,6 +53,40 @@ class ProfilePrediction:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+FP32, BF16 = "fp32", "bf16"  # the precisions the matmul facts are keyed by
+
+
+@dataclass
+class MatmulFacts:
+    """This model's own matmul shapes timed in fp32 and bf16, and the device's matmul ceiling (profile/facts.py).
+    The per-precision figures are keyed by precision (FP32, BF16). None measured (no facts asked for, or a model
+    without our GPT's shapes): saved as an empty table, as the child writes it."""
+
+    ceiling_tflops: dict[str, float] = field(default_factory=dict)  # an n³ matmul's TFLOP/s
+    ceiling_n: int | None = None
+    shapes: list[dict[str, Any]] = field(default_factory=list)  # each shape timed: its sizes, <precision>[_k]_ms
+    skipped: list[str] = field(default_factory=list)  # shapes too slow for the budget, or out of memory
+    multiplier: int | None = None  # the batch-up multiple the "_k" times were taken at
+    bf16_speedup: float | None = None
+    batch_gain: dict[str, float | None] = field(default_factory=dict)
+    attention_fraction: dict[str, float] = field(default_factory=dict)
+    head_fraction: dict[str, float] = field(default_factory=dict)
+    pad_vocab_speedup: dict[str, float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        """Any fact in it (the child writes all of them or none)."""
+        return self != MatmulFacts(extra=self.extra)
+
+    def to_plain(self) -> dict[str, Any]:
+        """As saved: every fact, or an empty table where none was measured."""
+        if not self.measured:
+            return dict(self.extra)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**out, **self.extra}
+
+
 @dataclass
 class ProfileSummary:
     """The profiled step (profile/child.py): categories, regime, device facts; or the error that stopped it."""
@@ -81,7 +115,7 @@ class ProfileSummary:
     tokens_per_step: int | None = None
     params: int | None = None
     model: dict[str, Any] | None = None
-    matmuls: dict[str, Any] = field(default_factory=dict)
+    matmuls: MatmulFacts = field(default_factory=MatmulFacts)
     copy_gbps: float | None = None
     trace: str | None = None
     # A compiled spec's: graphs, recompiles, graph breaks (count and reasons), kernel calls of its generated code

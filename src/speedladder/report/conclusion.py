@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, PRESETS
 from speedladder.measure.judging import SHORT
+from speedladder.profile.categories import COMPUTE, MEMORY, OVERHEAD
 from speedladder.records import ProfiledExplanation, Results, Role, RungResult, RunKind
 from speedladder.report.common import STATUS_LABEL, times
 
@@ -63,8 +64,8 @@ def regime_line(results: Results) -> str:
     if p is None or p.error or not p.buckets:
         return ""
     b = p.buckets
-    return (f"the baseline is {p.label}: compute {b.get('compute', 0):.0%}, memory-bound operators "
-            f"{b.get('memory', 0):.0%}, host overhead {b.get('overhead', 0):.0%} of its step")
+    return (f"the baseline is {p.label}: compute {b.get(COMPUTE, 0):.0%}, memory-bound operators "
+            f"{b.get(MEMORY, 0):.0%}, host overhead {b.get(OVERHEAD, 0):.0%} of its step")
 
 
 def workload_flags(results: Results) -> str:
@@ -91,7 +92,7 @@ def _changes(results: Results) -> list[str]:
     if env.device_type == "cpu" and env.bf16_native is False and bf16 is not None:
         out.append("native bf16: a processor with AVX-512 BF16 or AMX, or a GPU (bf16 matmuls are emulated here)")
     regime = p.regime if p is not None and not p.error else None
-    if regime == "overhead-bound" or (p is not None and (p.buckets or {}).get("overhead", 0) >= OVERHEAD_HEAVY):
+    if regime == "overhead-bound" or (p is not None and p.buckets.get(OVERHEAD, 0) >= OVERHEAD_HEAVY):
         out.append("a bigger batch or model: the step is overhead-bound, and each operator's fixed cost would "
                    "spread over more work (--batch-size, a bigger preset)")
     if regime == "memory-bound":
@@ -120,7 +121,7 @@ def _commands(results: Results, folder: str, best: RungResult | None) -> list[tu
     if c.run.ladder != "full":
         out.append((f"speedladder run --ladder full{flags}", "the rungs this ladder did not try"))
     p = results.profile
-    if p is not None and not p.error and (p.regime == "overhead-bound" or p.buckets.get("overhead", 0) >= OVERHEAD_HEAVY):
+    if p is not None and not p.error and (p.regime == "overhead-bound" or p.buckets.get(OVERHEAD, 0) >= OVERHEAD_HEAVY):
         out.append((f"speedladder run{flags} --batch-size {4 * c.batch_size}",
                     "the step is overhead-bound: a bigger batch spreads each operator's fixed cost"))
     if c.preset in SMALL_PRESETS and results.environment.device_type == "cuda" and not (

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from speedladder.profile.spread import iqr
 from speedladder.records import CategoryTime, ProfileSummary, Results, Role
+from speedladder.records.profile import BF16, FP32
 from speedladder.report.common import console, label, model_label, pct, spec_value, times
 from speedladder.report.mfu import tflops_text
 
@@ -71,7 +72,7 @@ def roofline_line(results: Results) -> str | None:
     """Each measured rung's achieved TFLOP/s against a peak: its MFU's (the datasheet's, the one given, or the
     ceiling the ladder measured), else, in a file without one, the ceiling the profile measured."""
     b = results.profile or ProfileSummary()
-    ceiling = b.matmuls.get("ceiling_tflops") or {}
+    ceiling = b.matmuls.ceiling_tflops
     parts = []
     for r in results.rungs:
         if not r.ok or r.role == Role.CONTROL or r.tflops is None:
@@ -85,7 +86,7 @@ def roofline_line(results: Results) -> str | None:
         return None
     with_peak = any(r.peak_tflops for r in results.rungs)
     source = ("the peak each MFU is taken against (named in the MFU note)" if with_peak else
-              f"the {b.matmuls.get('ceiling_n')}³ matmul ceiling measured here at the rung's precision")
+              f"the {b.matmuls.ceiling_n}³ matmul ceiling measured here at the rung's precision")
     return f"roofline, achieved TFLOP/s of {source}: " + "; ".join(parts) + "."
 
 
@@ -118,16 +119,16 @@ def profile_notes(results: Results) -> list[str]:
 
 def _facts_line(b: ProfileSummary) -> str:
     m = b.matmuls
-    ceil = m.get("ceiling_tflops") or {}
-    facts = [(f"measured here: {m.get('ceiling_n')}³ matmul {ceil.get('fp32', 0):.3g} TFLOP/s fp32, "
-              f"{ceil.get('bf16', 0):.3g} bf16")]
+    ceil = m.ceiling_tflops
+    facts = [(f"measured here: {m.ceiling_n}³ matmul {ceil.get(FP32, 0):.3g} TFLOP/s fp32, "
+              f"{ceil.get(BF16, 0):.3g} bf16")]
     if b.matmul_tflops:
         facts.append(f"the step's matmuls achieved {b.matmul_tflops:.3g} TFLOP/s")
-    if m.get("bf16_speedup"):
-        facts.append(f"bf16 runs this model's matmuls at {m['bf16_speedup']:.2f}× their fp32 speed")
-    gain = (m.get("batch_gain") or {}).get("fp32")
+    if m.bf16_speedup:
+        facts.append(f"bf16 runs this model's matmuls at {m.bf16_speedup:.2f}× their fp32 speed")
+    gain = m.batch_gain.get(FP32)
     if gain:
-        facts.append(f"{gain:.2f}× as efficient at {m['multiplier']}× the batch (fp32)")
+        facts.append(f"{gain:.2f}× as efficient at {m.multiplier}× the batch (fp32)")
     if b.memory_gbps:
         facts.append(f"memory-bound ops {b.memory_gbps:.1f} GB/s vs a large copy's {b.copy_gbps or 0.0:.1f} GB/s")
     return "roofline: " + "; ".join(facts) + "."
