@@ -56,7 +56,7 @@ def test_climb_takes_a_model_file_and_a_factory(tmp_path):
     results = speedladder.climb(f"{tmp_path}/logits_only.py:make_lm", rungs=["eager", "bf16"], device="cpu",
                                 preset="tiny", out=str(tmp_path / "a"), quiet=True, timing={"steps": 2}, lr=3e-3,
                                 gates=GATES, profile={"enabled": False})
-    assert results.model["convention"] == "logits" and all(r.passed for r in results.rungs)
+    assert results.model.convention == "logits" and all(r.passed for r in results.rungs)
 
     def factory(vocab_size: int, seq_len: int) -> nn.Module:
         assert (vocab_size, seq_len) == (28, 32)  # the workload's values
@@ -64,7 +64,7 @@ def test_climb_takes_a_model_file_and_a_factory(tmp_path):
 
     results = speedladder.climb(factory, rungs=["eager"], device="cpu", preset="tiny", out=str(tmp_path / "b"),
                                 quiet=True, timing={"steps": 2}, gates=GATES, profile={"enabled": False})
-    assert results.model["source"]["arguments"] == {"vocab_size": 28, "seq_len": 32}
+    assert results.model.source["arguments"] == {"vocab_size": 28, "seq_len": 32}
 
 
 def test_importing_speedladder_stays_light():

@@ -135,3 +135,30 @@ def test_the_resolved_configs_decided_fields_are_its_run_and_never_none():
     with pytest.raises(UsageError, match="the resolved config has no preset"):
         Resolved.of(RunConfig(), None, None)  # an unresolved RunConfig is not a Resolved
     assert from_data(Resolved, to_data(r, json=True)) == r
+
+
+def test_a_saved_timing_mirrors_the_timer():
+    """records/timing.py mirrors measure/timer.py field for field, in order: what a rung's timing saves is what the
+    timer measured, and a field added to one is added to the other."""
+    from speedladder.measure.timer import Timing, Window
+    from speedladder.records import TimingRecord, WindowRecord
+
+    for kept, measured in ((TimingRecord, Timing), (WindowRecord, Window)):
+        assert [f.name for f in dataclasses.fields(kept) if f.name != "extra"] == [
+            f.name for f in dataclasses.fields(measured)]
+    t = Timing(1.0, [0.5], [False], [Window(0.1, 2, 64, 0, other_cores=0.5, shared=True)], window_steps=2)
+    assert to_data(TimingRecord.of(t)) == dataclasses.asdict(t)
+
+
+def test_records_of_several_shapes_are_saved_as_they_were_read():
+    """A record saved with only the keys its kind has (no matmul facts, a step without its optional figures, a tune
+    candidate measured or found already measured) is written back with exactly those keys."""
+    from speedladder.records import ProfileSummary, TuneSection, from_dict, to_dict
+
+    profile = {"matmuls": {}, "per_step": [{"wall_ms": 1.0, "ops": 3, "ms": {"matmul": 1.0}, "floor_ms": {}},
+                                           {"wall_ms": 1.5, "ops": 3, "ms": {}, "floor_ms": {}, "minor_faults": 2}]}
+    saved = to_dict(from_dict(ProfileSummary, profile))
+    assert saved["matmuls"] == {} and saved["per_step"] == profile["per_step"]
+    candidates = [{"name": "c1", "rungs": ["a"], "same_as": "a"}, {"name": "c2", "rungs": ["a", "b"], "status": "ok",
+                                                                    "detail": ""}]
+    assert to_dict(from_dict(TuneSection, {"candidates": candidates}))["candidates"] == candidates

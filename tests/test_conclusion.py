@@ -12,7 +12,18 @@ from rich.console import Console
 from speedladder import results
 from speedladder.cli import main
 from speedladder.measure.judging import Spread
-from speedladder.records import Environment, Gate, LearnsCheck, Prediction, ProfileSummary, Results, RungResult
+from speedladder.records import (
+    CorpusRecord,
+    Environment,
+    Gate,
+    LearnsCheck,
+    Prediction,
+    ProfiledExplanation,
+    ProfileSummary,
+    Results,
+    RungResult,
+    SavedModel,
+)
 from speedladder.report import conclusion, html
 from speedladder.report.text import print_report
 from speedladder.spec import StepSpec
@@ -44,8 +55,8 @@ def nothing_paid() -> Results:
     rungs = [
         rung("eager", 20_000, None, None, "baseline", speedup_cum=1.0),
         rung("compile", 17_400, 0.87, "eager", "loss", predicted=1.13, why="fusion", not_built_upon="slower: a loss",
-             explanation={"note": COMPILE_NOTE, "base_rungs": ["eager"], "base_step_ms": 60.0, "rung_step_ms": 69.1,
-                          "categories": {}, "parts": {}}),
+             explanation=ProfiledExplanation(note=COMPILE_NOTE, base_rungs=["eager"], base_step_ms=60.0,
+                                             rung_step_ms=69.1)),
         rung("bf16", 1_600, 0.08, "eager", "short", predicted=0.10, why=BF16_WHY, gate=None, precision="bf16",
              not_built_upon="slower: 0.08x in one short window"),
         rung("batch", 19_000, 0.95, "eager", "noise", predicted=1.3, why="per-step costs",
@@ -57,8 +68,8 @@ def nothing_paid() -> Results:
     profile = ProfileSummary(regime="compute-bound", regime_label="borderline (compute / memory)",
                              buckets={"compute": 0.45, "memory": 0.40, "overhead": 0.15})
     return Results(schema=results.SCHEMA, status="complete", created="2026-12-03T00:00:00+00:00", command=["x"],
-                   config=resolved(), environment=env, model={"kind": "speedladder"},
-                   corpus={"source": "timemachine"}, rungs=rungs, fastest="eager", profile=profile,
+                   config=resolved(), environment=env, model=SavedModel(kind="speedladder"),
+                   corpus=CorpusRecord(source="timemachine"), rungs=rungs, fastest="eager", profile=profile,
                    learns_check=LearnsCheck(rung="eager", passed=True))
 
 

@@ -236,7 +236,7 @@ def test_apply_takes_a_user_model_a_config_file_and_the_users_own_optimizer(made
     torch.testing.assert_close(theirs, ours, rtol=0.0, atol=0.0)
     assert all(type(b).__name__ == "Checkpointed" for b in model.get_submodule(work.model.blocks))  # in place
     scope = {"speedladder": __import__("speedladder"), "model": work.model.build(torch.device("cpu"))}
-    exec(tune.commands(str(tmp_path))["apply"], scope)  # noqa: S102 (tune's printed line, run as pasted)
+    exec(tune.commands(str(tmp_path)).apply, scope)  # noqa: S102 (tune's printed line, run as pasted)
     assert scope["spec"] == spec and isinstance(scope["optimizer"], torch.optim.AdamW)
 
 

@@ -14,7 +14,17 @@ from speedladder.profile.categories import CATEGORIES, IDLE
 from speedladder.profile.explain import names_of, to_explain
 from speedladder.profile.predict import baseline_parts
 from speedladder.profile.sides import compare, sums
-from speedladder.records import Environment, Prediction, ProfileSummary, Results, RungResult, from_dict
+from speedladder.records import (
+    Environment,
+    Prediction,
+    ProfileSummary,
+    Results,
+    RungResult,
+    SavedModel,
+    SideMs,
+    TimedSteps,
+    from_dict,
+)
 from speedladder.report.explained import lines_of
 from speedladder.spec import StepSpec
 
@@ -38,13 +48,13 @@ def test_a_slower_compiled_tail_is_named_with_what_the_model_expected():
     before = baseline_parts(from_dict(ProfileSummary, base))
     after = {**before, "tail": before["tail"] / 3, "overhead": before["overhead"] / 3}  # the model: fused, 1/3 kept
     e = compare(base, rung, before, after, error=-0.3)  # measured slower than predicted
-    assert e["culprit"] == "tail"
-    tail = e["parts"]["tail"]
-    assert round(tail["rung_ms"] - tail["base_ms"], 6) == 3.3
-    assert round(tail["expected_ms"] - tail["base_ms"], 6) == round(-4.0 * 2 / 3, 6)  # 4 ms of tail, 2/3 fused away
-    assert "+3.30 ms" in e["note"] and "-2.67 ms" in e["note"] and "C++ loops" in e["note"]
-    assert e["categories"]["elementwise & norm"] == {"base_ms": 3.0, "rung_ms": 6.3}
-    assert e["base_step_ms"] == 20.0 and round(e["rung_step_ms"], 6) == 22.3
+    assert e.culprit == "tail"
+    tail = e.parts["tail"]
+    assert round(tail.rung_ms - tail.base_ms, 6) == 3.3
+    assert round(tail.expected_ms - tail.base_ms, 6) == round(-4.0 * 2 / 3, 6)  # 4 ms of tail, 2/3 fused away
+    assert "+3.30 ms" in e.note and "-2.67 ms" in e.note and "C++ loops" in e.note
+    assert e.categories["elementwise & norm"] == SideMs(base_ms=3.0, rung_ms=6.3)
+    assert e.base_step_ms == 20.0 and round(e.rung_step_ms, 6) == 22.3
 
 
 def test_a_rung_faster_than_predicted_names_the_part_that_saved_most_beyond_it():
@@ -53,9 +63,9 @@ def test_a_rung_faster_than_predicted_names_the_part_that_saved_most_beyond_it()
     before = baseline_parts(from_dict(ProfileSummary, base))
     after = {k: v * 4 / 3 for k, v in before.items()}  # a checkpoint-like prediction: everything 1/3 dearer
     e = compare(base, rung, before, after, error=+0.6)
-    assert e["culprit"] == "optimizer"  # -1.5 ms where +0.67 ms was expected: the largest saving against it
-    opt = e["parts"]["optimizer"]
-    assert round(opt["rung_ms"] - opt["base_ms"], 6) == -1.5 and round(opt["expected_ms"] - opt["base_ms"], 6) == round(
+    assert e.culprit == "optimizer"  # -1.5 ms where +0.67 ms was expected: the largest saving against it
+    opt = e.parts["optimizer"]
+    assert round(opt.rung_ms - opt.base_ms, 6) == -1.5 and round(opt.expected_ms - opt.base_ms, 6) == round(
         2.0 / 3, 6)
 
 
@@ -64,7 +74,7 @@ def test_predicted_parts_are_rescaled_to_the_base_profile():
     before = baseline_parts(from_dict(ProfileSummary, profile(BASE)))
     after = {**before, "matmul": before["matmul"] / 2}
     e = compare(base, profile({k: 2 * v for k, v in BASE.items()}), before, after, error=-0.5)
-    assert round(e["parts"]["matmul"]["expected_ms"] - e["parts"]["matmul"]["base_ms"], 6) == -10.0  # -5 ms x 2
+    assert round(e.parts["matmul"].expected_ms - e.parts["matmul"].base_ms, 6) == -10.0  # -5 ms x 2
 
 
 def _rung(name: str, built_on: str | None, error: float | None, role: str = "rung", prev: float | None = None,
@@ -77,7 +87,7 @@ def _rung(name: str, built_on: str | None, error: float | None, role: str = "run
 def test_every_loss_and_every_miss_is_explained_but_not_a_rung_stopped_short():
     """Not only the largest miss: each rung that lost (× prev below 1.0, a speed rung), missed or not, and each miss
     beyond the limit, in ladder order; a rung stopped short lost as its prediction said, and is explained by it."""
-    res = Results(schema="", status="", created="", command=[], config=resolved(), environment=Environment(), model={},
+    res = Results(schema="", status="", created="", command=[], config=resolved(), environment=Environment(), model=SavedModel(),
                   rungs=[_rung("eager", None, None, verdict="baseline"),
                          _rung("compile", "eager", -0.23, prev=0.87, verdict="loss"),  # inside the limit, but lost
                          _rung("bf16", "eager", -0.30, prev=0.07, verdict="short"),
@@ -105,14 +115,14 @@ def test_like_with_like_a_slow_bf16_step_is_not_blamed_on_the_profilers_tax():
     assert predicted == pytest.approx(0.10, abs=0.005)
     measured = 51.0 / 730.0
     profiled_only = compare(base, rung, before, after, error=measured / predicted - 1)
-    assert profiled_only["culprit"] == "overhead"  # what comparing unlike things said
+    assert profiled_only.culprit == "overhead"  # what comparing unlike things said
     e = compare(base, rung, before, after, error=measured / predicted - 1,
-                timed={"base_ms": 51.0, "rung_ms": 730.0, "x": measured})
-    assert e["culprit"] == "matmul" and e["grew"] == "matmul" and e["basis"] == "timed"
+                timed=TimedSteps(base_ms=51.0, rung_ms=730.0, x=measured))
+    assert e.culprit == "matmul" and e.grew == "matmul" and e.basis == "timed"
     # Like with like: each side's parts add up to its own timed step.
-    assert sum(v["base_ms"] for v in e["parts"].values()) == pytest.approx(51.0)
-    assert sum(v["rung_ms"] for v in e["parts"].values()) == pytest.approx(730.0)
-    assert e["profiled_x"] == pytest.approx(86.4 / 773.0) and e["adds_up"] is False
+    assert sum(v.base_ms for v in e.parts.values()) == pytest.approx(51.0)
+    assert sum(v.rung_ms for v in e.parts.values()) == pytest.approx(730.0)
+    assert e.profiled_x == pytest.approx(86.4 / 773.0) and e.adds_up is False
     line = sums(e)
     assert "86.4 → 773.0 ms a step under the profiler (0.11×), timed 51.0 → 730.0 ms (0.07×)" in line
     assert "does not add up to the timed ratio" in line and "+69%" in line and "+6%" in line
@@ -139,18 +149,18 @@ def test_compiles_loss_on_a_cpu_adds_up_and_says_what_the_compiler_did():
     after = {**before, "tail": before["tail"] * 0.9, "overhead": before["overhead"] / 3}
     measured = 31.4 / 40.3
     e = compare(base, rung, before, after, error=measured / 1.17 - 1,
-                timed={"base_ms": 31.4, "rung_ms": 40.3, "x": measured})
-    assert e["adds_up"] and abs(e["profiled_x"] / measured - 1) <= 0.25
-    explained_x = sum(v["base_ms"] for v in e["parts"].values()) / sum(v["rung_ms"] for v in e["parts"].values())
+                timed=TimedSteps(base_ms=31.4, rung_ms=40.3, x=measured))
+    assert e.adds_up and e.profiled_x is not None and abs(e.profiled_x / measured - 1) <= 0.25
+    explained_x = sum(v.base_ms for v in e.parts.values()) / sum(v.rung_ms for v in e.parts.values())
     assert explained_x == pytest.approx(measured)
-    assert e["grew"] == "elementwise & norm" and e["culprit"] == "tail" and "C++ loops" in e["note"]
+    assert e.grew == "elementwise & norm" and e.culprit == "tail" and "C++ loops" in e.note
     r = RungResult(name="compile", rung="compile", role="rung", reason="", kind="speed", built_on="eager",
                    spec=StepSpec(16, 64), precision="fp32", requirement={}, status="ok", speedup_prev=measured, prediction_error=-0.33,
-                   predicted=Prediction(1.17, "fusion"), explanation={"rungs": ["eager", "compile"],
-                                                                      "base_rungs": ["eager"], **e,
-                                                                      "trace": "trace-compile.json",
-                                                                      "base_trace": "trace-eager.json"})
-    text = " ".join(lines_of(r))
+                   predicted=Prediction(1.17, "fusion"),
+                   explanation=dataclasses.replace(e, rungs=["eager", "compile"], base_rungs=["eager"],
+                                                   trace="trace-compile.json", base_trace="trace-eager.json"))
+    assert r.explanation is not None
+    text = " ".join(lines_of(r, r.explanation))
     assert text.startswith("compile lost: 0.78× eager where 1.17× was predicted (-33%)")
     assert "adds up to the timed ratio" in text
     assert "the category that grew most: elementwise & norm +" in text
@@ -200,7 +210,7 @@ def test_a_compiled_profile_records_what_the_compiler_did_and_its_own_trace(tmp_
 
 
 def test_only_misses_beyond_the_limit_are_explained_and_chains_follow_the_ladder():
-    res = Results(schema="", status="", created="", command=[], config=resolved(), environment=Environment(), model={},
+    res = Results(schema="", status="", created="", command=[], config=resolved(), environment=Environment(), model=SavedModel(),
                   rungs=[_rung("eager", None, None), _rung("compile", "eager", -0.36), _rung("bf16", "compile", 0.1),
                          _rung("batch", "bf16", -0.25), _rung("batch-fp32", "batch", 0.9, role="control"),
                          _rung("ckpt", "batch", 0.64)])
@@ -249,3 +259,20 @@ def test_compile_fusion_saves_only_the_time_the_bytes_account_for(tiny):
     new = predict.chain(p, ["compile"], base, tiny.env)[0]
     assert new.speedup == pytest.approx(100 / (50 + 30 * (1 - 2 / 3 * 0.1) + 20 / 3))
     assert "10%" in new.reason
+
+
+def test_an_explanation_is_saved_with_the_keys_it_always_had():
+    """Made: its rungs, the comparison, its traces, in that order, and no error key; not made: its error alone."""
+    from speedladder.records import ProfiledExplanation, to_dict
+
+    base = profile(BASE)
+    before = baseline_parts(from_dict(ProfileSummary, base))
+    e = dataclasses.replace(compare(base, profile(BASE), before, before, error=0.0), rungs=["eager", "x"],
+                            base_rungs=["eager"], trace="t.json", base_trace="b.json")
+    saved = to_dict(e)
+    assert list(saved) == ["rungs", "base_rungs", "categories", "parts", "culprit", "grew", "note", "basis",
+                           "base_step_ms", "rung_step_ms", "base_tokens_per_step", "rung_tokens_per_step",
+                           "profiled_x", "timed", "adds_up", "compiler", "ops_per_step", "device_type", "trace",
+                           "base_trace"]
+    assert to_dict(from_dict(ProfiledExplanation, saved)) == saved
+    assert to_dict(ProfiledExplanation(error="over budget")) == {"error": "over budget"}

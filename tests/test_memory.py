@@ -14,7 +14,7 @@ from speedladder.cli import main
 from speedladder.climbing import meters
 from speedladder.config.run import MemoryConfig
 from speedladder.measure import memory
-from speedladder.records import Environment, Results, RungResult
+from speedladder.records import Environment, Results, RungResult, SavedModel
 from speedladder.report.memory import bar_label, memory_notes, peak_cell, short_bytes
 from speedladder.rungs import Checkpointed, compose
 from speedladder.spec import StepSpec
@@ -117,7 +117,7 @@ def test_memory_cells_and_notes_from_saved_records():
     assert short_bytes(2**30) == "1.00 GiB" and short_bytes(449796) == "439 KiB"
     assert bar_label(ckpt) == "act 2.00 MiB\n10.0 MiB rss"
     res = Results(schema="", status="complete", created="", command=[], config=resolved(memory=MemoryConfig(steps=2)),
-                  environment=Environment(), model={}, rungs=[eager, ckpt])
+                  environment=Environment(), model=SavedModel(), rungs=[eager, ckpt])
     line = next(n for n in memory_notes(res) if n.startswith("ckpt:"))
     assert "8.0× less" in line and "2.0× less" in line  # saved activations, and the resident rise
 
@@ -155,7 +155,7 @@ def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
     meters.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
     assert r.process_peak_bytes is None and r.resident_rise is None and peak_cell(r) == "n/a"
     assert r.saved_activation_bytes == r.predicted_activation_bytes > 0  # the other meters stand
-    res = Results(schema="", status="complete", created="", command=[], config=resolved(), environment=Environment(), model={},
+    res = Results(schema="", status="complete", created="", command=[], config=resolved(), environment=Environment(), model=SavedModel(),
                   rungs=[r])
     assert any("exited with 1" in n for n in memory_notes(res))
 
@@ -170,7 +170,7 @@ def test_the_fp32_control_note_compares_the_resident_rise_on_a_cpu():
                           status="ok", tokens_per_s=Spread(tokens, tokens, tokens), process_base_bytes=100 * 2**20,
                           process_peak_bytes=(100 + rise_mib) * 2**20)
 
-    res = Results(schema="", status="running", created="", command=[], config=resolved(), environment=Environment(), model={},
+    res = Results(schema="", status="running", created="", command=[], config=resolved(), environment=Environment(), model=SavedModel(),
                   rungs=[rec("batch", "rung", 40, 30000.0), rec("batch-fp32", "control", 70, 15000.0)])
     line = next(n for n in notes(res) if "fp32 control" in n)
     assert "40.0 MiB vs 70.0 MiB" in line and "1.75×" in line

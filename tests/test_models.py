@@ -27,7 +27,7 @@ from speedladder.errors import UsageError
 from speedladder.models import count_flops, ours
 from speedladder.profile.categories import IDLE
 from speedladder.profile.predict import NO_MODEL, chain
-from speedladder.records import ProfileSummary
+from speedladder.records import CategoryTime, ProfileSummary
 from speedladder.records.model import ModelRecord
 from speedladder.rungs import RUNGS, Capability
 from speedladder.training.train import load_checkpoint
@@ -270,8 +270,8 @@ def test_rungs_that_need_what_a_model_lacks_are_unmet():
 def test_an_unknown_architecture_gets_no_invented_prediction():
     names = ("matmul", "attention", "elementwise & norm", "reductions & softmax", "copies & H2D", "optimizer", IDLE,
              "other")
-    profile = ProfileSummary(categories={n: {"ms": 1.0} for n in names},
-                             params=1000, copy_gbps=10.0, matmuls={}, model=None)
+    profile = ProfileSummary(categories={n: CategoryTime(ms=1.0) for n in names},
+                             params=1000, copy_gbps=10.0, model=None)
     work = prepare(RunConfig(preset="tiny", device="cpu"))
     preds = {p.rung: p for p in chain(profile, ["compile", "bf16", "batch", "ckpt", "sdpa", "fused-adamw"],
                                       work.base_spec, work.env)}
@@ -308,7 +308,7 @@ def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
                      "--budget-minutes", "0.01", "--out", str(tmp_path), "--quiet")
     assert rc == 0, err
     saved = results.load(next(tmp_path.iterdir()))
-    assert saved.model["kind"] == "user" and saved.config.run.model_source == spec
+    assert saved.model.kind == "user" and saved.config.run.model_source == spec
     skipped = {r.name: r.detail for r in saved.rungs if r.status == "skipped"}
     assert len(skipped) == len(saved.rungs)  # 0.6 s: the profile alone spends the budget
     assert "tune budget" in skipped["eager"] and "not applicable to this model" in skipped["sdpa"]

@@ -19,7 +19,7 @@ from speedladder.config.run import RunConfig
 from speedladder.data import BatchStream
 from speedladder.measure import timer
 from speedladder.profile import categories, child, facts, predict
-from speedladder.records import ProfileSummary, from_dict
+from speedladder.records import CategoryTime, MatmulFacts, ProfileSummary, from_dict
 from speedladder.rungs import RUNGS, StepSpec
 from speedladder.step import TrainStep
 
@@ -138,8 +138,9 @@ def synthetic(matmul: float, tail: float, idle: float, optimizer: float = 0.0, b
     ms = {c: 0.0 for c in categories.CATEGORIES}
     ms.update({"matmul": matmul, "elementwise & norm": tail, categories.IDLE: idle, "optimizer": optimizer})
     total = sum(ms.values())
-    return ProfileSummary(categories={c: {"ms": v, "share": v / total, "floor_ms": 0.0} for c, v in ms.items()},
-                          matmuls={"bf16_speedup": bf16, "batch_gain": {"fp32": gain, "bf16": gain}, "multiplier": 4})
+    return ProfileSummary(categories={c: CategoryTime(ms=v, share=v / total) for c, v in ms.items()},
+                          matmuls=MatmulFacts(bf16_speedup=bf16, batch_gain={"fp32": gain, "bf16": gain},
+                                              multiplier=4))
 
 
 def test_prediction_arithmetic_by_hand(tiny):

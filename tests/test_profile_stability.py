@@ -11,7 +11,7 @@ from conftest import CPU, resolved
 from speedladder.data import BatchStream
 from speedladder.measure import timer
 from speedladder.profile import categories, child, predict, spread
-from speedladder.records import Environment, ProfileSummary, Results, from_dict
+from speedladder.records import Environment, ProfileSummary, Results, SavedModel, from_dict
 from speedladder.report.profile import profile_notes
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep
@@ -181,7 +181,7 @@ def test_a_borderline_regime_puts_its_range_on_every_prediction(tiny):
 
 
 def results_with(profile: ProfileSummary) -> Results:
-    return Results(schema="2", status="complete", created="", command=[], config=resolved(), environment=Environment(), model={},
+    return Results(schema="2", status="complete", created="", command=[], config=resolved(), environment=Environment(), model=SavedModel(),
                    profile=profile)
 
 

@@ -457,7 +457,8 @@ def test_the_race_is_saved_typed_and_complete(raced):
     saved = results.load(raced)
     s = saved.race
     assert saved.kind == "race" and saved.status == "complete" and saved.rungs == []
-    assert saved.corpus["val_from"] == "the last 10% of timemachine" and saved.corpus["val_tokens"] == 17_058
+    assert saved.corpus is not None and saved.corpus.val_from == "the last 10% of timemachine"
+    assert saved.corpus.val_tokens == 17_058
     assert s.seeds == [0, 1, 2, 3] and s.target_from.startswith("eager fp32's val loss after 60 steps (seed 4)")
     assert s.target_loss == s.calibration.curve_val[-1] and s.calibration.curve_steps[-1] == 60
     assert s.time_cap_s == 60 and s.cap_from == "--time-cap" and s.cap_factor == 2.0

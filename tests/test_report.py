@@ -18,7 +18,17 @@ from rich.console import Console
 from speedladder import report, results
 from speedladder.cli import main
 from speedladder.measure.judging import Spread
-from speedladder.records import Environment, Gate, Results, RungResult, from_dict, to_dict
+from speedladder.records import (
+    CorpusRecord,
+    Environment,
+    Gate,
+    Results,
+    RungResult,
+    SavedModel,
+    TimingRecord,
+    from_dict,
+    to_dict,
+)
 from speedladder.spec import StepSpec
 
 COLOURS = report.COLOURS
@@ -34,7 +44,7 @@ def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", s
     if status == "ok":
         r.tokens_per_s = Spread(median, median * (1 - spread), median * (1 + spread))
         r.step_ms, r.peak_memory_bytes, r.mfu, r.tflops = 10.0, kw.pop("mem", 2**30), 0.5, 100.0
-        r.timing = {"cache_hits": 0}
+        r.timing = TimingRecord()
         r.gate = Gate(passed=passed, detail="" if passed else "logits differ")
         r.verdict, r.speedup_prev, r.speedup_cum = verdict, kw.pop("prev", None), kw.pop("cum", 1.0)
     return r
@@ -44,7 +54,7 @@ def make(rungs, fastest=None) -> Results:
     return Results(schema=results.SCHEMA, status="complete", created="2026-11-29T00:00:00+00:00", command=["x"],
                    config=resolved(preset="d2l-512", batch_size=64, seq_len=128),
                    environment=Environment(device_name="NVIDIA H200", device_type="cuda", torch="2.11.0"),
-                   model={}, corpus={"source": "timemachine"}, rungs=rungs, fastest=fastest)
+                   model=SavedModel(), corpus=CorpusRecord(source="timemachine"), rungs=rungs, fastest=fastest)
 
 
 def example() -> Results:
@@ -243,7 +253,7 @@ def test_reserved_memory_windows_and_the_fp8_peak_are_shown_beside_the_saved_num
     res = example()
     cudagraphs = rung("cudagraphs", 210_000, built_on="batch", prev=1.05, cum=2.1, precision="bf16", mem=8 * 2**30)
     cudagraphs.peak_reserved_bytes = 12 * 2**30  # the graphs' pool: reserved, never allocated again
-    cudagraphs.timing = {"cache_hits": 0, "window_steps": 240, "sized_from_step_s": 0.0021, "min_window_s": 0.5}
+    cudagraphs.timing = TimingRecord(window_steps=240, sized_from_step_s=0.0021, min_window_s=0.5)
     fp8 = rung("fp8", 220_000, built_on="cudagraphs", prev=1.05, cum=2.2, precision="fp8")
     fp8.peak_tflops, fp8.peak_basis = 1409.35, "fp8's peak for the block linears' 60% of the FLOPs, bf16's for the rest"
     res.rungs[5:] = [cudagraphs, fp8]

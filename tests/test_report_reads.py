@@ -8,12 +8,12 @@ literals (`["a", "b"]`) are not counted.
 
 Not a result, and so allowed (RECEIVERS below): matplotlib's own tables (`ax.spines[...]`, `rcParams[...]`), a dict
 the report builds for itself and reads back (the rung table's display rows), and a mapping of records keyed by
-name rather than by field (a sweep point's rungs by rung name).
+name rather than by field (a sweep point's rungs by rung name). A mapping keyed by data (a profile's categories
+by category, its buckets, the matmul facts by precision) is read by a name held in a constant, not a literal.
 
-DEBT holds what is still read by key, by module: fields the records keep as free-form dicts (the model, the corpus,
-a rung's timing and explanation, the profile's categories and matmuls, a tune's spec) in modules that read them.
-A module's count may fall, never rise; html.py, compare.py, parallel.py, sweep.py, outputs.py and the race's
-report read no result by key but the model and the corpus (html.py), free-form until their records exist.
+DEBT would hold what is still read by key, by module, each with its reason: nothing is, now that the model, the
+corpus, a rung's timing and explanation, the profile's categories, steps and matmul facts, its predictions and a
+tune's candidates and commands are records.
 """
 
 from __future__ import annotations
@@ -30,19 +30,8 @@ RECEIVERS = {
 }
 MATPLOTLIB = ("spines", "rcParams", "by_key()")
 
-# Module -> key reads still there; each a free-form dict field of a record (see the docstring).
-DEBT = {
-    "html.py": 7,  # Results.model, Results.corpus
-    "common.py": 2,  # Results.model
-    "conclusion.py": 10,  # a rung's explanation, the profile's buckets, Results.model
-    "explained.py": 26,  # a rung's explanation (profile/explain.py writes it as a dict)
-    "machine.py": 5,  # a rung's timing windows
-    "profile.py": 33,  # the profile's categories, matmuls, per-step figures; Results.predictions
-    "summary.py": 1,  # a tune's commands
-    "text.py": 11,  # a rung's timing, Results.model, Results.corpus
-    "tune.py": 8,  # a tune's candidates and commands
-    "race/text.py": 2,  # Results.corpus
-}
+# Module -> key reads still there, each with its reason (see the docstring): none.
+DEBT: dict[str, int] = {}
 
 
 def key_reads(path: Path) -> list[tuple[int, str]]:

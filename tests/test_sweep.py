@@ -15,7 +15,7 @@ from speedladder.climbing.sweep import crossover_line, crossovers, estimate, poi
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
-from speedladder.records import Environment, Results, RungResult, from_dict, to_dict
+from speedladder.records import Environment, Results, RungResult, SavedModel, from_dict, to_dict
 from speedladder.records.sweep import SweepPoint, SweepRung, SweepSection
 from speedladder.workload import prepare
 
@@ -120,7 +120,7 @@ def test_a_budget_that_is_spent_starts_no_more_points(tmp_path):
 
 def test_the_next_points_time_is_the_last_ones_compile_plus_the_rest_scaled_by_the_work(tiny):
     bigger = prepare(RunConfig(preset="tiny", device="cpu", batch_size=8))  # twice the tokens of tiny's B=4
-    prev = Results(schema="", status="complete", created="", command=[], config=resolved(), environment=Environment(), model={},
+    prev = Results(schema="", status="complete", created="", command=[], config=resolved(), environment=Environment(), model=SavedModel(),
                    rungs=[RungResult(name=n, rung=n, role="rung", reason="", kind="speed", built_on=None,
                                      spec=tiny.base_spec, precision="fp32", requirement={}, wall_s=5.0, compile_s=c)
                           for n, c in (("eager", None), ("compile", 4.0))])

@@ -16,7 +16,7 @@ from speedladder.config import codec, commands
 from speedladder.config.commands import Settings
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
-from speedladder.records import Environment, Gate, Results, RungResult
+from speedladder.records import Environment, Gate, Results, RungResult, SavedModel
 from speedladder.rungs import RUNGS, Env, Requirement, StepSpec
 
 
@@ -32,7 +32,7 @@ def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", b
 
 def results_of(rungs: list[RungResult], fastest: str | None = None) -> Results:
     return Results(schema="speedladder.results/2", status="complete", created="", command=[], config=resolved(),
-                   environment=Environment(), model={}, rungs=rungs, fastest=fastest)
+                   environment=Environment(), model=SavedModel(), rungs=rungs, fastest=fastest)
 
 
 def fake() -> Results:
@@ -84,9 +84,9 @@ def test_the_winner_and_the_commands_that_reproduce_it():
     assert tune.rungs_of(res.rung("batch"), res) == (
         "eager", "compile", "sdpa", "batch")
     cmds = tune.commands("runs/x")
-    assert cmds["run"] == "speedladder run --config runs/x/winner.toml"
-    assert cmds["train"] == "speedladder train --config runs/x/winner.toml"
-    assert cmds["apply"] == 'model, optimizer, autocast, spec = speedladder.apply(model, "runs/x/winner.toml")'
+    assert cmds.run == "speedladder run --config runs/x/winner.toml"
+    assert cmds.train == "speedladder train --config runs/x/winner.toml"
+    assert cmds.apply == 'model, optimizer, autocast, spec = speedladder.apply(model, "runs/x/winner.toml")'
     cfg = resolve(RunConfig(preset="tiny"), torch.device("cpu"))
     won = tune.winner_settings(Settings(), cfg.run, ("compile", "sdpa", "batch"))
     assert won.run.rungs == ("eager", "compile", "sdpa", "batch") and won.train.rungs == ("compile", "sdpa", "batch")

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from speedladder import models, results
-from speedladder.config import codec
 from speedladder.config.commands import RaceConfig
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig, pick_device
@@ -39,7 +38,7 @@ from speedladder.errors import UsageError
 from speedladder.measure import counters, devicemem, judging, load, timer
 from speedladder.models import ModelDef
 from speedladder.progress import task_of
-from speedladder.records import MachineLoad, Results
+from speedladder.records import CorpusRecord, MachineLoad, Results, SavedModel
 from speedladder.rungs import RUNGS, Env, StepSpec, env_for
 from speedladder.rungs import load as rung_files
 from speedladder.step import TrainStep, matmul_precision
@@ -185,13 +184,13 @@ def new_results(work: Workload, kind: str | None = None) -> Results:
     c = work.corpus
     return Results(schema=results.SCHEMA, status="running", created=results.now(), command=results.command_line(),
                    config=work.cfg, environment=results.environment(work.device), kind=kind,
-                   corpus={"source": c.source, "tokenizer": c.tokenizer,
-                           # the --data file's tokens: the val split is inside it unless it has a file of its own
-                           "tokens": c.n_tokens + (work.val.n_tokens if work.cfg.run.val_data is None else 0),
-                           "vocab_size": c.vocab_size, "train_tokens": c.n_tokens, "val_tokens": work.val.n_tokens,
-                           "val_from": work.split.val_from},
-                   model={"preset": work.cfg.run.preset, "params": work.params,
-                          "matmul_params": work.matmul_params, **codec.to_data(work.model.record())},
+                   corpus=CorpusRecord(
+                       source=c.source, tokenizer=c.tokenizer,
+                       # the --data file's tokens: the val split is inside it unless it has a file of its own
+                       tokens=c.n_tokens + (work.val.n_tokens if work.cfg.run.val_data is None else 0),
+                       vocab_size=c.vocab_size, train_tokens=c.n_tokens, val_tokens=work.val.n_tokens,
+                       val_from=work.split.val_from),
+                   model=SavedModel.of(work.cfg.run.preset, work.params, work.matmul_params, work.model.record()),
                    schedule=work.schedule.describe())
 
 

@@ -122,7 +122,7 @@ def cmd_profile(s: Settings, _: argparse.Namespace) -> int:
     # A rung measured beside the top (the full ladder's ckpt) is predicted on the whole ladder under it.
     preds += [chain(summary, [*rungs, name], base, work.env)[-1] for name in run.beside or ()]
     saved = new_results(work, kind="profile")
-    saved.profile, saved.predictions, saved.status = summary, [p.to_dict() for p in preds], "complete"
+    saved.profile, saved.predictions, saved.status = summary, [p.record() for p in preds], "complete"
     results.save(saved, run_dir, child.FILENAME)
     report.show(saved, run_dir)
     return 0

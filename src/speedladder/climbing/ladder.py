@@ -26,6 +26,7 @@ from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
 from speedladder.records import LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
+from speedladder.records.timing import TimingRecord
 from speedladder.rungs import RUNGS, Rung, RungError, StepSpec
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import correctness
@@ -171,14 +172,14 @@ class Ladder:
             if spec.compile:
                 self.compile_wall_s = m.timing.first_step_s + sum(m.timing.warmup_step_s)
             note_load(self.results.machine, m)
-            r.timing = dataclasses.asdict(m.timing)
+            r.timing = TimingRecord.of(m.timing)
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
             r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
             r.warnings = m.warnings
             if step.scaler is not None:  # fp16: the updates its gradient scaler skipped while it was measured
                 r.scaler_skipped, r.scaler_updates = step.skipped_updates(), step.updates
             if m.base_timing is not None:
-                r.base_timing, r.base_tokens_per_s = dataclasses.asdict(m.base_timing), m.base_tokens_per_s
+                r.base_timing, r.base_tokens_per_s = TimingRecord.of(m.base_timing), m.base_tokens_per_s
                 r.verdict, r.verdict_detail = judging.judge(m.timing, m.base_timing)
             if not m.timing.short:  # a rung stopped short is neither metered nor gated: nothing builds on it
                 meters.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
@@ -264,7 +265,7 @@ class Ladder:
             return
         self.results.profile = from_dict(ProfileSummary, b)
         preds = chain(self.results.profile, self.work.cfg.run.rungs or (), self.work.base_spec, self.work.env)
-        self.results.predictions = [p.to_dict() for p in preds]
+        self.results.predictions = [p.record() for p in preds]
         say(f"{b.get('regime_label') or b['regime']}: {b['evidence']}")
         for p in preds:
             say(f"predicted {p.rung}: " + ("n/a" if p.speedup is None else f"{p.speedup:.2f}x") + f" ({p.reason})")

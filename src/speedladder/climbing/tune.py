@@ -30,6 +30,7 @@ from speedladder.config.commands import WINNER_FILE, Settings
 from speedladder.config.run import RunConfig
 from speedladder.measure.judging import SHORT
 from speedladder.records import RaceSection, Results, Role, RungResult, TuneJudge, TuneSection
+from speedladder.records.tune import TuneCandidate, TuneCommands
 from speedladder.rungs import Env, Rung, StepSpec, compose, kind_of
 
 
@@ -83,11 +84,11 @@ def rungs_of(record: RungResult, results: Results) -> tuple[str, ...]:
     return results.chain(record)
 
 
-def commands(run_dir: str | Path) -> dict[str, str]:
+def commands(run_dir: str | Path) -> TuneCommands:
     """How the winner leaves the tool: measured again or trained from winner.toml, or put in the user's loop."""
     winner = Path(run_dir) / WINNER_FILE
-    return {"run": f"speedladder run --config {winner}", "train": f"speedladder train --config {winner}",
-            "apply": f'model, optimizer, autocast, spec = speedladder.apply(model, "{winner}")'}
+    return TuneCommands(run=f"speedladder run --config {winner}", train=f"speedladder train --config {winner}",
+                        apply=f'model, optimizer, autocast, spec = speedladder.apply(model, "{winner}")')
 
 
 def winner_settings(s: Settings, run: RunConfig, names: tuple[str, ...], batch_lr_scale: str | None = None) -> Settings:
@@ -137,7 +138,7 @@ def combination_rung(name: str, names: tuple[str, ...]) -> Rung:
     return Rung(name, f"the surviving rungs together: {'+'.join(names)}", kind_of(names), lambda s, e: s)
 
 
-def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable[[str], None]) -> list[dict]:
+def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable[[str], None]) -> list[TuneCandidate]:
     """Measure each candidate on the ladder's baseline, within the budget; each gets the ladder's gates."""
     res = ladder.results
     env: Env = ladder.work.env
@@ -150,14 +151,14 @@ def measure_candidates(ladder: Ladder, budget: Budget, limit: int, say: Callable
         key = _key(spec.to_dict())
         if key in measured:
             say(f"{name} ({'+'.join(names)}) is {measured[key]}'s configuration, measured already")
-            out.append({"name": name, "rungs": list(names), "same_as": measured[key]})
+            out.append(TuneCandidate(name, list(names), same_as=measured[key]))
             continue
         say(f"measuring {name}: {'+'.join(names)}")
         r = ladder.climb(combination_rung(name, names), spec, base, role=Role.CANDIDATE,
                          predicted=ladder.predicted_together(names))
         r.rungs_combined = list(names)
         ladder.save()
-        out.append({"name": name, "rungs": list(names), "status": r.status, "detail": r.detail})
+        out.append(TuneCandidate(name, list(names), status=r.status, detail=r.detail))
     return out
 
 

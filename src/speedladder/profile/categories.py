@@ -21,6 +21,8 @@ STEP_MARK = "speedladder.step"  # the record_function around each profiled step
 CATEGORIES: tuple[str, ...] = ("matmul", "attention", "elementwise & norm", "reductions & softmax", "optimizer",
                                "copies & H2D", "idle / host overhead", "other")
 IDLE = "idle / host overhead"
+# The buckets the categories add up to (buckets()), by which the regime is named: a profile's `buckets` keys.
+COMPUTE, MEMORY, OVERHEAD = "compute", "memory", "overhead"
 
 # Operator names by category (aten names without "aten::", and inductor kernel name prefixes).
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "_scaled_mm",
@@ -270,7 +272,7 @@ def buckets(shares: dict[str, float], floor_share: float) -> dict[str, float]:
     if busy > 0:
         compute -= floor_share * compute / busy
         memory -= floor_share * memory / busy
-    return {"compute": compute, "memory": memory, "overhead": overhead}
+    return {COMPUTE: compute, MEMORY: memory, OVERHEAD: overhead}
 
 
 def step_buckets(b: dict) -> list[dict[str, float]]:

@@ -15,6 +15,7 @@ and for a compiled rung what the compiler did.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from speedladder.measure.judging import SHORT
 from speedladder.profile import child, sides
 from speedladder.profile.predict import baseline_parts, chain
 from speedladder.progress import task_of
-from speedladder.records import Results, Role, RungResult
+from speedladder.records import ProfiledExplanation, Results, Role, RungResult, TimedSteps
 from speedladder.workload import Workload
 
 
@@ -40,14 +41,14 @@ def to_explain(results: Results, limit: float) -> list[RungResult]:
             and (lost(r) or (r.prediction_error is not None and abs(r.prediction_error) > limit))]
 
 
-def timed(r: RungResult) -> dict[str, float] | None:
+def timed(r: RungResult) -> TimedSteps | None:
     """A rung's step and its base's as the windows timed them beside each other (ms), with its measured x prev."""
     if r.base_timing is None or r.step_ms is None or r.speedup_prev is None:
         return None
-    steps = [w["seconds"] / w["steps"] for w in r.base_timing.get("windows", []) if not w.get("recompiles")]
+    steps = [w.seconds / w.steps for w in r.base_timing.windows if not w.recompiles]
     if not steps:
         return None
-    return {"base_ms": 1e3 * statistics.median(steps), "rung_ms": r.step_ms, "x": r.speedup_prev}
+    return TimedSteps(base_ms=1e3 * statistics.median(steps), rung_ms=r.step_ms, x=r.speedup_prev)
 
 
 def trace_name(key: tuple[str, ...]) -> str:
@@ -82,7 +83,7 @@ def explain_misses(results: Results, work: Workload, save: Callable[[], None], s
     why = budget() if budget and missed else None
     if why:
         for r in missed:
-            r.explanation = {"error": why}
+            r.explanation = ProfiledExplanation(error=why)
         return
     pairs = [(r, names_of(results, r), _base_names(results, r)) for r in missed]
     # Each profile takes about what the baseline's did, and a compiled one compiles cold again in the child.
@@ -94,16 +95,16 @@ def explain_misses(results: Results, work: Workload, save: Callable[[], None], s
         base, mine = profiles[_key(base_names)], profiles[_key(names)]
         failed = base.get("error") or mine.get("error")
         if failed:
-            r.explanation = {"error": f"profiling failed: {failed}"}
-            say(r.explanation["error"])
+            why = f"profiling failed: {failed}"
+            r.explanation = ProfiledExplanation(error=why)
+            say(why)
             continue
         preds = chain(b, names, work.base_spec, work.env)
         before = preds[-2].parts_ms if len(preds) > 1 else baseline_parts(b)
-        r.explanation = {"rungs": names, "base_rungs": base_names,
-                         **sides.compare(base, mine, before, preds[-1].parts_ms, r.prediction_error or 0.0,
-                                         timed(r)),
-                         "trace": mine.get("trace"), "base_trace": base.get("trace")}
-        say(f"{r.name}: {sides.sums(r.explanation)}; {r.explanation['note']}")
+        e = sides.compare(base, mine, before, preds[-1].parts_ms, r.prediction_error or 0.0, timed(r))
+        r.explanation = dataclasses.replace(e, rungs=names, base_rungs=base_names, trace=mine.get("trace"),
+                                            base_trace=base.get("trace"))
+        say(f"{r.name}: {sides.sums(r.explanation)}; {r.explanation.note}")
     save()
 
 

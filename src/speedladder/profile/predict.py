@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from speedladder.measure import processor
 from speedladder.profile import spread
 from speedladder.profile.categories import IDLE
-from speedladder.records import ProfileSummary
+from speedladder.records import CategoryTime, MatmulFacts, ProfilePrediction, ProfileSummary
+from speedladder.records.profile import BF16, FP32
 from speedladder.rungs import RUNGS, Env, StepSpec
 
 # Rungs whose prediction reads this model's own matmul shapes (profile.matmul_facts) or its GPT sizes: for an
@@ -70,24 +71,29 @@ class Prediction:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def record(self) -> ProfilePrediction:
+        """As results.json keeps it."""
+        return ProfilePrediction(self.rung, self.speedup, self.reason, dict(self.parts_ms), self.tokens_per_step,
+                                 self.speedup_iqr)
+
 
 def baseline_parts(profile: ProfileSummary) -> dict[str, float]:
     """The profiled step in the model's parts (ms per step)."""
     c = profile.categories
 
     def net(name: str) -> float:  # a category's time less its operators' fixed cost
-        return c[name]["ms"] - c[name].get("floor_ms", 0.0)
+        return c[name].ms - c[name].floor_ms
 
-    floors = sum(c[name].get("floor_ms", 0.0) for name in c if name not in (IDLE, "optimizer"))
+    floors = sum(c[name].floor_ms for name in c if name not in (IDLE, "optimizer"))
     matmul = net("matmul")
-    attn_frac = (profile.matmuls.get("attention_fraction") or {}).get("fp32", 0.0)
+    attn_frac = profile.matmuls.attention_fraction.get(FP32, 0.0)
     tail = net("elementwise & norm") + net("reductions & softmax")
     ops = profile.ops_ms
     attn_tail = min(sum(ops.get(n, 0.0) for n in ATTENTION_TAIL_OPS), tail)
     return {
         "matmul": matmul * (1 - attn_frac), "attn_matmul": matmul * attn_frac, "attention": net("attention"),
         "attn_tail": attn_tail, "tail": tail - attn_tail, "copies": net("copies & H2D"),
-        "optimizer": c["optimizer"]["ms"], "overhead": c[IDLE]["ms"] + floors, "other": c["other"]["ms"],
+        "optimizer": c["optimizer"].ms, "overhead": c[IDLE].ms + floors, "other": c["other"].ms,
     }
 
 
@@ -108,7 +114,7 @@ class Context:
 Predictor = Callable[[Context], tuple[dict[str, float], str]]
 
 
-def _facts(c: Context) -> dict:
+def _facts(c: Context) -> MatmulFacts:
     return c.profile.matmuls
 
 
@@ -144,7 +150,7 @@ def _compile(c: Context) -> tuple[dict[str, float], str]:
 
 
 def _bf16(c: Context) -> tuple[dict[str, float], str]:
-    ratio = _facts(c).get("bf16_speedup")
+    ratio = _facts(c).bf16_speedup
     if c.before.precision == "bf16":
         return c.parts, "already bf16: nothing changes"
     if not ratio:
@@ -162,8 +168,8 @@ def _bf16(c: Context) -> tuple[dict[str, float], str]:
 def _batch(c: Context) -> tuple[dict[str, float], str]:
     k = c.after.batch_size / c.before.batch_size
     m = _facts(c)
-    gain = (m.get("batch_gain") or {}).get(_prec(c.before))
-    if not gain or m.get("multiplier") != round(k):
+    gain = m.batch_gain.get(_prec(c.before))
+    if not gain or m.multiplier != round(k):
         gain, source = 1.0, "no measurement at this multiple: matmuls assumed to scale linearly"
     else:
         source = f"matmuls {gain:.2f}x as efficient at {k:.0f}x the rows (measured here)"
@@ -217,8 +223,8 @@ def _fused_adamw(c: Context) -> tuple[dict[str, float], str]:
 def _pad_vocab(c: Context) -> tuple[dict[str, float], str]:
     m = _facts(c)
     p = _prec(c.before)
-    gain = (m.get("pad_vocab_speedup") or {}).get(p)
-    head = (m.get("head_fraction") or {}).get(p, 0.0)
+    gain = (m.pad_vocab_speedup or {}).get(p)
+    head = m.head_fraction.get(p, 0.0)
     if not gain:
         return c.parts, "vocabulary already a multiple of 64, or the head was not measured: unchanged"
     factor = 1 - head + head / gain
@@ -241,8 +247,7 @@ def _cudagraphs(c: Context) -> tuple[dict[str, float], str]:
 
 def _muon(c: Context) -> tuple[dict[str, float], str]:
     model = c.profile.model
-    ceiling = (_facts(c).get("ceiling_tflops") or {}).get("bf16" if c.profile.device_type == "cuda"
-                                                          else "fp32")
+    ceiling = _facts(c).ceiling_tflops.get(BF16 if c.profile.device_type == "cuda" else FP32)
     if not model or not ceiling:
         return c.parts, "no model shape or matmul ceiling in the profile: predicted unchanged"
     w, h = model["n_embd"], model["mlp_hidden"]
@@ -319,9 +324,8 @@ def _step_profiles(profile: ProfileSummary) -> list[ProfileSummary]:
     """The profile as each profiled step alone would have it: that step's categories, every other fact kept."""
     out = []
     for step in profile.per_step:
-        total = sum(step["ms"].values()) or 1.0
-        cats = {c: {"ms": v, "share": v / total, "floor_ms": step["floor_ms"].get(c, 0.0)}
-                for c, v in step["ms"].items()}
+        total = sum(step.ms.values()) or 1.0
+        cats = {c: CategoryTime(ms=v, share=v / total, floor_ms=step.floor_ms.get(c, 0.0)) for c, v in step.ms.items()}
         out.append(dataclasses.replace(profile, categories=cats, per_step=[]))
     return out
 
@@ -333,7 +337,7 @@ def _chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: St
     for name in names:
         after = RUNGS[name].transform(spec, env)
         predictor = PREDICTORS.get(name) or (_architecture if RUNGS[name].kind == "architecture" else None)
-        unknown = name in NEEDS_SHAPES and not profile.matmuls
+        unknown = name in NEEDS_SHAPES and not profile.matmuls.measured
         if predictor is None or unknown:
             out.append(Prediction(name, None, NO_MODEL if unknown else "no prediction model for this rung",
                                   dict(parts), after.tokens_per_step))

@@ -6,8 +6,9 @@ know lands in its `extra` and is written back unchanged; a field the file
 lacks takes the record's default. Nothing read is lost.
 
 One module per idea: `results` (the run's record and its kind), `rung` (a rung's record, its gates and
-prediction), `checks` (each gate's check), `environment`, `machine`, `profile`, `parallel`, `race`, `tune`,
-`sweep`, and `convert` (the JSON rules). Every name is importable from here as well.
+prediction), `checks` (each gate's check), `timing` (a rung's windows), `explanation` (a miss profiled),
+`model`, `corpus`, `environment`, `machine`, `profile`, `parallel`, `race`, `tune`, `sweep`, and `convert` (the
+JSON rules). Every name is importable from here as well.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ from speedladder.records.checks import (
     not_applicable,
 )
 from speedladder.records.convert import from_dict, to_dict
+from speedladder.records.corpus import CorpusRecord
 from speedladder.records.environment import Environment
+from speedladder.records.explanation import OpsPerStep, PartMs, ProfiledExplanation, SideMs, TimedSteps
 from speedladder.records.machine import BusyProcess, MachineLoad
+from speedladder.records.model import ModelRecord, SavedModel
 from speedladder.records.parallel import (
     Bandwidth,
     KPrediction,
@@ -41,20 +45,23 @@ from speedladder.records.parallel import (
     ProbeSize,
     SingleProcess,
 )
-from speedladder.records.profile import ProfileSummary
+from speedladder.records.profile import CategoryTime, MatmulFacts, ProfilePrediction, ProfileSummary, StepFigures
 from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
 from speedladder.records.results import Results, RunKind
 from speedladder.records.rung import Gate, Prediction, RungResult
 from speedladder.records.sweep import Crossover, SweepPoint, SweepRung, SweepSection, SweepSkip, SweepSummary
-from speedladder.records.tune import TuneJudge, TuneSection
+from speedladder.records.timing import TimingRecord, WindowRecord
+from speedladder.records.tune import TuneCandidate, TuneCommands, TuneJudge, TuneSection
 
 __all__ = [
     "EXTRA",
     "Bandwidth",
     "BudgetCheck",
     "BusyProcess",
+    "CategoryTime",
     "Causality",
     "Check",
+    "CorpusRecord",
     "Crossover",
     "Differential",
     "Distance",
@@ -69,14 +76,20 @@ __all__ = [
     "LearnsCheck",
     "LossBand",
     "MachineLoad",
+    "MatmulFacts",
     "MeasuredJob",
+    "ModelRecord",
+    "OpsPerStep",
     "PairedTest",
     "ParallelSection",
     "ParamCheck",
+    "PartMs",
     "Prediction",
     "Probe",
     "ProbeSize",
+    "ProfilePrediction",
     "ProfileSummary",
+    "ProfiledExplanation",
     "RaceEntry",
     "RaceRun",
     "RaceSection",
@@ -85,15 +98,23 @@ __all__ = [
     "Role",
     "RunKind",
     "RungResult",
+    "SavedModel",
+    "SideMs",
     "SingleProcess",
+    "StepFigures",
     "SweepPoint",
     "SweepRung",
     "SweepSection",
     "SweepSkip",
     "SweepSummary",
+    "TimedSteps",
+    "TimingRecord",
     "TokensToTarget",
+    "TuneCandidate",
+    "TuneCommands",
     "TuneJudge",
     "TuneSection",
+    "WindowRecord",
     "from_dict",
     "not_applicable",
     "to_dict",

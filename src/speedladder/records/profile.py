@@ -2,8 +2,89 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+
+@dataclass
+class CategoryTime:
+    """One operator category of the median profiled step (profile/categories.breakdown)."""
+
+    ms: float = 0.0
+    share: float = 0.0  # of the step
+    floor_ms: float = 0.0  # each operator's fixed cost within it (CPU only)
+    ms_iqr: list[float] | None = None  # across the steps; None in a file from before they were kept
+    share_iqr: list[float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepFigures:
+    """One profiled step: its wall time, operators, and ms (and fixed cost) by category."""
+
+    wall_ms: float = 0.0
+    ops: int = 0
+    ms: dict[str, float] = field(default_factory=dict)  # by category name
+    floor_ms: dict[str, float] = field(default_factory=dict)
+    minor_faults: int | None = None  # pages the kernel mapped for the step (profile/child.py)
+    wait_share: float | None = None  # a CPU step's threads waiting for a core, over the core time it asked for
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_plain(self) -> dict[str, Any]:
+        """As saved: the two figures the child adds only where it read them are left out when absent."""
+        out: dict[str, Any] = {"wall_ms": self.wall_ms, "ops": self.ops, "ms": self.ms, "floor_ms": self.floor_ms}
+        if self.minor_faults is not None:
+            out["minor_faults"] = self.minor_faults
+        if self.wait_share is not None:
+            out["wait_share"] = self.wait_share
+        return {**out, **self.extra}
+
+
+@dataclass
+class ProfilePrediction:
+    """A rung's predicted × from the baseline's profile, chained along the ladder (profile/predict.Prediction)."""
+
+    rung: str
+    speedup: float | None  # None: no prediction model for the rung
+    reason: str
+    parts_ms: dict[str, float] = field(default_factory=dict)  # the predicted step, by the model's part
+    tokens_per_step: int = 0
+    speedup_iqr: list[float] | None = None  # the same made from each profiled step alone: its quartiles
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+FP32, BF16 = "fp32", "bf16"  # the precisions the matmul facts are keyed by
+
+
+@dataclass
+class MatmulFacts:
+    """This model's own matmul shapes timed in fp32 and bf16, and the device's matmul ceiling (profile/facts.py).
+    The per-precision figures are keyed by precision (FP32, BF16). None measured (no facts asked for, or a model
+    without our GPT's shapes): saved as an empty table, as the child writes it."""
+
+    ceiling_tflops: dict[str, float] = field(default_factory=dict)  # an n³ matmul's TFLOP/s
+    ceiling_n: int | None = None
+    shapes: list[dict[str, Any]] = field(default_factory=list)  # each shape timed: its sizes, <precision>[_k]_ms
+    skipped: list[str] = field(default_factory=list)  # shapes too slow for the budget, or out of memory
+    multiplier: int | None = None  # the batch-up multiple the "_k" times were taken at
+    bf16_speedup: float | None = None
+    batch_gain: dict[str, float | None] = field(default_factory=dict)
+    attention_fraction: dict[str, float] = field(default_factory=dict)
+    head_fraction: dict[str, float] = field(default_factory=dict)
+    pad_vocab_speedup: dict[str, float] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        """Any fact in it (the child writes all of them or none)."""
+        return self != MatmulFacts(extra=self.extra)
+
+    def to_plain(self) -> dict[str, Any]:
+        """As saved: every fact, or an empty table where none was measured."""
+        if not self.measured:
+            return dict(self.extra)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**out, **self.extra}
 
 
 @dataclass
@@ -11,7 +92,7 @@ class ProfileSummary:
     """The profiled step (profile/child.py): categories, regime, device facts; or the error that stopped it."""
 
     error: str | None = None
-    categories: dict[str, Any] = field(default_factory=dict)
+    categories: dict[str, CategoryTime] = field(default_factory=dict)  # by category name
     regime: str | None = None
     evidence: str = ""
     buckets: dict[str, float] = field(default_factory=dict)
@@ -34,7 +115,7 @@ class ProfileSummary:
     tokens_per_step: int | None = None
     params: int | None = None
     model: dict[str, Any] | None = None
-    matmuls: dict[str, Any] = field(default_factory=dict)
+    matmuls: MatmulFacts = field(default_factory=MatmulFacts)
     copy_gbps: float | None = None
     trace: str | None = None
     # A compiled spec's: graphs, recompiles, graph breaks (count and reasons), kernel calls of its generated code
@@ -42,7 +123,7 @@ class ProfileSummary:
     compiler: dict[str, Any] | None = None
     # Step by step (issue 16): `categories` is the median step (each category's median across the steps, with its
     # "ms_iqr" and "share_iqr"); these keep the steps themselves and what their spread says.
-    per_step: list[dict[str, Any]] = field(default_factory=list)  # wall_ms, ops, minor_faults; ms, floor_ms by category
+    per_step: list[StepFigures] = field(default_factory=list)
     spread_basis: str = ""  # what the ranges are (the interquartile range across the steps)
     outlier_steps: list[int] = field(default_factory=list)  # indices into per_step of steps far outside the others
     outlier_rule: str = ""

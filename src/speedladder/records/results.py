@@ -8,10 +8,12 @@ from typing import Any
 
 from speedladder.config.resolved import Resolved
 from speedladder.records.checks import LearnsCheck, Role
+from speedladder.records.corpus import CorpusRecord
 from speedladder.records.environment import Environment
 from speedladder.records.machine import MachineLoad
+from speedladder.records.model import SavedModel
 from speedladder.records.parallel import ParallelSection
-from speedladder.records.profile import ProfileSummary
+from speedladder.records.profile import ProfilePrediction, ProfileSummary
 from speedladder.records.race import RaceSection
 from speedladder.records.rung import RungResult
 from speedladder.records.sweep import SweepSection
@@ -39,11 +41,11 @@ class Results:
     command: list[str]
     config: Resolved  # the resolved configuration, saved flat (Resolved.to_plain)
     environment: Environment
-    model: dict[str, Any]
+    model: SavedModel
     # "running", "complete", "interrupted", "failed" (ddp) or "elsewhere" (ddp, rank 0 elsewhere); a profile.json
     # of schema 1 has none: it was written once, complete.
     status: str = "complete"
-    corpus: dict[str, Any] | None = None
+    corpus: CorpusRecord | None = None
     # As saved: "profile" for a `speedladder profile` folder's profile.json, "race", "sweep"; None for the others.
     # `run_kind` is what every reader asks: it names every kind, whether or not the file says it.
     kind: str | None = None
@@ -52,7 +54,7 @@ class Results:
     learns_check: LearnsCheck | None = None
     fastest: str | None = None
     profile: ProfileSummary | None = None
-    predictions: list[dict[str, Any]] | None = None
+    predictions: list[ProfilePrediction] | None = None
     tune: TuneSection | None = None
     parallel: ParallelSection | None = None
     sweep: SweepSection | None = None  # `speedladder sweep`: the axis, its points and each rung's crossover

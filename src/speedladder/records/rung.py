@@ -16,6 +16,8 @@ from speedladder.records.checks import (
     Role,
     TokensToTarget,
 )
+from speedladder.records.explanation import ProfiledExplanation
+from speedladder.records.timing import TimingRecord
 from speedladder.spec import StepSpec
 
 
@@ -64,7 +66,7 @@ class RungResult:
     wall_s: float | None = None  # the whole rung: build, compile, windows and gates
     peak_memory_bytes: int | None = None
     peak_reserved_bytes: int | None = None  # CUDA's reserved peak: CUDA graphs' pools are reserved, not allocated
-    timing: dict[str, Any] | None = None  # measure/timer.Timing as saved: every window's raw time
+    timing: TimingRecord | None = None  # measure/timer.Timing as saved: every window's raw time
     tokens_per_s: Spread | None = None
     step_ms: float | None = None
     compile_s: float | None = None
@@ -79,7 +81,7 @@ class RungResult:
     speedup_cum: float | None = None
     verdict: str | None = None  # "baseline", "win", "loss", "noise", "inconclusive" or "control"
     verdict_detail: str = ""  # why a verdict is inconclusive
-    base_timing: dict[str, Any] | None = None  # the base re-timed beside this rung: its interleaved windows
+    base_timing: TimingRecord | None = None  # the base re-timed beside this rung: its interleaved windows
     base_tokens_per_s: Spread | None = None  # ... and their tokens/s; x prev and the verdict use these
     # The base re-timed beside this rung against its own measurement as a rung, less 1, when they disagree beyond
     # both spreads (measure/judging.drift): the machine drifted between the two; None when they agree.
@@ -97,7 +99,7 @@ class RungResult:
     process_base_bytes: int | None = None
     process_peak_bytes: int | None = None
     memory_note: str = ""
-    explanation: dict[str, Any] | None = None  # a prediction missed beyond the limit: base and rung profiled
+    explanation: ProfiledExplanation | None = None  # a prediction missed beyond the limit: base and rung profiled
     # fp16's gradient scaler: the updates it skipped (inf or NaN gradients) of those the rung's measurement made
     # (its first step, warm-up and windows); None without a scaler.
     scaler_skipped: int | None = None

@@ -27,6 +27,35 @@ class TuneJudge:
 
 
 @dataclass
+class TuneCandidate:
+    """A combination of the survivors tune measured, or found already measured under another name (`same_as`)."""
+
+    name: str
+    rungs: list[str] = field(default_factory=list)
+    same_as: str | None = None  # the record whose configuration it is; then it has no status of its own
+    status: str | None = None
+    detail: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_plain(self) -> dict[str, Any]:
+        """As saved: a measured candidate has status and detail, one measured already `same_as`; never both."""
+        out = {k: v for k, v in (("name", self.name), ("rungs", self.rungs), ("same_as", self.same_as),
+                                 ("status", self.status), ("detail", self.detail)) if v is not None}
+        return {**out, **self.extra}
+
+
+@dataclass
+class TuneCommands:
+    """How the winner leaves the tool (climbing/tune.commands): measured again, trained, put in the user's loop.
+    A file from before winner.toml has no "apply", and a "train_rungs" command line, kept in `extra`."""
+
+    run: str = ""
+    train: str = ""
+    apply: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class TuneSection:
     """`speedladder tune`: the budget, what was kept and dropped, the combinations, the winner."""
 
@@ -34,13 +63,13 @@ class TuneSection:
     seconds: float | None = None
     survivors: list[str] | None = None  # None: the search stopped before the survivors were combined
     dropped: dict[str, str] = field(default_factory=dict)
-    candidates: list[dict[str, Any]] = field(default_factory=list)
+    candidates: list[TuneCandidate] = field(default_factory=list)
     finalists: list[str] = field(default_factory=list)
     winner: str | None = None
     winner_rungs: list[str] = field(default_factory=list)
     winner_spec: dict[str, Any] | None = None
     winner_batch_lr_scale: str | None = None  # the winner's batch rule, when the race chose one of its own
-    commands: dict[str, str] | None = None
+    commands: TuneCommands | None = None
     judge: str = "tokens"  # which judge chose the winner: "time" or "tokens" (a file from before the race: tokens)
     judged_by: str = ""  # why that judge: asked for, or the race could not be run (and why)
     tokens_judge: TuneJudge | None = None

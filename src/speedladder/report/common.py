@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from speedladder.config.resolved import Resolved
-from speedladder.records import Results, Role, RungResult
+from speedladder.records import Results, Role, RungResult, SavedModel
 
 STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
                 "pending": "interrupted"}
@@ -57,10 +57,9 @@ def not_built_upon(r: RungResult) -> str:
     return "slower" if r.not_built_upon else ""
 
 
-def model_label(config: Resolved, model: dict[str, Any] | None) -> str:
+def model_label(config: Resolved, model: SavedModel | None) -> str:
     """The preset for our GPT (and in files from before other models); the model's name otherwise."""
-    model = model or {}
-    return config.preset if model.get("kind", "speedladder") == "speedladder" else str(model.get("name"))
+    return config.preset if model is None or model.kind == "speedladder" else model.name
 
 
 def pct(x: float) -> str:

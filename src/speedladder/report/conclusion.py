@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from speedladder.config.presets import CUDA_DEFAULT_PRESET, PRESETS
 from speedladder.measure.judging import SHORT
-from speedladder.records import Results, Role, RungResult, RunKind
+from speedladder.profile.categories import COMPUTE, MEMORY, OVERHEAD
+from speedladder.records import ProfiledExplanation, Results, Role, RungResult, RunKind
 from speedladder.report.common import STATUS_LABEL, times
 
 SMALL_PRESETS = ("tiny", "d2l-cpu")  # scaled down so that a CPU climbs in minutes: matmuls too small to pay much
@@ -44,18 +45,18 @@ def why_not(r: RungResult) -> str:
         return f"{STATUS_LABEL.get(r.status, r.status)}: {r.detail}"
     pred = r.predicted.speedup if r.predicted else None
     head = f"{times(r.speedup_prev)} {r.built_on}" + (f" (predicted {pred:.2f}×)" if pred else "")
-    e = r.explanation or {}
+    e = r.explanation or ProfiledExplanation()
     if r.verdict == SHORT:
         return f"{head} in one short window: {_reason(r.predicted.reason) if r.predicted else 'as predicted'}"
     if r.gate is not None and not r.gate.passed:
         return f"{head}, failed its gate: {r.gate.detail}"
     if r.kind != "speed":
         return f"{head}, a {r.kind} rung ({r.reason})"
-    if e.get("note"):
-        return f"{head}, {r.verdict}: {e['note']}"
+    if e.note:
+        return f"{head}, {r.verdict}: {e.note}"
     if r.predicted and r.prediction_error is not None and abs(r.prediction_error) <= 0.25:
         return f"{head}, {r.verdict}, as predicted: {_reason(r.predicted.reason)}"
-    return f"{head}, {r.verdict}" + (f": {e['error']}" if e.get("error") else "")
+    return f"{head}, {r.verdict}" + (f": {e.error}" if e.error else "")
 
 
 def regime_line(results: Results) -> str:
@@ -63,8 +64,8 @@ def regime_line(results: Results) -> str:
     if p is None or p.error or not p.buckets:
         return ""
     b = p.buckets
-    return (f"the baseline is {p.label}: compute {b.get('compute', 0):.0%}, memory-bound operators "
-            f"{b.get('memory', 0):.0%}, host overhead {b.get('overhead', 0):.0%} of its step")
+    return (f"the baseline is {p.label}: compute {b.get(COMPUTE, 0):.0%}, memory-bound operators "
+            f"{b.get(MEMORY, 0):.0%}, host overhead {b.get(OVERHEAD, 0):.0%} of its step")
 
 
 def workload_flags(results: Results) -> str:
@@ -91,7 +92,7 @@ def _changes(results: Results) -> list[str]:
     if env.device_type == "cpu" and env.bf16_native is False and bf16 is not None:
         out.append("native bf16: a processor with AVX-512 BF16 or AMX, or a GPU (bf16 matmuls are emulated here)")
     regime = p.regime if p is not None and not p.error else None
-    if regime == "overhead-bound" or (p is not None and (p.buckets or {}).get("overhead", 0) >= OVERHEAD_HEAVY):
+    if regime == "overhead-bound" or (p is not None and p.buckets.get(OVERHEAD, 0) >= OVERHEAD_HEAVY):
         out.append("a bigger batch or model: the step is overhead-bound, and each operator's fixed cost would "
                    "spread over more work (--batch-size, a bigger preset)")
     if regime == "memory-bound":
@@ -100,7 +101,7 @@ def _changes(results: Results) -> list[str]:
         out.append("--ladder full: sdpa, fused AdamW and pad-vocab, which this ladder did not try")
     if c.preset in SMALL_PRESETS and not (c.run.model_source or c.run.hf):
         out.append(f"a bigger preset (--preset {CUDA_DEFAULT_PRESET}): matmuls large enough to pay for bf16 and fusion")
-    if results.model.get("kind", "speedladder") == "speedladder":
+    if results.model.kind == "speedladder":
         out.append("your own model (--model FILE.py:NAME, --hf gpt2|llama): the ladder climbs it the same way")
     if env.device_type == "cpu":
         out.append("a GPU: docs/gpu.md runs the ladder, the race and tune there")
@@ -120,7 +121,7 @@ def _commands(results: Results, folder: str, best: RungResult | None) -> list[tu
     if c.run.ladder != "full":
         out.append((f"speedladder run --ladder full{flags}", "the rungs this ladder did not try"))
     p = results.profile
-    if p is not None and not p.error and (p.regime == "overhead-bound" or p.buckets.get("overhead", 0) >= OVERHEAD_HEAVY):
+    if p is not None and not p.error and (p.regime == "overhead-bound" or p.buckets.get(OVERHEAD, 0) >= OVERHEAD_HEAVY):
         out.append((f"speedladder run{flags} --batch-size {4 * c.batch_size}",
                     "the step is overhead-bound: a bigger batch spreads each operator's fixed cost"))
     if c.preset in SMALL_PRESETS and results.environment.device_type == "cuda" and not (

@@ -10,13 +10,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.profile.sides import compiler_line, grew_line, sums
-from speedladder.records import Results, RungResult
+from speedladder.records import ProfiledExplanation, Results, RungResult
 
 PERFETTO = "https://ui.perfetto.dev"
 
 
-def explained(results: Results) -> list[RungResult]:
-    return [r for r in results.rungs if r.explanation]
+def explained(results: Results) -> list[tuple[RungResult, ProfiledExplanation]]:
+    return [(r, r.explanation) for r in results.rungs if r.explanation is not None]
 
 
 def _why(r: RungResult) -> str:
@@ -28,41 +28,39 @@ def _why(r: RungResult) -> str:
     return f"{r.name} {'lost' if lost else 'missed its prediction'}: {x}{where}"
 
 
-def lines_of(r: RungResult) -> list[str]:
+def lines_of(r: RungResult, e: ProfiledExplanation) -> list[str]:
     """The notes of one explained rung: what was set beside what and whether it adds up, the part against the model
     and the category that grew, what the compiler did, and the trace files."""
-    e = r.explanation or {}
-    if e.get("error"):
-        return [f"{_why(r)}; unexplained: {e['error']}."]
-    base = "+".join(e.get("base_rungs", [])) or "eager"
-    out = [f"{_why(r)}; profiled beside {base}: {sums(e)}.", f"{r.name}: {e['note']}."]
+    if e.error:
+        return [f"{_why(r)}; unexplained: {e.error}."]
+    base = "+".join(e.base_rungs) or "eager"
+    out = [f"{_why(r)}; profiled beside {base}: {sums(e)}.", f"{r.name}: {e.note}."]
     if grew_line(e):
         out[-1] = out[-1][:-1] + f"; {grew_line(e)}."
     if compiler_line(e):
         out.append(f"{r.name}: {compiler_line(e)}.")
-    if e.get("trace"):
-        beside = f" beside {e['base_trace']} ({base})" if e.get("base_trace") else ""
-        out.append(f"{r.name}: trace {e['trace']}{beside}, in the run folder: open it in {PERFETTO}.")
+    if e.trace:
+        beside = f" beside {e.base_trace} ({base})" if e.base_trace else ""
+        out.append(f"{r.name}: trace {e.trace}{beside}, in the run folder: open it in {PERFETTO}.")
     return out
 
 
 def explanation_notes(results: Results) -> list[str]:
     """The lines of every explained rung, in ladder order."""
-    return [line for r in explained(results) for line in lines_of(r)]
+    return [line for r, e in explained(results) for line in lines_of(r, e)]
 
 
-def _unit(e: dict) -> str:
-    return "ms/step, each profile scaled to its timed step" if e.get("basis") == "timed" else "profiled ms/step"
+def _unit(e: ProfiledExplanation) -> str:
+    return "ms/step, each profile scaled to its timed step" if e.basis == "timed" else "profiled ms/step"
 
 
-def explanation_rows(r: RungResult) -> tuple[list[list[str]], list[list[str]]]:
+def explanation_rows(e: ProfiledExplanation) -> tuple[list[list[str]], list[list[str]]]:
     """The side-by-side category rows (base, rung, change) and the model's part rows (with the expected change)."""
-    e = r.explanation or {}
-    cats = [[c + (" ▲" if c == e.get("grew") else ""), f"{v['base_ms']:.2f}", f"{v['rung_ms']:.2f}",
-             f"{v['rung_ms'] - v['base_ms']:+.2f}"] for c, v in (e.get("categories") or {}).items()]
-    parts = [[g + (" ◀" if g == e.get("culprit") else ""), f"{v['base_ms']:.2f}", f"{v['rung_ms']:.2f}",
-              f"{v['rung_ms'] - v['base_ms']:+.2f}", f"{v['expected_ms'] - v['base_ms']:+.2f}"]
-             for g, v in (e.get("parts") or {}).items()]
+    cats = [[c + (" ▲" if c == e.grew else ""), f"{v.base_ms:.2f}", f"{v.rung_ms:.2f}",
+             f"{v.rung_ms - v.base_ms:+.2f}"] for c, v in e.categories.items()]
+    parts = [[g + (" ◀" if g == e.culprit else ""), f"{v.base_ms:.2f}", f"{v.rung_ms:.2f}",
+              f"{v.rung_ms - v.base_ms:+.2f}", f"{v.expected_ms - v.base_ms:+.2f}"]
+             for g, v in e.parts.items()]
     return cats, parts
 
 
@@ -74,12 +72,11 @@ def explanation_tables(results: Results) -> list[Table]:
     """For each explained rung: the categories of base and rung side by side (▲ grew most), then the model's parts
     (◀ most against the prediction)."""
     out = []
-    for r in explained(results):
-        e = r.explanation or {}
-        if e.get("error"):
+    for r, e in explained(results):
+        if e.error:
             continue
-        cats, parts = explanation_rows(r)
-        base = "+".join(e.get("base_rungs", [])) or "eager"
+        cats, parts = explanation_rows(e)
+        base = "+".join(e.base_rungs) or "eager"
         for title, headers, rows in ((f"{r.name} vs {base}, {_unit(e)} (▲ grew most)", CATEGORY_HEADERS, cats),
                                      (f"{r.name}: model parts (◀ most against)", PART_HEADERS, parts)):
             t = Table(title=escape(title), title_justify="left")
@@ -96,14 +93,14 @@ def explanation_html(results: Results) -> list[str]:
     from speedladder.report.htmlkit import esc, table
 
     out = []
-    for r in explained(results):
-        lines = lines_of(r)
+    for r, e in explained(results):
+        lines = lines_of(r, e)
         out.append(f"<h3>{esc(lines[0])}</h3>")
         out.extend(f"<p>{esc(line)}</p>" for line in lines[1:])
-        if (r.explanation or {}).get("error"):
+        if e.error:
             continue
-        cats, parts = explanation_rows(r)
-        out.append(f"<p>{esc(_unit(r.explanation or {}))}</p>")
+        cats, parts = explanation_rows(e)
+        out.append(f"<p>{esc(_unit(e))}</p>")
         out.append(table(list(CATEGORY_HEADERS), cats, left=("category",)))
         out.append(table(list(PART_HEADERS), parts, left=("model part",)))
     return out

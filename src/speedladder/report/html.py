@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from speedladder.records import LearnsCheck, LossBand, Results, Role, RungResult, from_dict, to_dict
+from speedladder.records import CorpusRecord, LearnsCheck, LossBand, Results, Role, RungResult, from_dict, to_dict
 from speedladder.report import machine, summary
 from speedladder.report import parallel as parallel_report
 from speedladder.report.common import label, model_label
@@ -63,18 +63,18 @@ _NOT_RUN_STATUSES = ("skipped", "oom", "error", "interrupted", "pending")
 
 def header(saved: Results) -> str:
     """The run's header: the command, the model, the shape, the machine and when."""
-    e, c, model, corpus = saved.environment, saved.config, saved.model, saved.corpus or {}
+    e, c, model, corpus = saved.environment, saved.config, saved.model, saved.corpus or CorpusRecord()
     kind = saved.run_kind.value
     cuda = e.cuda or "none (a CPU build of torch)"
     pairs = [
         ("command", shlex.join(saved.command)),
         ("kind", kind), ("status", saved.status),
-        ("model", f"{model_label(c, model)} · {model.get('params', 0):,} parameters"
-                  + (f" · {model.get('convention_means')}; FLOPs {model.get('flops_method')}; "
-                     f"dropout {model.get('dropout')}" if "convention_means" in model else "")),
+        ("model", f"{model_label(c, model)} · {model.params:,} parameters"
+                  + (f" · {model.convention_means}; FLOPs {model.flops_method}; "
+                     f"dropout {model.dropout}" if model.convention_means else "")),
         ("shape", f"B={c.batch_size} T={c.seq_len} (batch-up ×{c.batch_multiplier})"),
         ("recipe", c.run.recipe.describe() + (f"; schedule: {saved.schedule}" if saved.schedule else "")),
-        ("corpus", f"{corpus.get('source')} · {corpus.get('tokenizer')} tokenizer · {corpus.get('tokens', 0):,} tokens"),
+        ("corpus", f"{corpus.source} · {corpus.tokenizer} tokenizer · {corpus.tokens:,} tokens"),
         ("device", f"{e.device_name} ({e.device})" + (
             f" · {c.run.threads} threads (--threads)" if c.run.threads is not None else "")),
         ("torch / CUDA", f"{e.torch} / {cuda}"),
@@ -344,7 +344,7 @@ def environment_section(saved: Results) -> str:
         return missing("no environment recorded in this results.json.")
     parts = [kv(env.items())]
     if saved.corpus:
-        parts.append("<h3>corpus</h3>" + kv(saved.corpus.items()))
+        parts.append("<h3>corpus</h3>" + kv(to_dict(saved.corpus).items()))
     fields = flatten(to_dict(saved.config))
     # Folded (a <details> element opens without any script): long, and the header already names the key values.
     parts.append(f"<details><summary>resolved configuration ({len(fields)} fields)</summary>{kv(fields)}</details>")

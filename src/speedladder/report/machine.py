@@ -3,13 +3,11 @@ from the saved `machine` section and each window's (run's) `shared` alone (measu
 
 from __future__ import annotations
 
-from typing import Any
-
-from speedladder.records import RaceSection, Results
+from speedladder.records import RaceSection, Results, TimingRecord, WindowRecord
 
 
-def _windows(timing: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return list((timing or {}).get("windows") or [])
+def _windows(timing: TimingRecord | None) -> list[WindowRecord]:
+    return list(timing.windows) if timing else []
 
 
 def header_line(results: Results) -> str | None:
@@ -39,12 +37,12 @@ def window_lines(results: Results) -> list[str]:
     out = []
     for r in results.rungs:
         mine, base = _windows(r.timing), _windows(r.base_timing)
-        shared = [w for w in mine + base if w.get("shared")]
+        shared = [w for w in mine + base if w.shared]
         if not shared:
             continue
-        most = max(w.get("other_cores") or 0.0 for w in shared)
-        out.append(f"{r.name}: other processes shared {sum(bool(w.get('shared')) for w in mine)} of its {len(mine)} "
-                   + (f"windows and {sum(bool(w.get('shared')) for w in base)} of its base's {len(base)}"
+        most = max(w.other_cores or 0.0 for w in shared)
+        out.append(f"{r.name}: other processes shared {sum(w.shared for w in mine)} of its {len(mine)} "
+                   + (f"windows and {sum(w.shared for w in base)} of its base's {len(base)}"
                       if base else "windows") + f" (up to {most:.2f} cores).")
     return out
 

@@ -3,32 +3,32 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from speedladder.profile.spread import iqr
-from speedladder.records import ProfileSummary, Results, Role
+from speedladder.records import CategoryTime, ProfileSummary, Results, Role
+from speedladder.records.profile import BF16, FP32
 from speedladder.report.common import console, label, model_label, pct, spec_value, times
 from speedladder.report.mfu import tflops_text
 
 
-def share_of(categories: dict[str, Any], name: str) -> float:
+def share_of(categories: dict[str, CategoryTime], name: str) -> float:
     """A category's share of the median step, from the profile's categories as saved."""
-    return float(categories[name]["share"])
+    return categories[name].share
 
 
-def ms_of(categories: dict[str, Any], name: str) -> float:
+def ms_of(categories: dict[str, CategoryTime], name: str) -> float:
     """A category's milliseconds in the median step."""
-    return float(categories[name]["ms"])
+    return categories[name].ms
 
 
-def share_range(v: dict) -> str:
+def share_range(v: CategoryTime) -> str:
     """A category's share of the median step, and the quartiles of each step's own share where kept."""
-    rng = v.get("share_iqr")
-    return pct(v["share"]) + (f" (steps {pct(rng[0])}–{pct(rng[1])})" if rng else "")
+    rng = v.share_iqr
+    return pct(v.share) + (f" (steps {pct(rng[0])}–{pct(rng[1])})" if rng else "")
 
 
 def iqr_text(xs: list[float]) -> str:
@@ -37,7 +37,7 @@ def iqr_text(xs: list[float]) -> str:
 
 
 def category_line(b: ProfileSummary) -> str:
-    return ", ".join(f"{c} {share_range(v)}" for c, v in b.categories.items() if v["share"] >= 0.005)
+    return ", ".join(f"{c} {share_range(v)}" for c, v in b.categories.items() if v.share >= 0.005)
 
 
 def spread_lines(b: ProfileSummary) -> list[str]:
@@ -51,19 +51,19 @@ def spread_lines(b: ProfileSummary) -> list[str]:
         out.append(f"regime {b.label}: the margin between {first} and {second} is inside their spread across the "
                    f"steps ({ranges or 'no per-step spread kept'}), so the predictions that rest on their shares are "
                    "uncertain by as much; each prediction gives its range.")
-    walls = [s["wall_ms"] for s in b.per_step]
+    walls = [s.wall_ms for s in b.per_step]
     if b.unsteady and walls:
         out.append(f"unsteady steps: wall times {min(walls):.1f}–{max(walls):.1f} ms, interquartile range "
                    f"{iqr_text(walls)} ms around a median of {statistics.median(walls):.1f} ms: the machine was busy "
                    "while profiling; the median of each category leaves out what landed in single steps.")
-    waits = [s["wait_share"] for s in b.per_step if "wait_share" in s]
+    waits = [s.wait_share for s in b.per_step if s.wait_share is not None]
     if b.starved and waits:
         out.append(f"starved: the {b.threads} threads waited for a core another process held for "
                    f"{pct(statistics.median(waits))} of the core time the median step asked for; a parallel operator "
                    "waits for its missing thread, so the shares show the contention more than the workload.")
     if b.outlier_steps and walls:
         median = statistics.median(walls)
-        steps = ", ".join(f"#{i} {b.per_step[i]['wall_ms']:.1f} ms" for i in b.outlier_steps if i < len(b.per_step))
+        steps = ", ".join(f"#{i} {b.per_step[i].wall_ms:.1f} ms" for i in b.outlier_steps if i < len(b.per_step))
         out.append(f"outlier steps (median {median:.1f} ms; {b.outlier_rule}): {steps}; the median step ignores them.")
     return out
 
@@ -72,7 +72,7 @@ def roofline_line(results: Results) -> str | None:
     """Each measured rung's achieved TFLOP/s against a peak: its MFU's (the datasheet's, the one given, or the
     ceiling the ladder measured), else, in a file without one, the ceiling the profile measured."""
     b = results.profile or ProfileSummary()
-    ceiling = b.matmuls.get("ceiling_tflops") or {}
+    ceiling = b.matmuls.ceiling_tflops
     parts = []
     for r in results.rungs:
         if not r.ok or r.role == Role.CONTROL or r.tflops is None:
@@ -86,7 +86,7 @@ def roofline_line(results: Results) -> str | None:
         return None
     with_peak = any(r.peak_tflops for r in results.rungs)
     source = ("the peak each MFU is taken against (named in the MFU note)" if with_peak else
-              f"the {b.matmuls.get('ceiling_n')}³ matmul ceiling measured here at the rung's precision")
+              f"the {b.matmuls.ceiling_n}³ matmul ceiling measured here at the rung's precision")
     return f"roofline, achieved TFLOP/s of {source}: " + "; ".join(parts) + "."
 
 
@@ -119,16 +119,16 @@ def profile_notes(results: Results) -> list[str]:
 
 def _facts_line(b: ProfileSummary) -> str:
     m = b.matmuls
-    ceil = m.get("ceiling_tflops") or {}
-    facts = [(f"measured here: {m.get('ceiling_n')}³ matmul {ceil.get('fp32', 0):.3g} TFLOP/s fp32, "
-              f"{ceil.get('bf16', 0):.3g} bf16")]
+    ceil = m.ceiling_tflops
+    facts = [(f"measured here: {m.ceiling_n}³ matmul {ceil.get(FP32, 0):.3g} TFLOP/s fp32, "
+              f"{ceil.get(BF16, 0):.3g} bf16")]
     if b.matmul_tflops:
         facts.append(f"the step's matmuls achieved {b.matmul_tflops:.3g} TFLOP/s")
-    if m.get("bf16_speedup"):
-        facts.append(f"bf16 runs this model's matmuls at {m['bf16_speedup']:.2f}× their fp32 speed")
-    gain = (m.get("batch_gain") or {}).get("fp32")
+    if m.bf16_speedup:
+        facts.append(f"bf16 runs this model's matmuls at {m.bf16_speedup:.2f}× their fp32 speed")
+    gain = m.batch_gain.get(FP32)
     if gain:
-        facts.append(f"{gain:.2f}× as efficient at {m['multiplier']}× the batch (fp32)")
+        facts.append(f"{gain:.2f}× as efficient at {m.multiplier}× the batch (fp32)")
     if b.memory_gbps:
         facts.append(f"memory-bound ops {b.memory_gbps:.1f} GB/s vs a large copy's {b.copy_gbps or 0.0:.1f} GB/s")
     return "roofline: " + "; ".join(facts) + "."
@@ -138,16 +138,16 @@ def category_table(b: ProfileSummary) -> Table:
     steps = f"the median of {b.steps} steps" if b.per_step else "one step"
     t = Table(title=escape(f"{steps}, {b.wall_step_ms or 0.0:.2f} ms under the profiler: {b.time_basis}"),
               title_justify="left")
-    spread = any(v.get("share_iqr") for v in b.categories.values())  # a profile saved before issue 16 has none
+    spread = any(v.share_iqr for v in b.categories.values())  # a profile saved before issue 16 has none
     for col in ("category", "ms/step", "share", *(["steps' IQR"] if spread else []), "of which per-op floor"):
         t.add_column(col, justify="left" if col == "category" else "right")
     for c, v in b.categories.items():
-        rng = v.get("share_iqr")
-        t.add_row(escape(c), f"{v['ms']:.3f}", pct(v["share"]),
+        rng = v.share_iqr
+        t.add_row(escape(c), f"{v.ms:.3f}", pct(v.share),
                   *([f"{pct(rng[0])}–{pct(rng[1])}" if rng else "—"] if spread else []),
-                  f"{v['floor_ms']:.3f}" if v["floor_ms"] else "—")
-    t.add_row("total", f"{sum(v['ms'] for v in b.categories.values()):.3f}",
-              pct(sum(v["share"] for v in b.categories.values())), *([""] if spread else []), "")
+                  f"{v.floor_ms:.3f}" if v.floor_ms else "—")
+    t.add_row("total", f"{sum(v.ms for v in b.categories.values()):.3f}",
+              pct(sum(v.share for v in b.categories.values())), *([""] if spread else []), "")
     return t
 
 
@@ -171,17 +171,17 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
         out.print(escape(line), soft_wrap=True)
     out.print(escape(_facts_line(b)), soft_wrap=True)
     t = Table(title="predictions (each on the rung before it)", title_justify="left")
-    spread = any(p.get("speedup_iqr") for p in saved.predictions or [])
+    spread = any(p.speedup_iqr for p in saved.predictions or [])
     for col in ("rung", "pred ×", *(["steps' IQR"] if spread else []), "why"):
         t.add_column(col, justify="left" if col in ("rung", "why") else "right")
     for p in saved.predictions or []:
-        rng = p.get("speedup_iqr")
-        t.add_row(escape(p["rung"]), times(p["speedup"]),
-                  *([f"{rng[0]:.2f}–{rng[1]:.2f}" if rng else "—"] if spread else []), escape(p["reason"]))
+        rng = p.speedup_iqr
+        t.add_row(escape(p.rung), times(p.speedup),
+                  *([f"{rng[0]:.2f}–{rng[1]:.2f}" if rng else "—"] if spread else []), escape(p.reason))
     out.print(t)
 
 
 def _ops_line(b: ProfileSummary) -> str:
     """Operators per step: one number when every step ran the same, else the range (and it is worth a look)."""
-    ops = sorted({s["ops"] for s in b.per_step})
+    ops = sorted({s.ops for s in b.per_step})
     return f"{ops[0]} in every step" if len(ops) == 1 else f"{ops[0]}–{ops[-1]} (differs between steps)"

@@ -58,7 +58,7 @@ def of(results: Results, folder: str = "RUN_DIR") -> Summary | None:
         return None
     t = results.tune
     if t is not None:
-        saved = (t.commands or {}).get("train", "")
+        saved = t.commands.train if t.commands else ""
         config = saved.split("--config ", 1)[1] if "--config " in saved else f"{folder}/{WINNER_FILE}"
         judge = t.judged_by or ("the time to the target val loss, raced over seeds" if t.judge == "time" else
                                 "tokens/s in timed windows")

@@ -9,7 +9,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from speedladder.measure.judging import SHORT
-from speedladder.records import LearnsCheck, Results, Role, RungResult
+from speedladder.records import LearnsCheck, Results, Role, RungResult, SavedModel
 from speedladder.report import conclusion, machine
 from speedladder.report.common import (
     STATUS_LABEL,
@@ -39,7 +39,7 @@ def _gate(r: RungResult) -> str:
 def _compile(r: RungResult) -> str:
     if r.compile_s is None:
         return "—"
-    return f"{r.compile_s:.1f}" + (" (cache)" if (r.timing or {}).get("cache_hits") else "")
+    return f"{r.compile_s:.1f}" + (" (cache)" if r.timing and r.timing.cache_hits else "")
 
 
 def prev_range(r: RungResult) -> tuple[float, float] | None:
@@ -97,7 +97,7 @@ def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
 def title(results: Results) -> str:
     c, e = results.config, results.environment
     return (f"speedladder · {model_label(c, results.model)} on {e.device_name} ({e.device_type}) · "
-            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · "
+            f"{results.corpus.source if results.corpus else None} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · "
             f"torch {e.torch}")
 
 
@@ -251,12 +251,12 @@ def _recipe_notes(r: RungResult, base: RungResult | None) -> list[str]:
 
 def _window_note(ok: list[RungResult]) -> list[str]:
     """On CUDA the steps per window come from a timed step: say so, and how many each rung's windows ran."""
-    sized = [(r.name, r.timing) for r in ok if r.timing and r.timing.get("sized_from_step_s")]
+    sized = [(r.name, r.timing) for r in ok if r.timing and r.timing.sized_from_step_s]
     if not sized:
         return []
-    least = sized[0][1]["min_window_s"]
+    least = sized[0][1].min_window_s
     return [f"windows: steps per window sized from a timed warm-up step so that a window lasts at least {least:g} s: "
-            + ", ".join(f"{name} {timing['window_steps']}" for name, timing in sized) + "."]
+            + ", ".join(f"{name} {timing.window_steps}" for name, timing in sized) + "."]
 
 
 def _learns_note(lc: LearnsCheck | None) -> list[str]:
@@ -275,13 +275,13 @@ def _learns_note(lc: LearnsCheck | None) -> list[str]:
     return [f"learns-check ({lc.rung}): FAILED — {lc.detail}"]
 
 
-def _model_note(model: dict) -> list[str]:
+def _model_note(model: SavedModel) -> list[str]:
     """For a model other than ours (docs/models.md): how it was called, FLOPs, dropout."""
-    if model.get("kind", "speedladder") == "speedladder":
+    if model.kind == "speedladder":
         return []
-    flops = "by formula" if model["flops_method"] == "formula" else "counted by torch"
-    return [(f"model: {model['name']}: {model['convention_means']}; FLOPs per token {flops}; "
-            f"dropout {model['dropout']}.")]
+    flops = "by formula" if model.flops_method == "formula" else "counted by torch"
+    return [(f"model: {model.name}: {model.convention_means}; FLOPs per token {flops}; "
+            f"dropout {model.dropout}.")]
 
 
 def notes(results: Results) -> list[str]:
@@ -312,7 +312,7 @@ def notes(results: Results) -> list[str]:
         if r.role == Role.CONTROL:
             out.append(f"{r.rung}: " + _control_note(by_name[r.rung], r))
     ok = [r for r in results.rungs if r.ok]
-    if any(r.compile_s is not None and (r.timing or {}).get("cache_hits") for r in ok):
+    if any(r.compile_s is not None and r.timing and r.timing.cache_hits for r in ok):
         out.append("compile s marked (cache): graphs came from the compile caches of an earlier run; "
                    "a cold compile takes longer.")
     out.extend(mfu_notes(ok))

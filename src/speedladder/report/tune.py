@@ -9,6 +9,8 @@ from rich.table import Table
 from speedladder.records import Results
 from speedladder.report.common import console, spec_value, times
 
+OLD_TRAIN = "train_rungs"  # a command a file from before winner.toml saved, no longer written: in `extra`
+
 
 def tune_lines(results: Results) -> list[str]:
     """tune's outcome in sentences: survivors, dropped rungs, candidates, the winner and its commands."""
@@ -21,8 +23,8 @@ def tune_lines(results: Results) -> list[str]:
         for name, why in t.dropped.items():
             out.append(f"tune: dropped {name} — {why}")
         for c in t.candidates:
-            if c.get("same_as"):
-                out.append(f"tune: {c['name']} ({'+'.join(c['rungs'])}) is the configuration of {c['same_as']}, "
+            if c.same_as:
+                out.append(f"tune: {c.name} ({'+'.join(c.rungs)}) is the configuration of {c.same_as}, "
                            "already measured.")
     else:
         out.append("tune: stopped before the survivors were combined.")
@@ -32,12 +34,12 @@ def tune_lines(results: Results) -> list[str]:
                       if t.winner_batch_lr_scale else "") + (f", named by {t.judged_by}." if t.judged_by else "."))
         out.extend(judge_lines(t))
         cmds = t.commands
-        out.append(f"measure it: {cmds['run']}")
-        out.append(f"train it:   {cmds['train']}")
-        if "train_rungs" in cmds:  # a file from before winner.toml: the command line that trained the winner
-            out.append(f"       or:  {cmds['train_rungs']}")
-        if "apply" in cmds:
-            out.extend(paste_lines(results, cmds["apply"]))
+        out.append(f"measure it: {cmds.run}")
+        out.append(f"train it:   {cmds.train}")
+        if OLD_TRAIN in cmds.extra:  # a file from before winner.toml: the command line that trained the winner
+            out.append(f"       or:  {cmds.extra[OLD_TRAIN]}")
+        if cmds.apply is not None:
+            out.extend(paste_lines(results, cmds.apply))
     else:
         out.append("tune: no configuration passed every gate.")
     if t.seconds is not None:

@@ -88,7 +88,7 @@ def title(results: Results, section: RaceSection | None = None) -> str:
     assert s is not None
     target = "none" if s.target_loss is None else f"{s.target_loss:.4f}"
     return (f"speedladder race · {model_label(c, results.model)} on {e.device_name} ({e.device_type}) · "
-            f"{(results.corpus or {}).get('source')} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · target val loss "
+            f"{results.corpus.source if results.corpus else None} · B={c.batch_size} T={c.seq_len}{recipe_part(results)} · target val loss "
             f"{target} · {len(s.seeds)} seeds · torch {e.torch}")
 
 
@@ -227,12 +227,12 @@ def race_lines(results: Results, section: RaceSection | None = None) -> list[str
     s = section or results.race
     if s is None:
         return []
-    corpus = results.corpus or {}
+    val_from = results.corpus.val_from if results.corpus else None
     cap = (f"{s.time_cap_s:.1f} s ({s.cap_from})" if s.time_cap_s is not None else "— (not set)")
     factor = (f"a rung stops at {s.cap_factor:g}x its base's time in the same seed, once the base is done; a base "
               f"at {cap}" if s.cap_factor else f"each run is capped at {cap}")
     out = [f"target: val loss {s.target_loss:.4f}, {s.target_from}; on a fixed val set of {s.val_sequences} "
-           f"sequences of {s.val_seq_len} tokens from {corpus.get('val_from', 'the held-out split')}, in eval mode, "
+           f"sequences of {s.val_seq_len} tokens from {val_from or 'the held-out split'}, in eval mode, "
            f"under no_grad, at each configuration's precision." if s.target_loss is not None else
            "target: not set (the race stopped before it was calibrated).",
            (f"clock: training steps only, stopped at every evaluation (every {s.eval_every} base steps' worth, "
