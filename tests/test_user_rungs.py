@@ -161,6 +161,8 @@ def test_an_architecture_rung_that_sees_the_future_fails_causality(planted):
 
 @pytest.mark.parametrize("body, says", [
     ("raise ValueError('boom')\n", "raised at import: ValueError: boom"),
+    ("import speedladder\nspeedladder.rung('one-call', 'the call form', spec={'compile': True})\n",
+     "speedladder.rung(...) is the decorator; declare a rung in one call, with spec=, as speedladder.rung.define"),
     ("x = 1\n", "declares no rung"),
     ("import speedladder\nspeedladder.rung.define('compile', 'a second compile rung', spec={'compile': True})\n",
      "'compile' (" ),

@@ -262,10 +262,15 @@ class RungDeclarer:
     def __call__(self, name: str, reason: str, kind: str = "speed", *, requires: Requirement | None = None,
                  control: Callable[[StepSpec], StepSpec] | None = None, control_reason: str | None = None,
                  changes_params: bool = False, transform: str | None = None,
-                 on: str = "model") -> Callable[[F], F]:
+                 on: str = "model", **given: object) -> Callable[[F], F]:
         """A decorator declaring the rung whose model transform (on="model", the default), spec transform
         (on="spec") or optimizer factory (on="optimizer") is the decorated function, which is returned unchanged.
-        The other arguments are `define`'s."""
+        The other arguments are `define`'s. `given`: only to name the call form to a file written for it."""
+        if unknown := sorted(set(given) - {"spec", "model", "optimizer"}):
+            raise RungError(f"rung {name}: unknown argument {', '.join(unknown)} to speedladder.rung")
+        if given:  # spec=, model= or optimizer= given to the decorator: a rung declared in one call
+            raise RungError(f"rung {name}: speedladder.rung(...) is the decorator; declare a rung in one call, with "
+                            f"{', '.join(f'{k}=' for k in given)}, as speedladder.rung.define(...) (docs/rungs.md)")
         if on not in ("model", "spec", "optimizer"):
             raise RungError(f"rung {name}: on must be model, spec or optimizer, got {on!r}")
 
