@@ -77,6 +77,15 @@ def load_dict(path) -> dict:
     return to_dict(results.load(path))
 
 
+def swap_attention(cls: type[torch.nn.Module]) -> Callable[[torch.nn.Module], torch.nn.Module]:
+    """A model transform that wraps every block's attention in `cls` (a planted attention, built from the old one)."""
+    def transform(model: torch.nn.Module) -> torch.nn.Module:
+        for block in model.blocks:
+            block.attn = cls(block.attn)
+        return model
+    return transform
+
+
 def header_of(out: str) -> str:
     """The title line of a printed run or race: the first line that names the tool (a note on a busy machine can
     come before it)."""

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import plant
+from conftest import plant, swap_attention
 
 from speedladder import verify
 from speedladder.config.run import RunConfig
@@ -36,14 +36,6 @@ class WrongScale(SDPAttention):
         q, k, v = split_heads(self.qkv(x), self.n_head)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / q.size(-1))  # 1/d, not 1/sqrt(d)
         return self.proj(merge_heads(y))
-
-
-def _attention(cls):
-    def transform(model):
-        for block in model.blocks:
-            block.attn = cls(block.attn)
-        return model
-    return transform
 
 
 def _skip_last_block(model):
@@ -86,7 +78,7 @@ def bench(tiny):
 
 @pytest.fixture
 def planted(monkeypatch):
-    for name, fn in {"no-causal-mask": _attention(NoCausalMask), "wrong-scale": _attention(WrongScale),
+    for name, fn in {"no-causal-mask": swap_attention(NoCausalMask), "wrong-scale": swap_attention(WrongScale),
                      "skip-block": _skip_last_block, "unmasked-padding": _unmasked_padding}.items():
         plant(monkeypatch, name, fn)
 

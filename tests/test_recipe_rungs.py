@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import plant as plant_transform
+from conftest import swap_attention
 
 from speedladder.errors import UsageError
 from speedladder.gpt import merge_heads, split_heads
@@ -55,14 +56,6 @@ class SeesTheFuture(SDPAttention):
         return self.proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=False)))
 
 
-def _attention(cls):
-    def transform(model):
-        for block in model.blocks:
-            block.attn = cls(block.attn)
-        return model
-    return transform
-
-
 @pytest.fixture(scope="module")
 def fp16_bench(tiny):
     """fp16 with its scaler gated against eager fp32, as the ladder gates it: the base planted rungs build on."""
@@ -87,7 +80,7 @@ def test_fp16_with_its_scaler_passes_its_gates_at_its_own_precision(fp16_bench):
 @pytest.mark.parametrize("plant, caught_by", [(WrongScale, "differential"), (SeesTheFuture, "causality")])
 def test_a_wrong_rung_after_fp16_fails(tiny, fp16_bench, monkeypatch, plant, caught_by):
     gates, ref, fp16, probe, _ = fp16_bench
-    plant_transform(monkeypatch, "planted", _attention(plant))
+    plant_transform(monkeypatch, "planted", swap_attention(plant))
     step = tiny.step(dataclasses.replace(fp16, transforms=("planted",)))
     gate, _ = gates.check(step, ref, probe, "fp16", lambda m: None)
     assert not gate.passed and not getattr(gate, caught_by).passed, gate.detail
