@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import cli, plant
-from test_gates import NoCausalMask, WrongScale, _attention, _skip_last_block
+from conftest import cli, plant, swap_attention
+from test_gates import NoCausalMask, WrongScale, _skip_last_block
 from test_html_report import visit
 from torch import nn
 
@@ -242,7 +242,7 @@ def test_at_a_planted_kink_the_fuzz_passes_and_wrong_rungs_are_still_caught(tiny
         fuzz(seed)
         gate = _check(tiny, kinked, position, ("fuzz",))
         assert gate.passed, f"seed {seed}: {gate.detail}"
-    for name, fn in {"no-causal-mask": _attention(NoCausalMask), "wrong-scale": _attention(WrongScale),
+    for name, fn in {"no-causal-mask": swap_attention(NoCausalMask), "wrong-scale": swap_attention(WrongScale),
                      "skip-block": _skip_last_block}.items():
         plant(monkeypatch, name, fn)
         assert not _check(tiny, kinked, position, (name,)).passed, name
@@ -322,7 +322,7 @@ def test_kinks_the_probe_cannot_avoid_are_priced_into_the_allowance(tiny, fuzz, 
         assert gate.passed, f"seed {seed}: {gate.detail}"
     priced = [d for d in (gate.differential.fp64.grad,) if d.kinks]
     assert priced and priced[0].allowed > priced[0].kinks, gate.differential.fp64.grad
-    for name, fn in {"wrong-scale": _attention(WrongScale), "skip-block": _skip_last_block}.items():
+    for name, fn in {"wrong-scale": swap_attention(WrongScale), "skip-block": _skip_last_block}.items():
         plant(monkeypatch, name, fn)
         wrong = dataclasses.replace(work.base_spec, transforms=(name,))
         assert not gates.check(work.step(wrong), ref, ref.probe, "eager", lambda m: None)[0].passed, name
@@ -406,7 +406,7 @@ class MaskOnlyInFp32(SDPAttention):
 
 
 def test_a_bf16_rung_whose_attention_sees_the_future_under_autocast_fails(tiny, bench, monkeypatch):
-    plant(monkeypatch, "leaky-bf16", _attention(MaskOnlyInFp32))
+    plant(monkeypatch, "leaky-bf16", swap_attention(MaskOnlyInFp32))
     gates, ref, _, _ = bench
     spec = dataclasses.replace(tiny.base_spec, autocast="bf16", transforms=("leaky-bf16",))
     gate, _ = gates.check(tiny.step(spec), ref, ref.probe, "eager", lambda m: None)
@@ -441,8 +441,8 @@ def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
     ("no-causal-mask", "causality", "blocks.0.attn"),
 ])
 def test_a_failed_gate_names_where_the_divergence_starts(tiny, bench, monkeypatch, transform, check, module):
-    plant(monkeypatch, transform, {"no-causal-mask": _attention(NoCausalMask),
-                                                      "wrong-scale": _attention(WrongScale),
+    plant(monkeypatch, transform, {"no-causal-mask": swap_attention(NoCausalMask),
+                                                      "wrong-scale": swap_attention(WrongScale),
                                                       "skip-block": _skip_last_block}[transform])
     gate = _check(tiny, bench, "eager", (transform,))
     e = gate.explanation
