@@ -42,33 +42,16 @@ from speedladder.errors import is_oom, one_line
 from speedladder.measure import devicemem, load, timer
 from speedladder.progress import Progress, task_of
 from speedladder.racing.ruler import val_hash
-from speedladder.racing.runs import Clock, Going, Runs, WallClock, rotated, rung_cap
-from speedladder.racing.verdicts import builds_upon, built_upon_line, capped_out, judge
+from speedladder.racing.runs import Clock, Going, Prepared, Runs, WallClock, rotated, rung_cap
+from speedladder.racing.verdicts import builds_upon, built_upon_line, capped_out, changes_learning, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.records.race import RaceRole
-from speedladder.rungs import ADAMW_VARIANTS, RUNGS, StepSpec, architecture, compose
+from speedladder.rungs import RUNGS, StepSpec, compose
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import probes
 from speedladder.workload import Workload, free_device_memory, machine_load, new_results
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
-
-
-@dataclasses.dataclass
-class Prepared:
-    """A configuration ready to race: its record, its spec and its built (compiled, warmed-up) step."""
-
-    entry: RaceEntry
-    spec: StepSpec
-    step: TrainStep | None
-
-
-def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
-    """Batch, optimizer, learning rate or architecture differ: the rung changes how the model learns, not only how
-    fast."""
-    return (spec.batch_size != base.batch_size or spec.lr_scale != base.lr_scale
-            or (spec.optimizer in ADAMW_VARIANTS) != (base.optimizer in ADAMW_VARIANTS)
-            or architecture(spec) != architecture(base))
 
 
 class Race(Runs):

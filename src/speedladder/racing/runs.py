@@ -14,7 +14,7 @@ import torch
 from speedladder import models
 from speedladder.measure import counters, devicemem, load
 from speedladder.racing.verdicts import at_tokens
-from speedladder.records import MachineLoad, RaceRun, RaceSection
+from speedladder.records import MachineLoad, RaceEntry, RaceRun, RaceSection
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload
@@ -23,6 +23,15 @@ _WARM_SEED = 1 << 20  # the stream of the untimed step before each run: no race 
 # A stretch of steps between two looks at the clock lasts about this long at most, where a step is slow: so that the
 # runs of a seed take turns finely, and a run stops near its cap, not a whole evaluation interval past it.
 STRETCH_S = 1.0
+
+
+@dataclass
+class Prepared:
+    """A configuration ready to race: its record, its spec and its built (compiled, warmed-up) step."""
+
+    entry: RaceEntry
+    spec: StepSpec
+    step: TrainStep | None
 
 
 class Clock(Protocol):

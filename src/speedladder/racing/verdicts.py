@@ -15,6 +15,7 @@ import statistics
 
 from speedladder.measure import judging, stats
 from speedladder.records import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection
+from speedladder.rungs import ADAMW_VARIANTS, StepSpec, architecture
 
 DID_NOT_REACH, NOT_A_WIN, BASELINE = "did not reach", "not a win", "baseline"
 PAYS = (stats.WIN, stats.NOISE)  # the verdicts a cumulative ladder can build on: noise only above 1.0x (builds_upon)
@@ -24,6 +25,14 @@ DERIVED = ("time", "tokens", "steps", "tokens_per_s", "speedup_prev", "speedup_b
            "tokens_per_s_prev", "tokens_per_s_cum", "token_ratio", "verdict", "verdict_detail", "p_win", "p_loss",
            "detectable", "paired", "equal_tokens", "budget")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(RaceEntry) if f.name in DERIVED}
+
+
+def changes_learning(spec: StepSpec, base: StepSpec) -> bool:
+    """Batch, optimizer, learning rate or architecture differ: the rung changes how the model learns, not only how
+    fast."""
+    return (spec.batch_size != base.batch_size or spec.lr_scale != base.lr_scale
+            or (spec.optimizer in ADAMW_VARIANTS) != (base.optimizer in ADAMW_VARIANTS)
+            or architecture(spec) != architecture(base))
 
 
 def builds_upon(entry: RaceEntry) -> bool:
