@@ -6,12 +6,15 @@ parameter's gradient under autocast passed every gate that way, being 3x as far 
 at a lower precision is eager fp32 under a TorchFunctionMode that rounds as that precision's kernels would: not
 autocast, not torchao, not the rung's code.
 
-- bf16, autocast's policy written out: the inputs and output of every matmul (linear, matmul, mm, bmm, addmm,
-  baddbmm, einsum, scaled_dot_product_attention) are rounded to bf16; an op whose every floating input holds bf16
-  values rounds its own output (autocast would run it in bf16), except the ops autocast runs in fp32 (softmax,
-  norms, losses, exp, log, pow, sums); a view of bf16 values holds bf16 values. Each rounding rounds the gradient
-  that flows back through it too, as bf16 kernels' gradients are bf16. On the tiny preset and d2l-cpu every
-  gradient's distance from fp64 came within 0.96-1.06x of eager under autocast's.
+- bf16, autocast's policy written out, per device as autocast's own differs: the inputs and output of every
+  matmul (linear, matmul, mm, bmm, addmm, baddbmm, einsum, scaled_dot_product_attention) are rounded to bf16; an
+  op whose every floating input holds bf16 values rounds its own output (autocast would run it in bf16), except
+  the ops autocast runs in fp32: on a GPU softmax, norms, losses, exp, log, pow and sums, on a CPU the losses
+  alone. A CPU's norms run in their input's precision whatever their weights' (a LayerNorm after a GELU runs in
+  bf16 there), and its LayerNorm kernel sums the weight's and the bias's gradients row by row in bf16, one run
+  per thread: emulated so (at 1,024 rows that alone is 4-9% from fp64). A view of bf16 values holds bf16 values; a cast to fp32 holds fp32 ones. Each rounding rounds the
+  gradient that flows back through it too, as bf16 kernels' gradients are bf16. On the tiny preset and d2l-cpu
+  every gradient's distance from fp64 came within 0.96-1.06x of eager under autocast's.
 - fp16: bf16's policy with fp16 in its place (autocast's fp16 policy is its bf16 one): values rounded to fp16 on the
   way forward, its range included; the gradients flowing back rounded to fp16's 10-bit mantissa in fp32's range,
   as a gradient scaler keeps them (the fp16 rung's torch.amp.GradScaler scales the loss so that they neither
@@ -45,6 +48,13 @@ FP32_OPS: set[Callable[..., Any]] = {
     torch.log, torch.Tensor.log, torch.pow, torch.Tensor.pow, torch.rsqrt, torch.Tensor.rsqrt, torch.sum,
     torch.Tensor.sum, torch.cumsum, torch.Tensor.cumsum, torch.logsumexp, torch.Tensor.logsumexp, torch.norm,
     torch.Tensor.norm}
+# On a CPU autocast keeps only the losses in fp32: softmax, norms, exp, sums run in their inputs' precision.
+CPU_FP32_OPS: set[Callable[..., Any]] = {F.cross_entropy, F.nll_loss, F.mse_loss}
+# Norms whose output takes their input's precision on a CPU, whatever their weights' (fp32 parameters).
+NORMS: set[Callable[..., Any]] = {F.layer_norm, F.group_norm, F.rms_norm}
+# Casts: to fp32 or fp64 the values are no longer the narrow format's, whatever they were.
+CASTS: set[Callable[..., Any]] = {torch.Tensor.to, torch.Tensor.float, torch.Tensor.double, torch.Tensor.type}
+WIDE = (torch.float32, torch.float64)
 E4M3_MAX = 448.0
 
 
@@ -79,6 +89,48 @@ def e4m3_rowwise(x: torch.Tensor, dim: int) -> torch.Tensor:
     amax = x.abs().amax(dim=dim, keepdim=True).float().clamp_min(1e-12)
     scale = torch.exp2(torch.floor(torch.log2(E4M3_MAX / amax)))
     return ((x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() / scale).to(x.dtype)
+
+
+def _summed_low(t: torch.Tensor, fmt: torch.dtype | str) -> torch.Tensor:
+    """t's rows (all but its last dimension) summed as a CPU LayerNorm kernel sums its parameters' gradients from
+    bf16 values: each thread's contiguous run of rows in order, the running sum rounded after every row; the
+    threads' sums added in fp32."""
+    rows = t.reshape(-1, t.shape[-1])
+    total = torch.zeros(t.shape[-1], dtype=t.dtype, device=t.device)
+    for run in rows.chunk(max(1, torch.get_num_threads())):
+        acc = torch.zeros_like(total)
+        for r in run:
+            acc = _to(acc + r, fmt)
+        total = total + acc
+    return total
+
+
+class LowAffine(torch.autograd.Function):
+    """y = x̂ w + b, a normalized x̂ scaled and shifted in fp32, whose w and b gradients are summed as a CPU
+    LayerNorm kernel with a narrow input sums them (_summed_low)."""
+
+    @staticmethod
+    def forward(ctx: Any, xhat: torch.Tensor, w: torch.Tensor | None, b: torch.Tensor | None,
+                fmt: torch.dtype | str) -> torch.Tensor:
+        ctx.save_for_backward(xhat, w)
+        ctx.fmt, ctx.bias = fmt, b is not None
+        y = xhat * w if w is not None else xhat
+        return y + b if b is not None else y
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, None]:
+        xhat, w = ctx.saved_tensors
+        grad_w = _summed_low(g * xhat, ctx.fmt) if w is not None else None
+        grad_b = _summed_low(g, ctx.fmt) if ctx.bias else None
+        return (g * w if w is not None else g), grad_w, grad_b, None
+
+
+def layer_norm_low(fmt: torch.dtype | str, input: torch.Tensor, normalized_shape: Any,
+                   weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                   eps: float = 1e-5) -> torch.Tensor:
+    """F.layer_norm over the last dimension as a CPU kernel runs it on a narrow input: fp32 arithmetic, the
+    parameters' gradients summed in the narrow format (LowAffine)."""
+    return LowAffine.apply(F.layer_norm(input, normalized_shape, None, None, eps), weight, bias, fmt)
 
 
 class Float8Linear(torch.autograd.Function):
@@ -161,9 +213,18 @@ class Emulated(TorchFunctionMode):
             kwargs = {k: self._rounded(v) for k, v in kwargs.items()}
             return self._round(func(*args, **kwargs))
         out = func(*args, **kwargs)
-        if self.precision == "tf32" or func in FP32_OPS or not isinstance(out, torch.Tensor):
+        if isinstance(out, torch.Tensor) and _widens(func, args, kwargs):
+            return out.view_as(out) if self._holds(out) else out  # an fp32 tensor casts to itself: a fresh alias
+        if self.precision == "tf32" or not isinstance(out, torch.Tensor):
+            return out
+        cpu = out.device.type == "cpu"
+        if func in (CPU_FP32_OPS if cpu else FP32_OPS):
             return out
         inputs = [t for t in _tensors(args, kwargs) if t.is_floating_point()]
+        if cpu and func in NORMS:
+            inputs = inputs[:1]  # the normalized tensor: its weights may be fp32 parameters
+            if func is F.layer_norm and self._holds(inputs[0]) and len(_shape(args, kwargs)) == 1:
+                return self._round(layer_norm_low(self.fmt, *args, **kwargs))
         if not out.is_floating_point() or not inputs or not all(self._holds(t) for t in inputs):
             return out
         if out._is_view() or getattr(func, "__name__", "").endswith("_"):
@@ -174,6 +235,21 @@ class Emulated(TorchFunctionMode):
 
 def _floating(a: Any) -> bool:
     return isinstance(a, torch.Tensor) and a.is_floating_point()
+
+
+def _shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
+    shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape", ())
+    return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+def _widens(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """A cast to fp32 or fp64 (`.float()`, `.double()`, `.to(torch.float32)`): its result holds wide values."""
+    if func not in CASTS:
+        return False
+    if func in (torch.Tensor.float, torch.Tensor.double):
+        return True
+    dtype = kwargs.get("dtype", next((a for a in args if isinstance(a, torch.dtype)), None))
+    return dtype in WIDE
 
 
 def fp8_weights(model: nn.Module, eligible: Callable[[nn.Module, str], bool]) -> set[int]:

@@ -1,0 +1,96 @@
+"""The emulated precision the gates judge a precision rung by (verify/emulate.py) rounds as autocast's kernels on
+this device do: measured gradient by gradient against eager under autocast, on a model whose norms see bf16."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from speedladder.verify.emulate import Emulated
+
+
+class NormAfterGelu(nn.Module):
+    """A LayerNorm fed by a GELU (bf16 under autocast, so the norm runs in bf16 on a CPU) and a softmax over bf16
+    scores: the two places a CPU's autocast differs from a GPU's."""
+
+    def __init__(self, attend: bool, vocab: int = 28, width: int = 16) -> None:
+        super().__init__()
+        self.attend = attend
+        self.wte = nn.Embedding(vocab, width)
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
+                                      for _ in range(2)))
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.wte(idx))
+        if self.attend:
+            scores = torch.softmax(h @ h.transpose(-1, -2), dim=-1)  # bf16 scores: a CPU's softmax runs in bf16
+            h = h + scores @ h
+        return self.head(h)
+
+
+def _distances(model: nn.Module, ctx, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Each parameter's gradient, its largest difference from float64's over float64's largest element."""
+    def grads(m: nn.Module, context) -> dict[str, torch.Tensor]:
+        m.zero_grad()
+        with context:
+            loss = F.cross_entropy(m(x).flatten(0, 1).float(), y.flatten())
+        loss.backward()
+        return {n: p.grad.double() for n, p in m.named_parameters()}
+
+    ref = grads(copy.deepcopy(model).double(), torch.autocast("cpu", enabled=False))
+    got = grads(model, ctx)
+    return {n: float((got[n] - ref[n]).abs().max() / ref[n].abs().max()) for n in ref}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_emulated_bf16_is_as_far_from_fp64_as_autocast_on_a_cpu(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the LayerNorm kernel sums its parameters' gradients one run per thread
+    try:
+        for seed in range(3):
+            torch.manual_seed(seed)
+            model = NormAfterGelu(attend=False)
+            x, y = torch.randint(0, 28, (4, 16)), torch.randint(0, 28, (4, 16))
+            emulated = _distances(model, Emulated("bf16"), x, y)
+            autocast = _distances(model, torch.autocast("cpu", dtype=torch.bfloat16), x, y)
+            # Before the CPU's own policy, the norm's weight came out 0.6x autocast's distance: below the gate's
+            # scale, so a clean bf16 rung failed its gate on about one initialization in three.
+            for name in emulated:
+                assert emulated[name] == pytest.approx(autocast[name], rel=0.05), (seed, name)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_with_a_softmax_over_bf16_scores_every_gradient_stays_within_a_factor_of_autocasts():
+    ratios = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = NormAfterGelu(attend=True)
+        x, y = torch.randint(0, 28, (4, 16)), torch.randint(0, 28, (4, 16))
+        emulated = _distances(model, Emulated("bf16"), x, y)
+        autocast = _distances(model, torch.autocast("cpu", dtype=torch.bfloat16), x, y)
+        ratios += [autocast[n] / emulated[n] for n in emulated]
+    print(f"autocast's distance over the emulation's: {min(ratios):.2f}-{max(ratios):.2f}")
+    # The gate allows 3x the emulation's distance; before a CPU's softmax was rounded, a weight reached 7x.
+    assert 1 / 3 < min(ratios) and max(ratios) < 3.0
+
+
+def test_a_cpu_rounds_softmax_and_norms_of_bf16_values_and_a_cast_widens():
+    def bf16(t: torch.Tensor) -> bool:
+        return torch.equal(t, t.bfloat16().float())
+
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 16), torch.randn(16, 16)
+    with Emulated("bf16"):
+        h = F.gelu(F.linear(x, w))  # a matmul's output holds bf16, and so does an op on it alone
+        normed = F.layer_norm(h, (16,), torch.randn(16), torch.randn(16))  # fp32 weights: still bf16 on a CPU
+        soft = torch.softmax(h * 3.7, dim=-1)
+        widened = h.float() * 1.37  # .float() holds fp32 values: the product is not rounded
+        loss = F.cross_entropy(h, torch.zeros(4, dtype=torch.long))  # losses stay fp32 on every device
+    assert bf16(h) and bf16(normed) and bf16(soft)
+    assert not bf16(widened) and not bf16(loss.reshape(1))
