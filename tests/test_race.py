@@ -315,7 +315,7 @@ def test_a_25_percent_slower_rung_that_is_noise_is_not_built_upon(monkeypatch, t
     assert slow.verdict == "noise" and 0.01 < slow.p_loss < 0.2 and slow.p_win > 0.5
     assert slow.speedup_prev == pytest.approx(1 / 1.25, rel=0.05)
     assert slow.built_upon is False and same.built_on == "eager" and same.stage == 2
-    assert same.spec["optimizer"] == eager.spec["optimizer"] != "adamw-foreach"
+    assert same.spec.optimizer == eager.spec.optimizer != "adamw-foreach"
     from speedladder import results
     from speedladder.report.race.text import race_lines
 
@@ -492,8 +492,8 @@ def test_the_race_is_saved_typed_and_complete(raced):
     assert all(r.other_cores is not None and r.other_cores >= 0 for e in s.entries for r in e.runs)
     assert m.shared_runs == sum(r.shared for e in s.entries for r in e.runs)
     batch, muon = s.entry("batch"), s.entry("muon")
-    assert batch.spec["batch_size"] == 8 and batch.changes_learning and batch.equal_tokens is not None
-    assert muon.spec["optimizer"] == "muon" and muon.changes_learning
+    assert batch.spec.batch_size == 8 and batch.changes_learning and batch.equal_tokens is not None
+    assert muon.spec.optimizer == "muon" and muon.changes_learning
     judged = [e for e in s.entries if e.built_on]
     assert judged and all(e.p_win is not None and e.p_loss is not None and e.paired is not None for e in judged)
 
@@ -609,7 +609,7 @@ def test_combos_and_the_python_api_race_each_set_against_eager(tmp_path):
     s = saved.race
     assert [(e.name, e.role, e.built_on) for e in s.entries] == [("eager", "rung", None), ("bf16", "combo", "eager"),
                                                                  ("bf16+muon", "combo", "eager")]
-    assert s.entry("bf16+muon").spec["optimizer"] == "muon" and s.entry("bf16+muon").changes_learning
+    assert s.entry("bf16+muon").spec.optimizer == "muon" and s.entry("bf16+muon").changes_learning
     assert all(len(e.runs) == 2 for e in s.entries) and saved.status == "complete"
     (run_dir,) = tmp_path.iterdir()
     assert {"results.json", "waterfall.png", "report.html"} <= {p.name for p in run_dir.iterdir()}
@@ -676,4 +676,4 @@ def test_a_race_folder_names_its_fastest_for_train_and_apply(raced):
     best = saved.race.entry(saved.race.fastest)
     assert saved.winner() == (best.name, tuple(n for n in best.rungs if n != "eager"))
     spec, _ = winner(raced, torch.device("cpu"))
-    assert spec == StepSpec.from_dict(best.spec)
+    assert spec == best.spec

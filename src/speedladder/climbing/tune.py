@@ -196,7 +196,7 @@ def summarize(section: TuneSection, results: Results, run_dir: str | Path) -> No
     best = winner(results)
     names = tuple(n for n in (rungs_of(best, results) if best else ()) if n != "eager")
     section.winner, section.winner_rungs = (best.name if best else None), list(names)
-    section.winner_spec = best.spec.to_dict() if best and best.spec else None
+    section.winner_spec = best.spec if best else None
     section.commands = commands(run_dir) if best else None
 
 
@@ -283,13 +283,13 @@ def judge_by_time(section: TuneSection, race: RaceSection, configs: list[Raced],
     best = max(won, key=lambda e: e.speedup_cum or 0.0) if won else None
     tokens = section.tokens_judge
     if best is None:
-        chosen = Raced("eager", (), StepSpec.from_dict(race.entries[0].spec), "none", "eager", 1.0)
+        chosen = Raced("eager", (), race.entries[0].spec, "none", "eager", 1.0)
         detail = f"no raced configuration reached the target faster than eager at p < {race.alpha:g}"
     else:
         chosen = by_name[best.name]
         detail = ""
     other = against_tokens(chosen.name) if tokens is not None and tokens.winner != chosen.name else None
-    section.time_judge = TuneJudge("time", chosen.name, list(chosen.rungs), chosen.spec.to_dict(),
+    section.time_judge = TuneJudge("time", chosen.name, list(chosen.rungs), chosen.spec,
                                    chosen.batch_lr_scale if "batch" in chosen.rungs else None, chosen.tokens_x,
                                    best.speedup_cum if best else 1.0, best.p_win if best else None, other, detail)
     if tokens is not None:
@@ -298,7 +298,7 @@ def judge_by_time(section: TuneSection, race: RaceSection, configs: list[Raced],
         tokens.p_vs_eager = entry.p_win if entry is not None else None
     section.judge, section.judged_by = "time", "the time to the target val loss (--judge time)"
     section.winner, section.winner_rungs = chosen.name, list(chosen.rungs)
-    section.winner_spec = chosen.spec.to_dict()
+    section.winner_spec = chosen.spec
     section.winner_batch_lr_scale = chosen.batch_lr_scale if "batch" in chosen.rungs else None
 
 
@@ -309,5 +309,5 @@ def tokens_judge(section: TuneSection, results: Results) -> None:
         return
     rule = results.config.run.batch_lr_scale
     section.tokens_judge = TuneJudge("tokens", best.name, list(section.winner_rungs),
-                                     best.spec.to_dict() if best.spec else None,
+                                     best.spec,
                                      rule if "batch" in section.winner_rungs else None, best.speedup_cum)

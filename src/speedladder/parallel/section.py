@@ -41,7 +41,7 @@ def new_section(work: Workload, spec: StepSpec, pcfg: ParallelConfig, command: s
     first = int(pcfg.first_bucket_mb * costmodel.MIB) if pcfg.bucket_cap_mb == DDP_DEFAULT_BUCKET_MB else cap
     return ParallelSection(
         command=command, strategy=pcfg.strategy, nproc=ks, threads_per_process=threads, cpu_cores=cores,
-        config=pcfg, spec=spec.to_dict(), rungs=list(work.cfg.run.rungs or ()),
+        config=pcfg, spec=spec, rungs=list(work.cfg.run.rungs or ()),
         tokens_per_step_per_process=spec.tokens_per_step, grad_bytes=sum(per_param), param_bytes=per_param,
         unit_bytes=units, bucket_cap_bytes=cap, first_bucket_bytes=first,
         ddp_buckets=costmodel.ddp_buckets(per_param, cap, first))

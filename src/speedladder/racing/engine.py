@@ -124,7 +124,7 @@ class Race(Runs):
                role: RaceRole) -> RaceEntry:
         last = RUNGS[names[-1]] if names else RUNGS["eager"]
         return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,
-                         built_on=built_on.entry.name if built_on else None, spec=spec.to_dict(),
+                         built_on=built_on.entry.name if built_on else None, spec=spec,
                          precision=spec.precision,
                          changes_learning=built_on is not None and changes_learning(spec, built_on.spec))
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from speedladder.config.parallel import ParallelConfig
 from speedladder.measure.judging import Spread
+from speedladder.spec import StepSpec
 
 
 @dataclass
@@ -114,7 +115,7 @@ class ParallelSection:
     threads_per_process: int
     cpu_cores: int | None
     config: ParallelConfig
-    spec: dict[str, Any]
+    spec: StepSpec
     rungs: list[str]
     tokens_per_step_per_process: int
     grad_bytes: int

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from speedladder.spec import StepSpec
+
 
 @dataclass
 class CategoryTime:
@@ -109,7 +111,7 @@ class ProfileSummary:
     matmul_tflops: float | None = None
     memory_gbps: float | None = None
     memory_counted_share: float | None = None
-    spec: dict[str, Any] = field(default_factory=dict)
+    spec: StepSpec | None = None  # None in a file whose profile saved no spec
     rungs: list[str] = field(default_factory=list)
     device_type: str | None = None
     tokens_per_step: int | None = None

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from speedladder.config.commands import RaceConfig
 from speedladder.measure.stats import Summary
 from speedladder.records.checks import Causality
+from speedladder.spec import StepSpec
 
 # A race's configuration: a step of a cumulative ladder, given rungs together, a run's winner, or a tune finalist.
 RaceRole = Literal["rung", "combo", "winner", "finalist"]
@@ -141,7 +142,7 @@ class RaceEntry:
     reason: str
     kind: str  # the last rung's kind: "speed", "memory" or "optimizer"
     built_on: str | None  # the entry it is judged against
-    spec: dict[str, Any]
+    spec: StepSpec
     precision: str
     status: str = "pending"  # "ok", "skipped", "error", "failed" (the causality probe) or "pending"
     detail: str = ""

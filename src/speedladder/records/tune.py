@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speedladder.records.race import RaceSection
+from speedladder.spec import StepSpec
 
 
 @dataclass
@@ -16,7 +17,7 @@ class TuneJudge:
     judge: str  # "tokens" (tokens/s in timed windows) or "time" (time to the target val loss, raced over seeds)
     winner: str | None  # the record's name (a rung, a candidate, a final re-measurement, or a raced finalist)
     rungs: list[str] = field(default_factory=list)  # above eager
-    spec: dict[str, Any] | None = None
+    spec: StepSpec | None = None
     batch_lr_scale: str | None = None  # the learning-rate rule of its batch rung, when it has one
     tokens_per_s_x: float | None = None  # × eager's tokens/s
     time_x: float | None = None  # × faster than eager to the target (paired by seed)
@@ -67,7 +68,7 @@ class TuneSection:
     finalists: list[str] = field(default_factory=list)
     winner: str | None = None
     winner_rungs: list[str] = field(default_factory=list)
-    winner_spec: dict[str, Any] | None = None
+    winner_spec: StepSpec | None = None
     winner_batch_lr_scale: str | None = None  # the winner's batch rule, when the race chose one of its own
     commands: TuneCommands | None = None
     judge: str = "tokens"  # which judge chose the winner: "time" or "tokens" (a file from before the race: tokens)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
-from typing import Any
 
 from rich.console import Console
 
@@ -83,9 +81,3 @@ def recipe_line(results: Results) -> list[str]:
     if recipe.is_default:
         return []
     return [f"recipe: {recipe.describe()}" + (f"; schedule: {results.schedule}" if results.schedule else "") + "."]
-
-
-def spec_value(spec: Mapping[str, Any] | None, name: str) -> Any:
-    """One field of a step spec that a record keeps as saved, a dict: a race entry's, tune's winner's, a profile's
-    or a parallel run's (a rung's spec is a StepSpec, read by attribute). A key the dict lacks is None."""
-    return spec.get(name) if spec is not None else None

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from speedladder.measure.judging import Spread
 from speedladder.records import ParallelSection, Probe, Results
-from speedladder.report.common import recipe_part, spec_value
+from speedladder.report.common import recipe_part
 
 SCALING_PLOT = "scaling.png"
 
@@ -48,8 +48,8 @@ def title(saved: Results) -> str:
     """The printed table's title: the command, strategy, model, machine, configuration and shape per process."""
     c, e, p = saved.config, saved.environment, section(saved)
     return (f"speedladder {p.command} · {p.strategy} · {c.preset} on {e.device_name} "
-            f"({e.device_type}) · {'+'.join(p.rungs)} · B={spec_value(p.spec, 'batch_size')} "
-            f"T={spec_value(p.spec, 'seq_len')} per process{recipe_part(saved)} · torch {e.torch}")
+            f"({e.device_type}) · {'+'.join(p.rungs)} · B={p.spec.batch_size} "
+            f"T={p.spec.seq_len} per process{recipe_part(saved)} · torch {e.torch}")
 
 
 def probe_table(probe: Probe) -> Table:

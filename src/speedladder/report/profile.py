@@ -11,7 +11,7 @@ from rich.table import Table
 from speedladder.profile.spread import iqr
 from speedladder.records import CategoryTime, ProfileSummary, Results, Role
 from speedladder.records.profile import BF16, FP32
-from speedladder.report.common import console, label, model_label, pct, spec_value, times
+from speedladder.report.common import console, label, model_label, pct, times
 from speedladder.report.mfu import tflops_text
 
 
@@ -155,7 +155,7 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     """`speedladder profile`'s output: top operators, categories, regime, roofline, predictions."""
     out = out or console()
     b = saved.profile or ProfileSummary()
-    batch, length = spec_value(b.spec, "batch_size"), spec_value(b.spec, "seq_len")
+    batch, length = (b.spec.batch_size, b.spec.seq_len) if b.spec is not None else (None, None)
     out.print(escape(f"speedladder profile · {model_label(saved.config, saved.model)} on "
                      f"{saved.environment.device_name} · B={batch} T={length} · "
                      f"{'+'.join(b.rungs) or 'baseline (eager fp32)'} · {b.steps} steps"))

@@ -7,7 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from speedladder.records import Results
-from speedladder.report.common import console, spec_value, times
+from speedladder.report.common import console, times
 
 OLD_TRAIN = "train_rungs"  # a command a file from before winner.toml saved, no longer written: in `extra`
 
@@ -67,15 +67,16 @@ def judge_lines(t) -> list[str]:
 
 def paste_lines(results: Results, apply: str) -> list[str]:
     """The lines to paste into a nanoGPT-style loop, and what they apply (the batch size stays the loop's own)."""
-    spec = (results.tune.winner_spec if results.tune else None) or {}
-    mode, autocast = spec_value(spec, "compile_mode"), spec_value(spec, "autocast")
-    applied = [f"torch.compile (mode {mode or 'default'})" if spec_value(spec, "compile") else "",
-               f"{autocast} autocast" if autocast else "", "TF32" if spec_value(spec, "tf32") else "",
-               *(spec_value(spec, "transforms") or []), spec_value(spec, "optimizer") or "adamw"]
+    spec = results.tune.winner_spec if results.tune else None
+    if spec is None:
+        return []
+    mode, autocast = spec.compile_mode, spec.autocast
+    applied = [f"torch.compile (mode {mode or 'default'})" if spec.compile else "",
+               f"{autocast} autocast" if autocast else "", "TF32" if spec.tf32 else "", *spec.transforms, spec.optimizer]
     out = ["in your own loop: " + apply,
            "                  with autocast: logits, loss = model(X, Y)  # then loss.backward(); optimizer.step()",
            (f"                  applies {', '.join(a for a in applied if a)}; the batch is yours to set "
-           f"(the winner trained B={spec_value(spec, 'batch_size')}, T={spec_value(spec, 'seq_len')})")]
+           f"(the winner trained B={spec.batch_size}, T={spec.seq_len})")]
     if mode in ("max-autotune", "reduce-overhead"):
         out.append("                  CUDA graphs: call torch.compiler.cudagraph_mark_step_begin() before each step")
     return out
@@ -83,8 +84,6 @@ def paste_lines(results: Results, apply: str) -> list[str]:
 
 def winner_table(results: Results) -> Table | None:
     """The winning configuration, field by field."""
-    from speedladder.rungs import StepSpec
-
     t = results.tune
     spec = t.winner_spec if t else None
     if not t or not spec or not t.winner:
@@ -93,14 +92,13 @@ def winner_table(results: Results) -> Table | None:
     table = Table(title="tune: the winning configuration", title_justify="left")
     table.add_column("field", no_wrap=True)
     table.add_column("value")
-    compiled = "no" if not spec_value(spec, "compile") else (spec_value(spec, "compile_mode") or "default")
+    compiled = "no" if not spec.compile else (spec.compile_mode or "default")
     rows_ = [("rungs", ",".join(["eager", *t.winner_rungs])),
-             ("batch × length", f"{spec_value(spec, 'batch_size')} × {spec_value(spec, 'seq_len')}"),
-             ("compile", compiled), ("precision", StepSpec.from_dict(spec).precision),
-             ("optimizer", spec_value(spec, "optimizer") or "adamw"),
-             ("learning rate", f"× {(spec_value(spec, 'lr_scale') or 1.0):g}" + (f" (the {t.winner_batch_lr_scale} rule)"
-                                                                    if t.winner_batch_lr_scale else "")),
-             ("model transforms", ", ".join(spec_value(spec, "transforms")) or "none")]
+             ("batch × length", f"{spec.batch_size} × {spec.seq_len}"),
+             ("compile", compiled), ("precision", spec.precision), ("optimizer", spec.optimizer),
+             ("learning rate", f"× {spec.lr_scale:g}" + (f" (the {t.winner_batch_lr_scale} rule)"
+                                                        if t.winner_batch_lr_scale else "")),
+             ("model transforms", ", ".join(spec.transforms) or "none")]
     if w is not None and w.tokens_per_s is not None:
         tps = w.tokens_per_s
         rows_ += [("tokens/s", f"{tps.median:,.0f} ({tps.min:,.0f}–{tps.max:,.0f})"), ("× eager", times(w.speedup_cum))]

@@ -93,8 +93,7 @@ def winner(where: str | Path | StepSpec, device: torch.device,
     tuned = saved.tune.winner_spec if saved.tune else None
     raced = saved.race.entry(saved.race.fastest) if saved.race and saved.race.fastest else None
     best = saved.rung(saved.fastest) if saved.fastest else None
-    as_saved = tuned or (raced.spec if raced is not None else None)  # tune's and a race's specs are saved dicts
-    spec = StepSpec.from_dict(as_saved) if as_saved else best.spec if best is not None else None
+    spec = tuned or (raced.spec if raced is not None else None) or (best.spec if best is not None else None)
     if spec is None:
         raise UsageError(f"{where} names no configuration that passed every gate")
     run = saved.config.run
