@@ -47,17 +47,22 @@ def _distances(model: nn.Module, ctx, x: torch.Tensor, y: torch.Tensor) -> dict[
     return {n: float((got[n] - ref[n]).abs().max() / ref[n].abs().max()) for n in ref}
 
 
+def _emulated_and_autocast(attend: bool, seed: int) -> tuple[dict[str, float], dict[str, float]]:
+    """One seeded model and batch: each gradient's distance from fp64, emulated bf16 and under autocast."""
+    torch.manual_seed(seed)
+    model = NormAfterGelu(attend)
+    x, y = torch.randint(0, 28, (4, 16)), torch.randint(0, 28, (4, 16))
+    return (_distances(model, Emulated("bf16"), x, y),
+            _distances(model, torch.autocast("cpu", dtype=torch.bfloat16), x, y))
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_emulated_bf16_is_as_far_from_fp64_as_autocast_on_a_cpu(threads):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # the LayerNorm kernel sums its parameters' gradients one run per thread
     try:
         for seed in range(3):
-            torch.manual_seed(seed)
-            model = NormAfterGelu(attend=False)
-            x, y = torch.randint(0, 28, (4, 16)), torch.randint(0, 28, (4, 16))
-            emulated = _distances(model, Emulated("bf16"), x, y)
-            autocast = _distances(model, torch.autocast("cpu", dtype=torch.bfloat16), x, y)
+            emulated, autocast = _emulated_and_autocast(attend=False, seed=seed)
             # Before the CPU's own policy, the norm's weight came out 0.6x autocast's distance: below the gate's
             # scale, so a clean bf16 rung failed its gate on about one initialization in three.
             for name in emulated:
@@ -69,11 +74,7 @@ def test_emulated_bf16_is_as_far_from_fp64_as_autocast_on_a_cpu(threads):
 def test_with_a_softmax_over_bf16_scores_every_gradient_stays_within_a_factor_of_autocasts():
     ratios = []
     for seed in range(3):
-        torch.manual_seed(seed)
-        model = NormAfterGelu(attend=True)
-        x, y = torch.randint(0, 28, (4, 16)), torch.randint(0, 28, (4, 16))
-        emulated = _distances(model, Emulated("bf16"), x, y)
-        autocast = _distances(model, torch.autocast("cpu", dtype=torch.bfloat16), x, y)
+        emulated, autocast = _emulated_and_autocast(attend=True, seed=seed)
         ratios += [autocast[n] / emulated[n] for n in emulated]
     print(f"autocast's distance over the emulation's: {min(ratios):.2f}-{max(ratios):.2f}")
     # The gate allows 3x the emulation's distance; before a CPU's softmax was rounded, a weight reached 7x.
