@@ -267,6 +267,30 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
     assert ladder.flop_peaks.of(bf16, gpt2, fpt) == (989.4, "peak given by --peak-tflops")
 
 
+@pytest.mark.parametrize("hardware, env, native, why", [
+    ((False, False), {}, False, "no AVX-512 BF16 or AMX (AVX2): bf16 is emulated in fp32"),  # a real AVX2 processor
+    ((True, False), {"ONEDNN_MAX_CPU_ISA": "AVX2"}, False, "ONEDNN_MAX_CPU_ISA=AVX2 caps oneDNN below AVX-512 BF16"),
+    ((True, True), {"ATEN_CPU_CAPABILITY": "avx2"}, False, "ATEN_CPU_CAPABILITY keeps torch at AVX2"),
+    ((True, True), {}, True, "AVX-512 BF16 or AMX: bf16 matmuls run natively"),
+    ((None, None), {}, None, "cannot tell"),
+])
+def test_the_processor_names_why_bf16_is_emulated_whatever_caused_it(monkeypatch, hardware, env, native, why):
+    """What the processor has and what the environment caps, read from stand-ins for torch's probes: each cause on
+    any processor, so the wording of one is not tested only where it happens to hold."""
+    from speedladder.measure import processor
+
+    bf16, amx = hardware
+    monkeypatch.setattr(processor, "_probe", lambda name: bf16 if "bf16" in name else amx)
+    capability = "AVX2" if not bf16 or "ATEN_CPU_CAPABILITY" in env else "AVX512"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cpu = processor.cpu()
+    assert cpu.bf16_native is native and why in cpu.why, cpu
+    assert native is not False or "emulated" in cpu.why or "no bf16 kernels" in cpu.why
+
+
 @pytest.mark.isa
 def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
     """torch.optim.Muon always iterates in bf16; on a CPU whose oneDNN is capped below AVX-512 BF16 (as on an AVX2
@@ -276,8 +300,10 @@ def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
     from speedladder.rungs.optim import muon_optimizer, ns_dtype_for
 
     p = torch.nn.Parameter(torch.randn(8, 8))
+    # Capped here, or an AVX2 processor of its own: either way bf16 is not native, and the reason says it is emulated
+    # (the wording of each cause: test_the_processor_names_why_bf16_is_emulated_whatever_caused_it).
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    assert processor.cpu().bf16_native is False and "ONEDNN_MAX_CPU_ISA=AVX2" in processor.cpu().why
+    assert processor.cpu().bf16_native is False and "emulated" in processor.cpu().why
     assert ns_dtype_for(torch.device('cpu'))[0] == torch.float32
     opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
     assert type(opt) is Muon and opt.ns_dtype == torch.float32

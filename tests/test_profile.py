@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -292,7 +293,11 @@ def test_the_matmul_ceiling_runs_at_every_precision_and_leaves_the_process_as_it
     in (fp8 through torch._scaled_mm, which runs on a CPU too); TF32 is process-wide state, put back after."""
     before = torch.get_float32_matmul_precision()
     for precision in ("fp32", "tf32", "bf16", "fp16", "fp8"):
-        tflops = facts.matmul_ceiling(CPU, precision, 64, 0.01)
+        try:
+            tflops = facts.matmul_ceiling(CPU, precision, 64, 0.01)
+        except RuntimeError as e:  # oneDNN capped by ONEDNN_MAX_CPU_ISA (.ci/run's forced ISA) has no fp8 product
+            assert precision == "fp8" and os.environ.get("ONEDNN_MAX_CPU_ISA") and "primitive" in str(e), e
+            continue
         assert 0 < tflops < float("inf"), precision
         assert torch.get_float32_matmul_precision() == before
     assert facts.ceiling_side(CPU) == 512 and facts.ceiling_side(torch.device("cuda")) == 4096
