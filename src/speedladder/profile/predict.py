@@ -60,7 +60,7 @@ FUSION_KEEPS = 1 / 3  # compile: fusing the tail reads and writes each tensor on
 COMPILE_OVERHEAD_KEEPS = 1 / 3  # compile (CPU): one graph call replaces hundreds of dispatched ops in forward/backward
 # compile (CUDA): the host's time kept. Inductor's code still launches every kernel from Python (each matmul on its
 # own, the tail fused into fewer), and the update (optimizer, clipping) and the batch stay eager. On the H200
-# (2026-12-04) a compiled bf16 step was host-bound at 11.7 ms where eager bf16 was at 12.9-18.4 ms (docs/profile.md).
+# (2026-12-04) a compiled bf16 step was host-bound at 11.7 ms where eager bf16 was at 12.9-18.4 ms: 63-90% kept (docs/profile.md).
 COMPILE_HOST_KEEPS = 2 / 3
 BF16_ATTENTION_GAIN = 2.0  # bf16: fused attention kernels move half the bytes
 RECOMPUTE = 4 / 3  # ckpt: forward is ~1/3 of forward+backward work, done twice

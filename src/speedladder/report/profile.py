@@ -54,6 +54,15 @@ def host_device_line(b: ProfileSummary) -> str | None:
             f"the device is busy {device:.1f} ms (the union of its kernels){step}{serial}: {b.bound}-bound, {why}.")
 
 
+def doubled_line(b: ProfileSummary) -> str | None:
+    """A CUDA profile saved before host and device were timed apart: what its figures are."""
+    if b.device_type != "cuda" or b.apart:
+        return None
+    return ("this CUDA profile was saved before host and device were timed apart: each step's range was counted on "
+            "the host and again on the device, so its steps are half-steps, its idle share is the host's waits, and "
+            "its regime and predictions rest on them (docs/profile.md, \"Host and device\").")
+
+
 def spread_lines(b: ProfileSummary) -> list[str]:
     """What the steps' spread says: a borderline regime, and the steps far outside the others."""
     out = []
@@ -113,7 +122,7 @@ def profile_notes(results: Results) -> list[str]:
         return [f"profile: failed ({b.error}); no predictions."]
     steps = f"the median of {b.steps} steps" if b.per_step else f"{b.steps} steps"
     out = [f"profile of the baseline ({steps}, {b.time_basis}): {category_line(b)}."]
-    line = host_device_line(b)
+    line = host_device_line(b) or doubled_line(b)
     if line:
         out.append(line)
     out += [f"regime: {b.label} — {b.evidence}.", *spread_lines(b)]
@@ -184,7 +193,7 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     if b.per_step:
         out.print(escape(f"steps' IQR: each step's own share, {b.spread_basis}; ops/step: {_ops_line(b)}"),
                   soft_wrap=True)
-    sides = host_device_line(b)
+    sides = host_device_line(b) or doubled_line(b)
     if sides:
         out.print(escape(sides), soft_wrap=True)
     out.print(escape(f"regime: {b.label} — {b.evidence}"), soft_wrap=True)
