@@ -83,6 +83,8 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
     events = list(prof.events())
     _copy_dtypes(prof, events)
     spans = host_spans(events)
+    if len(spans) != steps:  # a profile's steps are the steps that ran, once each
+        raise RuntimeError(f"the profiler recorded {len(spans)} step ranges on the host for {steps} profiled steps")
     floor = 0.0 if device_time else op_floor_us(device)
     busy = device_busy_us(events, spans) if device_time else None
     b = breakdown(step_events(events, spans), [t - s for s, t in spans], device_time, floor, busy,
