@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CPU
+from conftest import CPU, resolved
+from rich.console import Console
 
 from speedladder import results, subproc
 from speedladder.cli import main
@@ -20,9 +21,10 @@ from speedladder.config.run import RunConfig
 from speedladder.data import BatchStream
 from speedladder.measure import timer
 from speedladder.profile import categories, child, facts, predict
-from speedladder.records import CategoryTime, MatmulFacts, ProfileSummary, from_dict
+from speedladder.records import CategoryTime, Environment, MatmulFacts, ProfileSummary, Results, SavedModel, from_dict
+from speedladder.report.profile import print_profile, profile_notes
 from speedladder.rungs import RUNGS, StepSpec
-from speedladder.rungs.api import BUILT_IN
+from speedladder.rungs.api import BUILT_IN, Env
 from speedladder.step import TrainStep
 
 
@@ -301,3 +303,157 @@ def test_the_matmul_ceiling_runs_at_every_precision_and_leaves_the_process_as_it
         assert 0 < tflops < float("inf"), precision
         assert torch.get_float32_matmul_precision() == before
     assert facts.ceiling_side(CPU) == 512 and facts.ceiling_side(torch.device("cuda")) == 4096
+
+
+# -- host and device (CUDA), on synthetic events and the H200's figures ----------------------------------------------
+
+CUDA = torch.autograd.DeviceType.CUDA
+HOST = torch.autograd.DeviceType.CPU
+
+
+class Range:
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+
+
+class TimedEvent(FakeEvent):
+    """A FakeEvent with what the step spans and the device's busy time read: its interval and where it ran."""
+
+    def __init__(self, name: str, start: float, end: float, device=HOST, device_us: float = 0.0,
+                 annotation: bool = False) -> None:
+        super().__init__(name, end - start if device == HOST else 0.0, device_us)
+        self.time_range, self.device_type, self.is_user_annotation = Range(start, end), device, annotation
+
+
+def cuda_step(t0: float) -> list[TimedEvent]:
+    """One profiled CUDA step as torch.profiler reports it: the step's range on the host and its copy on the device
+    (a GPU user annotation over part of the kernels), the operators on the host with the kernel time they launched,
+    the kernels themselves, and the optimizer's range copied to the device too."""
+    return [TimedEvent(categories.STEP_MARK, t0, t0 + 30_000),
+            TimedEvent(categories.STEP_MARK, t0 + 500, t0 + 10_500, CUDA, annotation=True),
+            TimedEvent("aten::mm", t0 + 100, t0 + 200, device_us=6_000),
+            TimedEvent("aten::add", t0 + 20_000, t0 + 20_050, device_us=2_000),  # after the device copy ends
+            TimedEvent("Optimizer.step#AdamW.step", t0 + 24_000, t0 + 24_900),
+            TimedEvent("sm80_xmma_gemm", t0 + 600, t0 + 6_600, CUDA),
+            TimedEvent("elementwise_kernel", t0 + 20_100, t0 + 22_100, CUDA),
+            TimedEvent("Optimizer.step#AdamW.step", t0 + 25_000, t0 + 26_000, CUDA, annotation=True),
+            TimedEvent("multi_tensor_apply_kernel", t0 + 25_000, t0 + 25_800, CUDA)]
+
+
+def test_a_host_range_and_its_device_copy_make_one_step_not_two():
+    events = cuda_step(0) + cuda_step(40_000)
+    spans = child.host_spans(events)
+    assert spans == [(0, 30_000), (40_000, 70_000)]  # both copies of each range counted: four half-steps
+    per_step = child.step_events(events, spans)
+    assert [sorted(e.name for e in step) for step in per_step] == [
+        ["Optimizer.step#AdamW.step", "aten::add", "aten::mm"]] * 2  # every operator in its step, none dropped
+    busy = child.device_busy_us(events, spans)
+    assert busy == [6_000 + 2_000 + 800] * 2  # the kernels, not the ranges that mark them
+    b = categories.breakdown(per_step, [t - s for s, t in spans], device_time=True, op_floor_us=0.0, busy_us=busy,
+                             step_us=9_000)
+    assert len(b["per_step"]) == 2 and b["device_ms"] == pytest.approx(8.8)
+    assert b["categories"]["matmul"]["ms"] == pytest.approx(6.0)
+    assert b["categories"]["elementwise & norm"]["ms"] == pytest.approx(2.0)
+    # Idle is the device's wait in the unprofiled step (9 ms), not in the 30 ms the profiler slowed the host to.
+    assert b["categories"][categories.IDLE]["ms"] == pytest.approx(1.0)
+
+
+def test_device_busy_time_is_the_union_of_kernel_intervals():
+    assert child.busy_us([(0, 10), (5, 15), (20, 30), (25, 28)], 0, 40) == 25  # overlaps counted once
+    assert child.busy_us([(-5, 5), (35, 50)], 0, 40) == 10  # clipped to the step
+    assert child.busy_us([(0, 40), (10, 20)], 0, 40) == 40  # never more than the span
+    two_streams = [TimedEvent(categories.STEP_MARK, 0, 100), TimedEvent("k1", 10, 60, CUDA),
+                   TimedEvent("k2", 40, 90, CUDA), TimedEvent("nccl", 95, 120, CUDA)]
+    assert child.device_busy_us(two_streams, child.host_spans(two_streams)) == [85]
+
+
+def test_the_host_time_leaves_out_the_wait_for_the_device():
+    """A fake device: each step's call returns after 2 ms of host work and queues 8 ms of device work; the sync waits
+    for the queue. The host's part is the 2 ms, and steps back to back take the device's 8 ms."""
+    queue = {"until": 0.0}
+
+    def step():
+        time.sleep(0.002)
+        queue["until"] = max(queue["until"], time.perf_counter()) + 0.008
+
+    def sync_device():
+        time.sleep(max(queue["until"] - time.perf_counter(), 0.0))
+
+    t = child.unprofiled(step, sync_device, steps=5)
+    assert 2.0 <= t["host_ms"] < 6.0  # a sleep is never shorter than asked; a busy machine can make it longer
+    assert 8.0 <= t["step_ms"] < 14.0
+
+
+H200 = Path(__file__).parent / "data" / "h200-d2l512-profile.json"
+H200_ENV = Env("cuda", (9, 0), 8)  # an H200, the batch rung's multiple 8 (d2l-512's B=64 to 512)
+
+
+def h200(key: str) -> tuple[ProfileSummary, StepSpec, dict]:
+    """A profile of the H200 run of 2026-12-04 (tests/data, each figure's derivation beside it), classified."""
+    data = json.loads(H200.read_text())
+    d = data[key]["profile"]
+    d.update(categories.classify(d))
+    return from_dict(ProfileSummary, d), StepSpec.from_dict(d["spec"]), data["measured"]
+
+
+def test_predictions_from_the_h200_profile_land_near_what_the_h200_measured():
+    """compile and bf16 within ±25% of the H200's measurement; CUDA graphs above 2x where an eager bf16 step's device
+    idles for a third of it. The old profile (every step doubled, an additive model) predicted 2.18x and 1.41x."""
+    env = H200_ENV
+    fp32, base, measured = h200("eager_fp32")
+    assert fp32.apart and fp32.bound == "device" and fp32.regime == "compute-bound"
+    compile_, bf16 = predict.chain(fp32, ["compile", "bf16"], base, env)
+    assert compile_.speedup == pytest.approx(measured["compile_x"], rel=0.25)
+    assert bf16.speedup == pytest.approx(measured["bf16_x"], rel=0.25)
+    assert compile_.bound == "device" and bf16.bound == "host"  # bf16's matmuls fall below the host's time
+    assert "host-bound" in bf16.reason
+    eager_bf16, base16, _ = h200("eager_bf16")
+    assert eager_bf16.bound == "host" and eager_bf16.regime == "overhead-bound"
+    assert eager_bf16.categories[categories.IDLE].share > 1 / 3
+    (graphs,) = predict.chain(eager_bf16, ["cudagraphs"], base16, env)
+    assert graphs.speedup > 2.0 and graphs.bound == "device"
+    # Blind to the host (the device's figures alone, added up as on a CPU), bf16 misses: its step is host-bound.
+    blind = dataclasses.replace(fp32, host_ms=None, device_ms=None)
+    assert predict.chain(blind, ["compile", "bf16"], base, env)[1].speedup > 1.25 * measured["bf16_x"]
+
+
+def apart(matmul: float, tail: float, host: float, serial: float = 0.0) -> ProfileSummary:
+    """A CUDA profile made by hand: device time by category, the host's time a step apart from it."""
+    p = synthetic(matmul=matmul, tail=tail, idle=0.0)
+    return dataclasses.replace(p, host_ms=host, device_ms=matmul + tail, serial_ms=serial, device_type="cuda")
+
+
+def test_a_gpu_step_costs_the_larger_of_host_and_device_a_cpu_step_their_sum(tiny):
+    base, env = StepSpec(4, 32), Env("cuda", (9, 0), 4)
+    p = apart(matmul=8.0, tail=2.0, host=6.0, serial=1.0)  # device-bound: 10 ms of kernels, 6 ms of host, 1 serial
+    (x,) = predict.chain(p, ["bf16"], base, env)
+    # Matmuls 4x faster: the device's 8 + 2 ms become 2 + 2, under the host's 6: the step is the host's 6 + 1.
+    assert x.speedup == pytest.approx((10 + 1) / (6 + 1)) and x.bound == "host"
+    assert x.host_ms == pytest.approx(6.0) and x.device_ms == pytest.approx(4.0)
+    # Batch x4, matmuls twice as efficient: the device's 8*4/2 + 2*4 = 24 ms, the host's 6 paid once a step.
+    (y,) = predict.chain(p, ["batch"], base, env)
+    assert y.speedup == pytest.approx(4 * 11 / (24 + 1)) and y.bound == "device"
+    # CUDA graphs from eager: 90% of the host's time goes and the tail is fused (no bandwidths: 1/3 of it kept).
+    (z,) = predict.chain(apart(matmul=2.0, tail=3.0, host=12.0), ["cudagraphs"], base, env)
+    assert z.speedup == pytest.approx(12 / (2 + 1)) and z.bound == "device"
+    # On a CPU the host is the device: the same parts add up, as they always did.
+    cpu = synthetic(matmul=8.0, tail=2.0, idle=6.0)
+    (w,) = predict.chain(cpu, ["bf16"], base, tiny.env)
+    assert w.speedup == pytest.approx(16 / (2 + 2 + 6)) and w.bound is None and w.host_ms is None
+
+
+def test_the_report_says_which_of_host_and_device_bounds_the_step(capsys):
+    fp32, base, _ = h200("eager_fp32")
+    preds = predict.chain(fp32, ["eager", "compile", "bf16"], base, H200_ENV)
+    saved = Results(schema="2", status="complete", created="", command=[], config=resolved(),
+                    environment=Environment(), model=SavedModel(), profile=fp32,
+                    predictions=[p.record() for p in preds])
+    notes = " ".join(profile_notes(saved))
+    assert "host and device: the host takes 15.3 ms a step" in notes and "device-bound" in notes
+    assert "regime: compute-bound — host 15.3 ms a step against device 26.4 ms" in notes
+    print_profile(saved, Console(width=200, force_terminal=False))
+    out = capsys.readouterr().out
+    assert "bound" in out and "host-bound" in out and "(26.43 ms without it)" in out
+    # A profile saved before host and device were apart prints as it did: no such line, no such column.
+    old = dataclasses.replace(fp32, host_ms=None, device_ms=None, timed_step_ms=None, serial_ms=None)
+    assert not any(n.startswith("host and device") for n in profile_notes(dataclasses.replace(saved, profile=old)))

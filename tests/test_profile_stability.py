@@ -200,3 +200,23 @@ def test_an_old_profile_without_steps_still_loads_and_predicts(tiny):
     (p,) = predict.chain(b, ["compile"], StepSpec(4, 32), tiny.env)
     assert p.speedup > 1 and p.speedup_iqr is None
     assert any("regime: memory-bound" in line for line in profile_notes(results_with(b)))
+
+
+@pytest.mark.parametrize("host, regime, label", [
+    (400.0, "compute-bound", "compute-bound"),  # the host far ahead: the device's kernels set the pace
+    (950.0, "compute-bound", "borderline (compute / overhead)"),  # within 10% of the device's 1 ms: either could bound
+    (1050.0, "overhead-bound", "borderline (overhead / compute)"),
+    (1600.0, "overhead-bound", "overhead-bound"),  # the device waits on the host, however large its matmul share
+])
+def test_on_cuda_the_regime_is_host_against_device_first(host, regime, label):
+    """A CUDA step costs about the larger of its host's and its device's time: the regime says which, before it
+    says what the device's time is made of. Ten steps of 1 ms of kernels (matmul 0.7, elementwise 0.3)."""
+    per_step = [step_events(700.0, 300.0) for _ in range(10)]
+    for e in (e for step in per_step for e in step):
+        e.self_device_time_total = e.self_cpu_time_total  # the kernels' time, as the profiler gives it on CUDA
+    b = categories.breakdown(per_step, [5000.0] * 10, device_time=True, op_floor_us=0.0, busy_us=[1000.0] * 10,
+                             step_us=max(host, 1000.0))
+    b.update(host_ms=host / 1e3)
+    b.update(categories.classify(b))
+    assert (b["regime"], b["regime_label"]) == (regime, label)
+    assert b["evidence"].startswith(f"host {host / 1e3:.1f} ms a step against device 1.0 ms")

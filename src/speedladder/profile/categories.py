@@ -4,8 +4,10 @@ Every operator's *self* time inside a step is put in one category by the
 operator's name (or by the optimizer's scope it ran in); the time of the step
 that no operator accounts for is the device waiting on the host. On a CPU the
 "device" is the CPU itself: device time is CPU operator time, and the gaps are
-Python, dispatch and autograd bookkeeping between operators. Pure functions of
-the profiler's events: no torch.profiler here.
+Python, dispatch and autograd bookkeeping between operators. On CUDA the host
+and the device run side by side: the step is about the larger of the two, and
+the regime says which (`split_regime`). Pure functions of the profiler's
+events: no torch.profiler here.
 """
 
 from __future__ import annotations
@@ -135,8 +137,11 @@ class StepTimes:
 
 
 def step_times(events: list, wall_us: float, device_time: bool, op_floor_us: float,
-               ops: dict[str, OpTime]) -> StepTimes:
+               ops: dict[str, OpTime], step_us: float | None = None) -> StepTimes:
     """One step's events by category; each operator's calls are also added to `ops` (all steps together).
+
+    step_us: the step that idle is counted against, where it is not the profiled step's wall (on CUDA, the
+    unprofiled step: the profiler slows the host, not the kernels, so its wall would overstate the device's wait).
 
     Each call is put in its own category (by its scope, else its name): a view op
     inside a matmul is the matmul's, the same op elsewhere is host overhead.
@@ -167,11 +172,12 @@ def step_times(events: list, wall_us: float, device_time: bool, op_floor_us: flo
         o.bytes += nbytes
         o.bytes_us += t if nbytes else 0.0
     # What no operator's self time accounts for: the GPU waiting on the host, or (CPU) Python between ops.
-    us[IDLE] += max(wall_us - sum(us.values()), 0.0)
+    us[IDLE] += max((wall_us if step_us is None else step_us) - sum(us.values()), 0.0)
     return StepTimes(wall_us, us, floor_us, n_ops, op_us)
 
 
-def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_floor_us: float) -> dict:
+def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_floor_us: float,
+              busy_us: list[float] | None = None, step_us: float | None = None) -> dict:
     """The median step by category (shares summing to 1), each category's spread across the steps, the operators.
 
     steps: per profiled step, the FunctionEvents that started in it (CPU-side
@@ -180,10 +186,12 @@ def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_fl
     operator on this device (measured); on a CPU, each operator's time up to it
     is overhead. Each category's time is its median across the steps, so one
     disturbed step does not move the breakdown; the steps themselves are kept
-    in "per_step".
+    in "per_step". busy_us (CUDA): each step's device busy time, the union of its kernels' intervals; step_us
+    (CUDA): the unprofiled step, which idle is counted against (step_times).
     """
     ops: dict[str, OpTime] = {}
-    per = [step_times(evs, wall, device_time, op_floor_us, ops) for evs, wall in zip(steps, walls_us, strict=True)]
+    per = [step_times(evs, wall, device_time, op_floor_us, ops, step_us)
+           for evs, wall in zip(steps, walls_us, strict=True)]
     n = len(per)
     med = spread.medians([p.us for p in per])
     floor_med = spread.medians([p.floor_us for p in per])
@@ -194,6 +202,10 @@ def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_fl
                       "ms_iqr": [v / 1e3 for v in spread.iqr([p.us[c] for p in per])],
                       "share_iqr": spread.iqr([s[c] for s in shares])} for c in CATEGORIES}
     walls = [p.wall_us / 1e3 for p in per]
+    per_step = [{"wall_ms": p.wall_us / 1e3, "ops": p.ops, "ms": {c: v / 1e3 for c, v in p.us.items()},
+                 "floor_ms": {c: v / 1e3 for c, v in p.floor_us.items()}} for p in per]
+    for p, busy in zip(per_step, busy_us or [], strict=False):
+        p["device_ms"] = busy / 1e3
     return {
         # floor_ms: the part of a category's time that is each operator's fixed cost (CPU only).
         "categories": categories,
@@ -202,11 +214,11 @@ def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_fl
         "ops_per_step": statistics.median(p.ops for p in per),
         # The fixed per-operator cost, summed: with the gaps, what a faster device would not shorten.
         "floor_share": sum(floor_med.values()) / total,
-        "per_step": [{"wall_ms": p.wall_us / 1e3, "ops": p.ops, "ms": {c: v / 1e3 for c, v in p.us.items()},
-                      "floor_ms": {c: v / 1e3 for c, v in p.floor_us.items()}} for p in per],
+        "per_step": per_step,
         "spread_basis": spread.SPREAD_BASIS,
         "outlier_steps": spread.outliers(walls),
         "outlier_rule": spread.OUTLIER_RULE,
+        **({"device_ms": statistics.median(busy_us) / 1e3} if busy_us else {}),
         **_operators(ops, per, n, med, total),
     }
 
@@ -284,26 +296,63 @@ def step_buckets(b: dict) -> list[dict[str, float]]:
     return out
 
 
+def host_and_device(b: dict) -> tuple[float, float] | None:
+    """(host ms, device ms) of a step whose host and device run side by side (CUDA), None where they are one (a CPU,
+    or a file from before they were kept apart)."""
+    host, device = b.get("host_ms"), b.get("device_ms")
+    return (host, device) if host is not None and device is not None else None
+
+
+def split_regime(host_ms: float, device_ms: float, bk: dict[str, float]) -> str:
+    """A step that costs about the larger of its host's and its device's time: overhead-bound when the host takes
+    longer (the device waits on it, and faster kernels buy nothing), else the device's larger bucket."""
+    if host_ms >= device_ms:
+        return f"{OVERHEAD}-bound"
+    return f"{COMPUTE}-bound" if bk[COMPUTE] >= bk[MEMORY] else f"{MEMORY}-bound"
+
+
 def regime(b: dict) -> tuple[str, str, dict[str, float]]:
-    """The largest of three buckets of the (median) step names the regime: (regime, evidence line, buckets)."""
+    """The regime of the (median) step: (regime, evidence line, buckets). On a CPU, the largest of three buckets; on
+    CUDA, whether the host or the device takes longer, then the device's larger bucket (split_regime)."""
     s = {c: v["share"] for c, v in b["categories"].items()}
     floor = b["floor_share"]
     bk = buckets(s, floor)
-    name = f"{max(bk, key=bk.__getitem__)}-bound"
+    sides = host_and_device(b)
+    name = split_regime(*sides, bk) if sides else f"{max(bk, key=bk.__getitem__)}-bound"
     rng = {k: spread.iqr([p[k] for p in step_buckets(b)]) for k in bk} if b.get("per_step") else {}
 
     def show(k: str) -> str:  # a bucket's share, and the quartiles of each step's own share where kept
         return f"{bk[k]:.0%}" + (f" (steps {rng[k][0]:.0%}–{rng[k][1]:.0%})" if k in rng else "")
 
-    evidence = (f"matmul+attention {show('compute')}, memory-bound ops {show('memory')} (elementwise & norm "
-                f"{s['elementwise & norm']:.0%}, reductions {s['reductions & softmax']:.0%}, optimizer "
-                f"{s['optimizer']:.0%}, copies {s['copies & H2D']:.0%}), host overhead {show('overhead')} "
-                f"({s[IDLE]:.0%} between ops + {floor:.0%} per-op floor, {b['ops_per_step']:.0f} ops/step)")
+    ops = f", {b['ops_per_step']:.0f} ops/step" if b.get("ops_per_step") is not None else ""
+    memory = (f"memory-bound ops {show('memory')} (elementwise & norm {s['elementwise & norm']:.0%}, reductions "
+              f"{s['reductions & softmax']:.0%}, optimizer {s['optimizer']:.0%}, copies {s['copies & H2D']:.0%})")
+    if sides:
+        host, device = sides
+        evidence = (f"host {host:.1f} ms a step against device {device:.1f} ms "
+                    f"({'host' if host >= device else 'device'}-bound): matmul+attention {show('compute')}, {memory}, "
+                    f"device idle {show('overhead')} of the unprofiled step" + (f" ({ops[2:]})" if ops else ""))
+    else:
+        evidence = (f"matmul+attention {show('compute')}, {memory}, host overhead {show('overhead')} "
+                    f"({s[IDLE]:.0%} between ops + {floor:.0%} per-op floor{ops})")
     return name, evidence, bk
 
 
+def _split_borderline(host: float, device: float, bk: dict[str, float], per: list[dict[str, float]]) -> list[str]:
+    """On CUDA: host and device within MIN_MARGIN of the larger (either could bound the step), or, device-bound,
+    compute and memory inside their spread (spread.borderline on those two)."""
+    if abs(host - device) < spread.MIN_MARGIN * max(host, device):
+        work = COMPUTE if bk[COMPUTE] >= bk[MEMORY] else MEMORY
+        return [OVERHEAD, work] if host >= device else [work, OVERHEAD]
+    if host >= device:
+        return []
+    keys = (COMPUTE, MEMORY)
+    return spread.borderline({k: bk[k] for k in keys}, [{k: p[k] for k in keys} for p in per])
+
+
 def classify(b: dict) -> dict:
-    """The regime of the median step, and whether its margin over the runner-up is inside the spread.
+    """The regime of the median step, and whether its margin over the runner-up is inside the spread (on CUDA: host
+    against device first, _split_borderline).
 
     Returns the fields the profile keeps: regime (one of REGIMES, as ever),
     evidence, buckets, bucket_iqr, unsteady (the steps' wall times spread widely:
@@ -317,7 +366,8 @@ def classify(b: dict) -> dict:
     steps = b.get("per_step") or []
     walls = [p["wall_ms"] for p in steps]
     starved = spread.starved([p["wait_share"] for p in steps if "wait_share" in p], b.get("threads"))
-    pair = spread.borderline(bk, per, starved)
+    sides = host_and_device(b)
+    pair = _split_borderline(*sides, bk, per) if sides else spread.borderline(bk, per, starved)
     return {"regime": name, "evidence": evidence, "buckets": bk,
             "bucket_iqr": {k: spread.iqr([p[k] for p in per]) for k in bk} if per else {},
             "unsteady": spread.unsteady(walls), "starved": starved,

@@ -13,8 +13,10 @@ import bisect
 import dataclasses
 import gc
 import json
+import statistics
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -54,7 +56,12 @@ def _copy_dtypes(prof: profile, events: list) -> None:
 
 def profile_step(step: Callable[[], object], device: torch.device, steps: int, warmup: int,
                  trace_path: Path | None = None) -> dict:
-    """Warm up, then profile `steps` steps (each synchronized at its end) and break them down step by step."""
+    """Warm up, then profile `steps` steps (each synchronized at its end) and break them down step by step.
+
+    On CUDA the host and the device are timed apart: before the profiler starts (its tax outlives it), `unprofiled`
+    times the host's part of a step and the step itself; under the profiler each step's device busy time is the
+    union of its kernels. The categories' idle is the device's wait in the unprofiled step.
+    """
     for _ in range(warmup):
         step()
     sync(device)
@@ -62,6 +69,7 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
     device_time = device.type == "cuda"
     if device_time:
         activities.append(ProfilerActivity.CUDA)
+    timed = unprofiled(step, lambda: sync(device), steps) if device_time else None
     faults, waits = [], []
     with profile(activities=activities, record_shapes=True, with_flops=True) as prof:
         for _ in range(steps):
@@ -74,16 +82,17 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
             waits.append(None if wait is None or after is None else after - wait)
     events = list(prof.events())
     _copy_dtypes(prof, events)
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP_MARK)
-    per_step: list[list] = [[] for _ in spans]
-    for e in events:
-        if e.name == STEP_MARK or e.device_type != torch.autograd.DeviceType.CPU:
-            continue
-        i = bisect.bisect_right(spans, (e.time_range.start, float("inf"))) - 1  # the last step starting before it
-        if i >= 0 and e.time_range.start < spans[i][1]:
-            per_step[i].append(e)
+    spans = host_spans(events)
+    if len(spans) != steps:  # a profile's steps are the steps that ran, once each
+        raise RuntimeError(f"the profiler recorded {len(spans)} step ranges on the host for {steps} profiled steps")
     floor = 0.0 if device_time else op_floor_us(device)
-    b = breakdown(per_step, [t - s for s, t in spans], device_time, floor)
+    busy = device_busy_us(events, spans) if device_time else None
+    b = breakdown(step_events(events, spans), [t - s for s, t in spans], device_time, floor, busy,
+                  timed["step_ms"] * 1e3 if timed else None)
+    if timed is not None:
+        host, device_ms, step_ms = timed["host_ms"], b["device_ms"], timed["step_ms"]
+        # What did not overlap: the unprofiled step beyond the larger of its host's and its device's time.
+        b.update(host_ms=host, timed_step_ms=step_ms, serial_ms=max(step_ms - max(host, device_ms), 0.0))
     # The intra-op threads a CPU step asks for; None elsewhere (a GPU step's host time is not its device time).
     b["threads"] = torch.get_num_threads() if device.type == "cpu" else None
     for p, n, w in zip(b["per_step"], faults, waits, strict=False):
@@ -94,7 +103,8 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
             p["wait_share"] = w / max(p["wall_ms"] / 1e3 * (b["threads"] or 1), 1e-9)
     b["op_floor_us"] = floor
     b["steps"] = len(spans)
-    b["time_basis"] = ("CUDA kernel time per operator; idle is the GPU waiting on the host" if device_time else
+    b["time_basis"] = ("CUDA kernel time per operator; idle is the GPU waiting on the host in the unprofiled step"
+                       if device_time else
                        "CPU operator time (a CPU is its own device); idle is Python, dispatch and autograd "
                        "bookkeeping between operators")
     sort = "self_device_time_total" if device_time else "self_cpu_time_total"
@@ -104,6 +114,73 @@ def profile_step(step: Callable[[], object], device: torch.device, steps: int, w
         prof.export_chrome_trace(str(trace_path))
         b["trace"] = trace_path.name
     return b
+
+
+def unprofiled(step: Callable[[], object], sync_device: Callable[[], object], steps: int) -> dict[str, float]:
+    """A step's host time and the step itself, with no profiler running (ms).
+
+    host_ms: the median time a step takes to return, each step synchronized after it: on CUDA the call returns once
+    its work is queued, so this is the host's part alone (Python, dispatch, launches, the batch), with the device
+    never making it wait. step_ms: as many steps back to back, one synchronization after the last, per step: what a
+    timed window sees, the host running ahead of the device.
+    """
+    hosts = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        hosts.append(time.perf_counter() - start)
+        sync_device()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync_device()
+    return {"host_ms": statistics.median(hosts) * 1e3, "step_ms": (time.perf_counter() - start) / steps * 1e3}
+
+
+def host_spans(events: Iterable) -> list[tuple[float, float]]:
+    """The profiled steps (us): the host's STEP_MARK ranges only. On CUDA the profiler records a record_function
+    range twice, on the host and again on the device (a GPU user annotation over the kernels it launched); taking
+    both made two half-steps of every step."""
+    return sorted((e.time_range.start, e.time_range.end) for e in events
+                  if e.name == STEP_MARK and e.device_type == torch.autograd.DeviceType.CPU)
+
+
+def step_events(events: Iterable, spans: list[tuple[float, float]]) -> list[list]:
+    """Each step's host-side events (operators and ranges, the step marks left out), by the step they started in."""
+    per_step: list[list] = [[] for _ in spans]
+    for e in events:
+        if e.name == STEP_MARK or e.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        i = bisect.bisect_right(spans, (e.time_range.start, float("inf"))) - 1  # the last step starting before it
+        if i >= 0 and e.time_range.start < spans[i][1]:
+            per_step[i].append(e)
+    return per_step
+
+
+def is_device_work(e) -> bool:
+    """A device event that is work (a kernel, a copy, a memset), not a range marking some (the device-side copy of a
+    record_function: the step's, the optimizer's)."""
+    return (e.device_type != torch.autograd.DeviceType.CPU and not getattr(e, "is_user_annotation", False)
+            and e.name != STEP_MARK and not e.name.startswith("Optimizer."))
+
+
+def busy_us(intervals: Iterable[tuple[float, float]], start: float, end: float) -> float:
+    """How long at least one interval covers within [start, end]: kernels that overlap (several streams) are counted
+    once, so the result is never more than the span."""
+    total, reach = 0.0, start
+    for lo, hi in sorted(intervals):
+        lo, hi = max(lo, reach), min(hi, end)
+        if hi > lo:
+            total += hi - lo
+        reach = max(reach, hi)
+    return total
+
+
+def device_busy_us(events: Iterable, spans: list[tuple[float, float]]) -> list[float]:
+    """Each step's device busy time (us): the union of the intervals of the device work inside its host span (each
+    step is synchronized before its span ends, so its kernels run inside it)."""
+    work = [(e.time_range.start, e.time_range.end) for e in events if is_device_work(e)]
+    return [busy_us([w for w in work if w[1] > s and w[0] < t], s, t) for s, t in spans]
 
 
 def _run_queue_wait_s() -> float | None:

@@ -6,6 +6,13 @@ baseline, and lets each rung rescale the parts it touches. A rung's predicted
 the ladder exactly as the measured × prev do. Only ratios are used: the
 profiler's own overhead inflates every part of the profiled step alike.
 
+How the parts make a step (`step_ms`): on a CPU the host is the device, and a
+step is their sum. On CUDA the host queues work while the device runs it: a
+step is about the larger of the host's time (`overhead`) and the device's (the
+sum of the other parts), plus what did not overlap (`serial`). So a rung that
+shrinks the device's time below the host's buys nothing more: the step has
+become host-bound (docs/profile.md, "Host and device").
+
 The parts:
   matmul       weight matmuls, less each operator's fixed cost
   attn_matmul  the hand-written attention's two batched matmuls (scores, weighted sum)
@@ -14,7 +21,9 @@ The parts:
   tail         the rest of the elementwise, normalization, reductions, softmax, loss
   copies     copies, layout changes, host-to-device
   optimizer  the optimizer's update and zero_grad, fixed cost included (per step, not per token)
-  overhead   the device waiting on the host, plus every operator's fixed cost (per step, not per token)
+  overhead   CPU: the time between operators plus every operator's fixed cost; CUDA: the host's time a step, which
+             overlaps the device's (per step, not per token)
+  serial     CUDA: the part of the unprofiled step that did not overlap (0 on a CPU)
   other      operators this model does not know; left alone by every rung
 
 The device facts come from the profile's measurements on this device
@@ -41,13 +50,18 @@ NEEDS_SHAPES = ("bf16", "batch", "sdpa", "pad-vocab", "muon")
 NO_MODEL = "no prediction model for this architecture (its matmul shapes are unknown)"
 
 PARTS: tuple[str, ...] = ("matmul", "attn_matmul", "attention", "attn_tail", "tail", "copies", "optimizer",
-                          "overhead", "other")
+                          "overhead", "serial", "other")
+HOST_PARTS = ("overhead", "serial")  # on CUDA, the parts that are not device time
 # The hand-written attention's operators outside its matmuls (model.py: masked_fill, softmax).
 ATTENTION_TAIL_OPS = ("aten::masked_fill", "aten::masked_fill_", "aten::_softmax", "aten::_softmax_backward_data")
 
 # Assumptions, each a number a reader can argue with:
 FUSION_KEEPS = 1 / 3  # compile: fusing the tail reads and writes each tensor once instead of ~3 times (bytes)
-COMPILE_OVERHEAD_KEEPS = 1 / 3  # compile: one graph call replaces hundreds of dispatched ops in forward/backward
+COMPILE_OVERHEAD_KEEPS = 1 / 3  # compile (CPU): one graph call replaces hundreds of dispatched ops in forward/backward
+# compile (CUDA): the host's time kept. Inductor's code still launches every kernel from Python (each matmul on its
+# own, the tail fused into fewer), and the update (optimizer, clipping) and the batch stay eager. On the H200
+# (2026-12-04) a compiled bf16 step was host-bound at 11.7 ms where eager bf16 was at 12.9-18.4 ms: 63-90% kept (docs/profile.md).
+COMPILE_HOST_KEEPS = 2 / 3
 BF16_ATTENTION_GAIN = 2.0  # bf16: fused attention kernels move half the bytes
 RECOMPUTE = 4 / 3  # ckpt: forward is ~1/3 of forward+backward work, done twice
 GRAPH_OVERHEAD_KEEPS = 0.1  # CUDA graphs: one replay launches every kernel of the graph; ~10% of the host cost stays
@@ -67,6 +81,9 @@ class Prediction:
     tokens_per_step: int
     # The same prediction made from each profiled step alone: its interquartile range (None: no steps kept)
     speedup_iqr: list[float] | None = None
+    host_ms: float | None = None  # CUDA: the predicted step's host time, device time and which bounds it
+    device_ms: float | None = None
+    bound: str | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -74,11 +91,13 @@ class Prediction:
     def record(self) -> ProfilePrediction:
         """As results.json keeps it."""
         return ProfilePrediction(self.rung, self.speedup, self.reason, dict(self.parts_ms), self.tokens_per_step,
-                                 self.speedup_iqr)
+                                 self.speedup_iqr, self.host_ms, self.device_ms, self.bound)
 
 
 def baseline_parts(profile: ProfileSummary) -> dict[str, float]:
-    """The profiled step in the model's parts (ms per step)."""
+    """The profiled step in the model's parts (ms per step). Where host and device are apart (CUDA), the device's
+    parts are its kernel time by category, scaled to its busy time (the union of the kernels: overlapping ones once),
+    `overhead` is the host's time and `serial` what did not overlap."""
     c = profile.categories
 
     def net(name: str) -> float:  # a category's time less its operators' fixed cost
@@ -90,11 +109,31 @@ def baseline_parts(profile: ProfileSummary) -> dict[str, float]:
     tail = net("elementwise & norm") + net("reductions & softmax")
     ops = profile.ops_ms
     attn_tail = min(sum(ops.get(n, 0.0) for n in ATTENTION_TAIL_OPS), tail)
-    return {
+    parts = {
         "matmul": matmul * (1 - attn_frac), "attn_matmul": matmul * attn_frac, "attention": net("attention"),
         "attn_tail": attn_tail, "tail": tail - attn_tail, "copies": net("copies & H2D"),
-        "optimizer": c["optimizer"].ms, "overhead": c[IDLE].ms + floors, "other": c["other"].ms,
+        "optimizer": c["optimizer"].ms, "overhead": c[IDLE].ms + floors, "serial": 0.0, "other": c["other"].ms,
     }
+    if not profile.apart:
+        return parts
+    assert profile.host_ms is not None and profile.device_ms is not None  # apart
+    kernels = sum(v for k, v in parts.items() if k not in HOST_PARTS) or 1.0
+    k = profile.device_ms / kernels
+    return {**{n: v * k for n, v in parts.items() if n not in HOST_PARTS}, "overhead": profile.host_ms,
+            "serial": profile.serial_ms or 0.0}
+
+
+def device_ms(parts: dict[str, float]) -> float:
+    """The device's time a step, where host and device are apart: every part but the host's."""
+    return sum(v for k, v in parts.items() if k not in HOST_PARTS)
+
+
+def step_ms(parts: dict[str, float], apart: bool) -> float:
+    """A step from its parts: their sum on a CPU (the host is the device); on CUDA the larger of the host's time and
+    the device's, plus what does not overlap."""
+    if not apart:
+        return sum(parts.values())
+    return max(parts["overhead"], device_ms(parts)) + parts.get("serial", 0.0)
 
 
 @dataclass(frozen=True)
@@ -104,8 +143,23 @@ class Context:
     after: StepSpec
     profile: ProfileSummary
 
+    @property
+    def apart(self) -> bool:
+        """Host and device apart (CUDA): the step is the larger of the two (step_ms)."""
+        return self.profile.apart
+
     def share(self, *names: str) -> float:
+        """The parts' share of the step; apart, a device part's share of the device's time."""
+        if self.apart and not set(names) & set(HOST_PARTS):
+            return sum(self.parts[n] for n in names) / (device_ms(self.parts) or 1.0)
         return sum(self.parts[n] for n in names) / (sum(self.parts.values()) or 1.0)
+
+    def sides(self) -> str:
+        """Apart: the host's and the device's time a step, and which bounds it ("" on a CPU)."""
+        if not self.apart:
+            return ""
+        host, device = self.parts["overhead"], device_ms(self.parts)
+        return f"host {host:.1f} ms, device {device:.1f} ms a step ({'host' if host >= device else 'device'}-bound)"
 
     def scaled(self, **factors: float) -> dict[str, float]:
         return {k: v * factors.get(k, 1.0) for k, v in self.parts.items()}
@@ -140,10 +194,22 @@ def _bytes_bound(c: Context) -> tuple[float, str]:
                "of their time")
 
 
-def _compile(c: Context) -> tuple[dict[str, float], str]:
+def _fusion(c: Context) -> tuple[float, str]:
+    """What compile's fusion keeps of the tail's and the copies' time (bytes cut to FUSION_KEEPS, which pays on the
+    share of their time the bytes take), and the words for it."""
     f, bound = _bytes_bound(c)
-    k = 1 - (1 - FUSION_KEEPS) * f  # fusion removes ~2/3 of the bytes, which are a share f of the tail's time
-    parts = c.scaled(tail=k, attn_tail=k, copies=k, overhead=COMPILE_OVERHEAD_KEEPS)
+    return 1 - (1 - FUSION_KEEPS) * f, bound  # fusion removes ~2/3 of the bytes, which are a share f of the time
+
+
+def _compile(c: Context) -> tuple[dict[str, float], str]:
+    k, bound = _fusion(c)
+    keeps = COMPILE_HOST_KEEPS if c.apart else COMPILE_OVERHEAD_KEEPS
+    parts = c.scaled(tail=k, attn_tail=k, copies=k, overhead=keeps)
+    if c.apart:
+        return parts, (f"{c.sides()}; elementwise/norm/softmax tail {c.share('tail', 'attn_tail'):.0%} and copies "
+                       f"{c.share('copies'):.0%} of the device's time, fusion removes ~2/3 of their traffic{bound}; "
+                       f"the host keeps ~{keeps:.0%} of its time (each kernel still launched from Python, the update "
+                       "and the batch eager)")
     return parts, (f"elementwise/norm/softmax tail {c.share('tail', 'attn_tail'):.0%} and copies "
                    f"{c.share('copies'):.0%} of the step, fusion removes ~2/3 of their traffic{bound}; host overhead "
                    f"{c.share('overhead'):.0%}, ~2/3 of it removed")
@@ -160,9 +226,10 @@ def _bf16(c: Context) -> tuple[dict[str, float], str]:
     why = ""
     if c.profile.device_type == "cpu" and processor.cpu().bf16_native is False:  # why bf16 loses on this CPU
         why = f"; this CPU has no native bf16 ({processor.cpu().why})"
-    return parts, (f"matmuls {c.share('matmul', 'attn_matmul'):.0%} of the step; in bf16 they run at "
-                   f"{ratio:.2f}x their fp32 speed at this model's shapes (measured here, casts included){why}; "
-                   "the fp32 tail is unchanged")
+    where = "the device's time" if c.apart else "the step"
+    return parts, (f"{c.sides() + '; ' if c.apart else ''}matmuls {c.share('matmul', 'attn_matmul'):.0%} of {where}; "
+                   f"in bf16 they run at {ratio:.2f}x their fp32 speed at this model's shapes (measured here, casts "
+                   f"included){why}; the fp32 tail is unchanged" + _host_bound(c, parts))
 
 
 def _batch(c: Context) -> tuple[dict[str, float], str]:
@@ -175,6 +242,9 @@ def _batch(c: Context) -> tuple[dict[str, float], str]:
         source = f"matmuls {gain:.2f}x as efficient at {k:.0f}x the rows (measured here)"
     # Per token: the fixed per-step costs are spread over k times the tokens; the rest grows with the batch.
     parts = c.scaled(matmul=k / gain, attn_matmul=k / gain, attention=k, attn_tail=k, tail=k, copies=k, other=k)
+    if c.apart:
+        return parts, (f"{c.sides()}; the host's time and the optimizer are paid per step, the rest of the device's "
+                       f"time grows with {k:.0f}x the tokens; {source}" + _host_bound(c, parts))
     fixed = c.share("overhead", "optimizer")
     return parts, f"per-step costs (host overhead + optimizer {fixed:.0%}) spread over {k:.0f}x the tokens; {source}"
 
@@ -182,7 +252,7 @@ def _batch(c: Context) -> tuple[dict[str, float], str]:
 def _accum(c: Context) -> tuple[dict[str, float], str]:
     n = c.after.accum / c.before.accum  # micro-steps per update, over the base's
     m = c.after.micro_batch / c.before.micro_batch  # each micro-step's rows, over the base's step's
-    compute = {k: v * n * m for k, v in c.parts.items() if k not in ("optimizer", "overhead")}
+    compute = {k: v * n * m for k, v in c.parts.items() if k not in ("optimizer", "overhead", "serial")}
     parts = dict(c.parts, **compute, overhead=c.parts["overhead"] * n)
     return parts, (f"{c.after.accum} micro-steps of {c.after.micro_batch} per update: forward and backward "
                    f"scale with the rows (matmuls assumed linear in them), host overhead "
@@ -232,17 +302,47 @@ def _pad_vocab(c: Context) -> tuple[dict[str, float], str]:
                                      f"at {gain:.2f}x its speed (measured here)")
 
 
-def _max_autotune(c: Context) -> tuple[dict[str, float], str]:
-    parts = c.scaled(matmul=AUTOTUNE_MATMUL_KEEPS, attn_matmul=AUTOTUNE_MATMUL_KEEPS,
+def _host_bound(c: Context, parts: dict[str, float]) -> str:
+    """Apart: what the predicted step is bound by, when the rung moves it from the device to the host or back."""
+    if not c.apart:
+        return ""
+    host, device = parts["overhead"], device_ms(parts)
+    before = c.parts["overhead"] >= device_ms(c.parts)
+    if (host >= device) == before:
+        return ""
+    return (f"; the device's {device:.1f} ms now fall below the host's {host:.1f} ms: host-bound" if host >= device
+            else f"; the host's {host:.1f} ms now fall below the device's {device:.1f} ms: device-bound")
+
+
+def _graphs(c: Context, matmul: float, why: str) -> tuple[dict[str, float], str]:
+    """CUDA graphs (torch.compile mode reduce-overhead or max-autotune): a replay launches the whole graph, so
+    GRAPH_OVERHEAD_KEEPS of the host's time stays (the update is not in the graph). Apart, from an eager base, the
+    mode compiles too: the tail is fused as compile's is."""
+    if not c.apart:
+        return c.scaled(matmul=matmul, attn_matmul=matmul, overhead=GRAPH_OVERHEAD_KEEPS), why
+    k, bound = _fusion(c) if not c.before.compile else (1.0, "")
+    parts = c.scaled(matmul=matmul, attn_matmul=matmul, tail=k, attn_tail=k, copies=k,
                      overhead=GRAPH_OVERHEAD_KEEPS)
-    return parts, (f"assumed: autotuned matmul tiles ~10% faster on matmuls ({c.share('matmul', 'attn_matmul'):.0%}), "
-                   f"CUDA graphs remove ~90% of host overhead ({c.share('overhead'):.0%})")
+    fused = (f"; it compiles too: the tail and copies ({c.share('tail', 'attn_tail', 'copies'):.0%} of the device's "
+             f"time) fused, ~2/3 of their traffic removed{bound}" if not c.before.compile else "")
+    after = "host" if parts["overhead"] >= device_ms(parts) else "device"
+    return parts, (f"{c.sides()}; {why}{fused}; the step becomes {after}-bound at "
+                   f"{max(parts['overhead'], device_ms(parts)):.1f} ms")
+
+
+def _max_autotune(c: Context) -> tuple[dict[str, float], str]:
+    return _graphs(c, AUTOTUNE_MATMUL_KEEPS, (
+        f"assumed: autotuned matmul tiles ~10% faster on matmuls ({c.share('matmul', 'attn_matmul'):.0%}), "
+        f"CUDA graphs remove ~90% of host overhead ({c.share('overhead'):.0%})" if not c.apart else
+        "assumed: autotuned matmul tiles ~10% faster on matmuls, CUDA graphs remove ~90% of the host's time"))
 
 
 def _cudagraphs(c: Context) -> tuple[dict[str, float], str]:
-    return c.scaled(overhead=GRAPH_OVERHEAD_KEEPS), (
+    return _graphs(c, 1.0, (
         f"CUDA graphs replay the step's kernels without the host: ~90% of host overhead "
-        f"({c.share('overhead'):.0%} of the step) goes; the optimizer is not in the graph")
+        f"({c.share('overhead'):.0%} of the step) goes; the optimizer is not in the graph" if not c.apart else
+        "CUDA graphs replay the step's kernels without the host: ~90% of the host's time goes (the optimizer is not "
+        "in the graph)"))
 
 
 def _muon(c: Context) -> tuple[dict[str, float], str]:
@@ -321,12 +421,14 @@ def chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: Ste
 
 
 def _step_profiles(profile: ProfileSummary) -> list[ProfileSummary]:
-    """The profile as each profiled step alone would have it: that step's categories, every other fact kept."""
+    """The profile as each profiled step alone would have it: that step's categories (and device time), every other
+    fact kept."""
     out = []
     for step in profile.per_step:
         total = sum(step.ms.values()) or 1.0
         cats = {c: CategoryTime(ms=v, share=v / total, floor_ms=step.floor_ms.get(c, 0.0)) for c, v in step.ms.items()}
-        out.append(dataclasses.replace(profile, categories=cats, per_step=[]))
+        device = step.device_ms if step.device_ms is not None else profile.device_ms
+        out.append(dataclasses.replace(profile, categories=cats, per_step=[], device_ms=device))
     return out
 
 
@@ -344,9 +446,12 @@ def _chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: St
             spec = after
             continue
         new, why = predictor(Context(parts, spec, after, profile))
-        before_rate = spec.tokens_per_step / (sum(parts.values()) or 1.0)
-        after_rate = after.tokens_per_step / (sum(new.values()) or 1.0)
+        before_rate = spec.tokens_per_step / (step_ms(parts, profile.apart) or 1.0)
+        after_rate = after.tokens_per_step / (step_ms(new, profile.apart) or 1.0)
         x = after_rate / before_rate
-        out.append(Prediction(name, x, f"{why} -> {name} ≈ {x:.2f}x", new, after.tokens_per_step))
+        host, device = (new["overhead"], device_ms(new)) if profile.apart else (None, None)
+        bound = None if host is None or device is None else ("host" if host >= device else "device")
+        out.append(Prediction(name, x, f"{why} -> {name} ≈ {x:.2f}x", new, after.tokens_per_step, None, host, device,
+                              bound))
         parts, spec = new, after
     return out

@@ -25,7 +25,7 @@ GROUPS: dict[str, tuple[tuple[str, ...], str]] = {
     "tail": (("attn_tail", "tail"), "elementwise, norm and softmax tail"),
     "copies": (("copies",), "copies & H2D"),
     "optimizer": (("optimizer",), "optimizer"),
-    "overhead": (("overhead",), "host overhead (between operators, plus each operator's fixed cost)"),
+    "overhead": (("overhead", "serial"), "host overhead (between operators, plus each operator's fixed cost)"),
     "other": (("other",), "other operators"),
 }
 # The profiled ratio within this of the timed one (either way): the profile accounts for what the windows measured.
@@ -39,6 +39,8 @@ def grouped(parts: dict[str, float]) -> dict[str, float]:
 def label(group: str, compiled: bool, device_type: str | None) -> str:
     """A group's words; inductor's fused kernels are the tail of a compiled step (C++ loops on a CPU)."""
     words = GROUPS[group][1]
+    if group == "overhead" and device_type == "cuda":
+        return "the host's time a step (it overlaps the device's), and what did not overlap"
     if group == "tail" and compiled:
         return f"{words} (inductor's fused {fused_words(device_type)})"
     return words

@@ -30,15 +30,15 @@ class StepFigures:
     floor_ms: dict[str, float] = field(default_factory=dict)
     minor_faults: int | None = None  # pages the kernel mapped for the step (profile/child.py)
     wait_share: float | None = None  # a CPU step's threads waiting for a core, over the core time it asked for
+    device_ms: float | None = None  # CUDA: the union of the step's kernel intervals (None on a CPU, or older files)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_plain(self) -> dict[str, Any]:
-        """As saved: the two figures the child adds only where it read them are left out when absent."""
+        """As saved: the figures the child adds only where it read them are left out when absent."""
         out: dict[str, Any] = {"wall_ms": self.wall_ms, "ops": self.ops, "ms": self.ms, "floor_ms": self.floor_ms}
-        if self.minor_faults is not None:
-            out["minor_faults"] = self.minor_faults
-        if self.wait_share is not None:
-            out["wait_share"] = self.wait_share
+        for name in ("minor_faults", "wait_share", "device_ms"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         return {**out, **self.extra}
 
 
@@ -52,6 +52,11 @@ class ProfilePrediction:
     parts_ms: dict[str, float] = field(default_factory=dict)  # the predicted step, by the model's part
     tokens_per_step: int = 0
     speedup_iqr: list[float] | None = None  # the same made from each profiled step alone: its quartiles
+    # Where host and device are apart (CUDA): the predicted step's host and device time (profiled ms) and which of
+    # the two bounds it ("host" or "device"); None on a CPU, or in a file from before them.
+    host_ms: float | None = None
+    device_ms: float | None = None
+    bound: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -135,9 +140,28 @@ class ProfileSummary:
     threads: int | None = None  # intra-op threads of a CPU step (None: not a CPU profile, or an older file)
     borderline: list[str] = field(default_factory=list)  # the two regimes the margin cannot tell apart; [] if clear
     regime_label: str | None = None  # the regime, or "borderline (compute / memory)"; None in older files
+    # Host and device apart (CUDA; None on a CPU, whose host is its device, and in files from before them): the host's
+    # part of a step (issuing its work, timed without the profiler), the device's busy time (the union of its kernel
+    # intervals, median step), the unprofiled step (back to back), and what of it did not overlap.
+    host_ms: float | None = None
+    device_ms: float | None = None
+    timed_step_ms: float | None = None
+    serial_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str | None:
         """The regime as it should be said: borderline where the margin is inside the spread."""
         return self.regime_label or self.regime
+
+    @property
+    def apart(self) -> bool:
+        """Host and device timed apart (CUDA): the step costs about the larger of the two, not their sum."""
+        return self.host_ms is not None and self.device_ms is not None
+
+    @property
+    def bound(self) -> str | None:
+        """"host" or "device": which takes longer a step, where they are apart."""
+        if self.host_ms is None or self.device_ms is None:
+            return None
+        return "host" if self.host_ms >= self.device_ms else "device"

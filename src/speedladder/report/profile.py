@@ -40,6 +40,29 @@ def category_line(b: ProfileSummary) -> str:
     return ", ".join(f"{c} {share_range(v)}" for c, v in b.categories.items() if v.share >= 0.005)
 
 
+def host_device_line(b: ProfileSummary) -> str | None:
+    """Where host and device are apart (CUDA): each one's time a step, the unprofiled step, and which bounds it."""
+    if not b.apart:
+        return None
+    host, device = b.host_ms or 0.0, b.device_ms or 0.0
+    step = f", the unprofiled step {b.timed_step_ms:.1f} ms" if b.timed_step_ms is not None else ""
+    serial = f" ({b.serial_ms:.1f} ms of it did not overlap)" if b.serial_ms else ""
+    why = ("the device waits on the host: faster kernels buy nothing until the host's part shrinks (CUDA graphs, "
+           "compile, a bigger batch)" if b.bound == "host" else
+           "the host keeps ahead of the device: the kernels set the pace")
+    return (f"host and device: the host takes {host:.1f} ms a step to issue its work (timed without the profiler), "
+            f"the device is busy {device:.1f} ms (the union of its kernels){step}{serial}: {b.bound}-bound, {why}.")
+
+
+def doubled_line(b: ProfileSummary) -> str | None:
+    """A CUDA profile saved before host and device were timed apart: what its figures are."""
+    if b.device_type != "cuda" or b.apart:
+        return None
+    return ("this CUDA profile was saved before host and device were timed apart: each step's range was counted on "
+            "the host and again on the device, so its steps are half-steps, its idle share is the host's waits, and "
+            "its regime and predictions rest on them (docs/profile.md, \"Host and device\").")
+
+
 def spread_lines(b: ProfileSummary) -> list[str]:
     """What the steps' spread says: a borderline regime, and the steps far outside the others."""
     out = []
@@ -98,8 +121,11 @@ def profile_notes(results: Results) -> list[str]:
     if b.error:
         return [f"profile: failed ({b.error}); no predictions."]
     steps = f"the median of {b.steps} steps" if b.per_step else f"{b.steps} steps"
-    out = [f"profile of the baseline ({steps}, {b.time_basis}): {category_line(b)}.",
-           f"regime: {b.label} — {b.evidence}.", *spread_lines(b)]
+    out = [f"profile of the baseline ({steps}, {b.time_basis}): {category_line(b)}."]
+    line = host_device_line(b) or doubled_line(b)
+    if line:
+        out.append(line)
+    out += [f"regime: {b.label} — {b.evidence}.", *spread_lines(b)]
     if b.memory_gbps:
         out.append(f"memory-bound operators moved {b.memory_gbps:.1f} GB/s (counted from shapes for "
                    f"{pct(b.memory_counted_share or 0.0)} of their time); a large copy runs at "
@@ -136,7 +162,8 @@ def _facts_line(b: ProfileSummary) -> str:
 
 def category_table(b: ProfileSummary) -> Table:
     steps = f"the median of {b.steps} steps" if b.per_step else "one step"
-    t = Table(title=escape(f"{steps}, {b.wall_step_ms or 0.0:.2f} ms under the profiler: {b.time_basis}"),
+    unprofiled = f" ({b.timed_step_ms:.2f} ms without it)" if b.timed_step_ms is not None else ""
+    t = Table(title=escape(f"{steps}, {b.wall_step_ms or 0.0:.2f} ms under the profiler{unprofiled}: {b.time_basis}"),
               title_justify="left")
     spread = any(v.share_iqr for v in b.categories.values())  # a profile saved before issue 16 has none
     for col in ("category", "ms/step", "share", *(["steps' IQR"] if spread else []), "of which per-op floor"):
@@ -166,18 +193,23 @@ def print_profile(saved: Results, out: Console | None = None) -> None:
     if b.per_step:
         out.print(escape(f"steps' IQR: each step's own share, {b.spread_basis}; ops/step: {_ops_line(b)}"),
                   soft_wrap=True)
+    sides = host_device_line(b) or doubled_line(b)
+    if sides:
+        out.print(escape(sides), soft_wrap=True)
     out.print(escape(f"regime: {b.label} — {b.evidence}"), soft_wrap=True)
     for line in spread_lines(b):
         out.print(escape(line), soft_wrap=True)
     out.print(escape(_facts_line(b)), soft_wrap=True)
     t = Table(title="predictions (each on the rung before it)", title_justify="left")
     spread = any(p.speedup_iqr for p in saved.predictions or [])
-    for col in ("rung", "pred ×", *(["steps' IQR"] if spread else []), "why"):
+    bound = any(p.bound for p in saved.predictions or [])  # host and device apart (CUDA): which bounds each step
+    for col in ("rung", "pred ×", *(["steps' IQR"] if spread else []), *(["bound"] if bound else []), "why"):
         t.add_column(col, justify="left" if col in ("rung", "why") else "right")
     for p in saved.predictions or []:
         rng = p.speedup_iqr
         t.add_row(escape(p.rung), times(p.speedup),
-                  *([f"{rng[0]:.2f}–{rng[1]:.2f}" if rng else "—"] if spread else []), escape(p.reason))
+                  *([f"{rng[0]:.2f}–{rng[1]:.2f}" if rng else "—"] if spread else []),
+                  *([p.bound or "—"] if bound else []), escape(p.reason))
     out.print(t)
 
 
