@@ -217,6 +217,9 @@ class Measurement:
     base_timing: timer.Timing | None = None  # the base re-timed beside it, windows interleaved
     base_tokens_per_s: judging.Spread | None = None
     peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
+    # What the process held allocated when the peaks were reset (None where the device reports no peaks): both peaks
+    # are over what was held then, so that they belong to this spec's step alone.
+    held_before_bytes: int | None = None
     # The other processes that used most CPU from the first window to the last, when one of them was shared.
     others: list[load.Busy] = field(default_factory=list)
 
@@ -335,7 +338,7 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
     size = sized_windows(device, size_windows)
-    devicemem.reset_peak_memory(device)
+    held = devicemem.reset_peak_memory(device)
     say("building" + (" and compiling (first step)" if spec.compile else "")
         + (", with its base re-timed beside it" if base is not None else ""))
     step = step or work.step(spec)
@@ -345,7 +348,8 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
         with task_of(say, "the first step (it compiles) and the warm-up", estimate_s=compile_estimate_s,
                      shown=spec.compile):
             timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, counter, say, edge, rec)
-        peak, reserved = devicemem.peak_memory(device), devicemem.peak_reserved(device)  # before its base is built
+        # before its base is built, over what the process held at the reset
+        peak, reserved = devicemem.peak_memory(device, held), devicemem.peak_reserved(device, held)
         base_timing = None
         if base is None:
             steps = _window_steps(work, [timing], size, agree)
@@ -373,5 +377,6 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     m = Measurement(timing, spread, step_ms, timer.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
                     peak, _window_warnings(timing, t.max_warmup), base_timing,
                     judging.tokens_per_s(base_timing) if base_timing is not None else None,
-                    peak_reserved_bytes=reserved, others=others)
+                    peak_reserved_bytes=reserved, others=others,
+                    held_before_bytes=held.allocated if held is not None else None)
     return m, step

@@ -143,6 +143,7 @@ class Ladder:
             r.timing = TimingRecord.of(m.timing)
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
             r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
+            r.held_before_bytes = m.held_before_bytes
             r.warnings = m.warnings
             if step.scaler is not None:  # fp16: the updates its gradient scaler skipped while it was measured
                 r.scaler_skipped, r.scaler_updates = step.skipped_updates(), step.updates
