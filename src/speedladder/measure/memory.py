@@ -11,7 +11,7 @@ Three figures per rung (docs/memory-sweep.md):
   activation: it is held whether or not a step runs, so a saved tensor whose
   storage is a parameter's or a buffer's is left out. A bf16 copy of a weight
   made by autocast is counted: it exists only for this step.
-- the step's peak: on CUDA the allocator's peak (devicemem.peak_memory). On a
+- the step's peak: on CUDA the allocator's peak over what the process held at its reset (devicemem). On a
   CPU, a child process builds each rung's step in turn (one process for the
   rungs of a run, each step dropped before the next is built), runs `warmup`
   steps, then reads its resident set (VmRSS), resets the kernel's resident
