@@ -228,11 +228,12 @@ def machine_load(meter: load.Meter, say: Callable[[str], None]) -> MachineLoad:
     """The machine's load before anything runs: the others' over a short sample (this process asleep), and the load
     average, on this process's cores, said when others are busy; the windows add to it as they are timed."""
     before, loadavg = meter.before(), meter.loadavg()
-    if before.cores >= load.SHARED_CORES:
+    if before.shared:
         say(f"machine not alone: other processes use {before.cores:.2f} of {meter.cores} cores"
             + (f" (load average {loadavg:.2f})" if loadavg is not None else "")
             + "; each timed window reads what they use beside it")
-    return MachineLoad(cores=meter.cores, shared_cores=load.SHARED_CORES, before=before.cores, loadavg=loadavg)
+    return MachineLoad(cores=meter.cores, shared_cores=meter.shared_cores, before=before.cores, loadavg=loadavg,
+                       steal_before=before.steal_cores)
 
 
 def note_load(machine: MachineLoad | None, m: Measurement) -> None:
@@ -241,7 +242,8 @@ def note_load(machine: MachineLoad | None, m: Measurement) -> None:
     windows = [w for w in m.timing.windows + (m.base_timing.windows if m.base_timing else [])
                if w.other_cores is not None]
     if machine is not None and windows:
-        machine.add([w.other_cores or 0.0 for w in windows], [w.shared for w in windows])
+        machine.add([w.other_cores or 0.0 for w in windows], [w.shared for w in windows],
+                    steal=[w.steal_cores or 0.0 for w in windows])
         machine.name(m.others)
 
 
