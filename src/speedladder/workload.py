@@ -217,11 +217,15 @@ class Measurement:
     base_timing: timer.Timing | None = None  # the base re-timed beside it, windows interleaved
     base_tokens_per_s: judging.Spread | None = None
     peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
-    # What the process held allocated when the peaks were reset (None where the device reports no peaks): both peaks
-    # are over what was held then, so that they belong to this spec's step alone.
-    held_before_bytes: int | None = None
     # The other processes that used most CPU from the first window to the last, when one of them was shared.
     others: list[load.Busy] = field(default_factory=list)
+    # What the process held when the peaks were reset (None where the device reports no peaks): both peaks are over
+    # it, so that they belong to this spec's step alone.
+    held: devicemem.Held | None = None
+
+    @property
+    def held_before_bytes(self) -> int | None:
+        return self.held.allocated if self.held is not None else None
 
 
 def machine_load(meter: load.Meter, say: Callable[[str], None]) -> MachineLoad:
@@ -350,8 +354,7 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
         with task_of(say, "the first step (it compiles) and the warm-up", estimate_s=compile_estimate_s,
                      shown=spec.compile):
             timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, counter, say, edge, rec)
-        # before its base is built, over what the process held at the reset
-        peak, reserved = devicemem.peak_memory(device, held), devicemem.peak_reserved(device, held)
+        peak, reserved = devicemem.peak_memory(device, held), devicemem.peak_reserved(device, held)  # before its base
         base_timing = None
         if base is None:
             steps = _window_steps(work, [timing], size, agree)
@@ -379,6 +382,5 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     m = Measurement(timing, spread, step_ms, timer.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
                     peak, _window_warnings(timing, t.max_warmup), base_timing,
                     judging.tokens_per_s(base_timing) if base_timing is not None else None,
-                    peak_reserved_bytes=reserved, others=others,
-                    held_before_bytes=held.allocated if held is not None else None)
+                    peak_reserved_bytes=reserved, others=others, held=held)
     return m, step
