@@ -22,7 +22,7 @@ from speedladder.climbing.verdicts import SHORT_BELOW, not_built_upon, pays, sho
 from speedladder.config.commands import CONFIG_FILE, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import compiletime, judging, load, peakflops
+from speedladder.measure import autotune, compiletime, judging, load, peakflops
 from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
@@ -114,7 +114,8 @@ class Ladder:
             return r
         started = time.perf_counter()
         try:
-            self._measure(r, spec, base, say)
+            with autotune.to_log(self.run_dir / autotune.LOG, say):  # max-autotune's tables in a file, one line here
+                self._measure(r, spec, base, say)
         except KeyboardInterrupt:
             r.status, r.detail = "interrupted", "stopped by Ctrl-C during this rung"
             raise
