@@ -119,6 +119,15 @@ def test_our_own_compile_workers_are_not_neighbours_and_steal_is_apart(tmp_path)
     assert other.cores == pytest.approx(1.5, abs=0.05) and other.shared
 
 
+def test_a_stat_line_and_the_tree_of_descendants():
+    # utime 7, stime 3, cutime 20 (a reaped child's), cstime 0 ticks; a name with a space and parentheses.
+    line = "77 (tmux: (server)) S 1 77 77 0 -1 4194560 0 0 0 0 7 3 20 0 20 0 1 0 100 0 0"
+    assert load.parse_stat(line, 0.01) == load.Process("tmux: (server)", 1, pytest.approx(0.3))
+    procs = {pid: load.Process(str(pid), parent, 0.0)
+             for pid, parent in {1: 0, 10: 1, 11: 10, 12: 11, 13: 10, 20: 1, 21: 20}.items()}
+    assert load.descendants(procs, 10) == {11, 12, 13} and load.descendants(procs, 12) == set()
+
+
 def test_a_window_reads_the_load_only_outside_its_steps(tmp_path):
     meter = load.Meter(fake_proc(tmp_path, {0: [0] * 8}, {}), (0,), 0.01)
     reads: list[str] = []
