@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from speedladder.measure import counters, devicemem, judging, peakflops, timer
 from speedladder.measure.judging import Spread
 from speedladder.measure.timer import Timing, Window
+from speedladder.spec import StepSpec
 
 
 class FakeCompiler:
@@ -430,3 +431,84 @@ def test_compiled_code_is_forgotten_before_the_cuda_cache_is_emptied(monkeypatch
     order.clear()
     workload.free_device_memory(CPU)
     assert order == ["reset"]
+
+
+# -- compile estimates, by mode and cache state ------------------------------------------------------------------
+
+# The H200 run of 2026-12-04 at 837fae3 (d2l-512, 6 blocks of 4 distinct Linears), each compiled rung's first step and
+# warm-up in seconds, and the graphs its warm-up took from a cache: compile (fp32) 14.15, cold; bf16 15.13, cold, its
+# base (compile, fp32) beside it 1.14, warm (3 hits); then in a fresh process, cudagraphs (bf16, reduce-overhead)
+# 13.61, cold; muon (the same graph, another optimizer) 0.89, warm (3 hits); max-autotune stopped by its cap after
+# 85 s, 14 matmul shapes autotuned.
+H200_WARMUPS = {"compile": (14.15, 0), "bf16": (15.13, 0), "bf16 base": (1.14, 3), "cudagraphs": (13.61, 0),
+                "muon": (0.89, 3)}
+
+
+def _warmup(name: str) -> Timing:
+    seconds, hits = H200_WARMUPS[name]
+    return Timing(first_step_s=seconds, warmup_step_s=[], warmup_compiled=[], cache_hits=hits)
+
+
+def test_the_cold_compile_model_gives_the_plans_figures():
+    """bench/plan.txt's cold compiles on the H200, from the same model: tiny fp32 9 s; d2l-512 fp32 14, bf16 17,
+    bf16 with checkpointing 22, bf16 with fp8 26; GPT-2 bf16 27. max-autotune adds 5 s a matmul shape (21 for a GPT
+    with hand-written attention, 15 under SDPA); a CPU's kernels are its C++ compiler's, and its autotuning is not
+    counted."""
+    from speedladder.measure import compiletime as ct
+
+    fp32, bf16 = StepSpec(64, 128, compile=True), StepSpec(64, 128, compile=True, autocast="bf16")
+    ckpt = dataclasses.replace(bf16, transforms=("activation-checkpointing",))
+    fp8 = dataclasses.replace(bf16, transforms=("float8",))
+    assert ct.cold_s(fp32, 2, 4, ct.CUDA) == pytest.approx(9.4, abs=0.05)
+    assert [round(ct.cold_s(s, 6, 4, ct.CUDA)) for s in (fp32, bf16, ckpt, fp8)] == [14, 17, 22, 26]
+    assert round(ct.cold_s(bf16, 12, 4, ct.CUDA)) == 27
+    tuned = dataclasses.replace(bf16, compile_mode="max-autotune")
+    assert ct.matmul_shapes(tuned, 4) == 21 and ct.matmul_shapes(dataclasses.replace(tuned, transforms=("sdpa",)), 4) == 15
+    assert ct.cold_s(tuned, 6, 4, ct.CUDA) == pytest.approx(ct.cold_s(bf16, 6, 4, ct.CUDA) + ct.RECORD_S + 21 * 5.0)
+    assert ct.cold_s(fp32, 6, 4, ct.CPU) == pytest.approx(5.3 + 2.8 * 6 + 39.0)  # d2l-512 measured 60.2 s cold
+    assert ct.cold_s(dataclasses.replace(fp32, compile_mode="max-autotune"), 6, 4, ct.CPU) == ct.cold_s(fp32, 6, 4, ct.CPU)
+
+
+def test_compile_estimates_are_keyed_by_mode_and_cache_state():
+    """The H200 ladders replayed with their measured warm-ups: the estimate that was shown (the previous compiled
+    rung's warm-up, whatever its mode or cache) said about 0:14 for muon's warm compile (0.89 s) and about 0:01 for
+    max-autotune's cold one (more than 85 s); keyed by mode and cache state, each is within its own kind."""
+    from speedladder.measure import compiletime as ct
+
+    est = ct.Estimates("cuda", blocks=6, block_linears=4)
+    fp32, bf16 = StepSpec(64, 128, compile=True), StepSpec(64, 128, compile=True, autocast="bf16")
+    assert est.estimate(StepSpec(64, 128)) is None  # nothing compiles
+    assert est.cache_state(fp32) == ct.COLD and est.estimate(fp32) == pytest.approx(13.84, abs=0.01)
+    est.note((fp32, _warmup("compile")), (None, None))
+    # bf16: cold, from the model scaled by how far the last cold compile of its mode was off (14.15 / 13.84).
+    assert est.estimate(bf16) == pytest.approx(17.38 * 14.15 / 13.84, rel=1e-3)
+    assert est.cache_state(fp32) == ct.WARM
+    est.note((bf16, _warmup("bf16")), (fp32, _warmup("bf16 base")))
+    assert est.measured[(ct.DEFAULT, ct.WARM)] == 1.14 and est.estimate(fp32) == 1.14  # warm: as measured warm
+
+    est = ct.Estimates("cuda", blocks=6, block_linears=4)  # the CUDA ladder, in a process of its own
+    graphs = dataclasses.replace(bf16, compile_mode="reduce-overhead")
+    muon = dataclasses.replace(graphs, optimizer="muon")
+    tuned = dataclasses.replace(muon, compile_mode="max-autotune")
+    assert est.estimate(graphs) == pytest.approx(18.38, abs=0.01)
+    est.note((graphs, _warmup("cudagraphs")), (StepSpec(64, 128, autocast="bf16"), _warmup("bf16 base")))
+    assert est.cache_state(muon) == ct.WARM  # the same graph: the optimizer is not compiled
+    assert est.estimate(muon) == pytest.approx(1.5)  # no warm compile measured yet: a lead by the blocks
+    est.note((muon, _warmup("muon")), (graphs, None))
+    assert est.estimate(muon) == 0.89
+    assert est.cache_state(tuned) == ct.COLD and est.estimate(tuned) == pytest.approx(123.38, abs=0.01)  # over 85 s: it was
+    # A shape or a micro-batch is a graph of its own; accumulation's micro-batch is the base's graph.
+    assert est.cache_state(dataclasses.replace(graphs, batch_size=512)) == ct.COLD
+    assert est.cache_state(dataclasses.replace(graphs, batch_size=512, accum=8)) == ct.WARM
+
+
+def test_blocks_and_their_linears_are_counted_from_the_weights():
+    from speedladder.config.run import RunConfig
+    from speedladder.measure import compiletime as ct
+    from speedladder.workload import prepare
+
+    work = prepare(RunConfig(preset="tiny", device="cpu"))
+    assert ct.model_counts(work.init, work.model.blocks_prefix) == (2, 4)  # qkv, proj, fc, fc2
+    assert ct.model_counts(work.init, None) == (0, 0)
+    est = ct.of("cpu", work.init, "blocks.")
+    assert (est.blocks, est.block_linears, est.host) == (2, 4, ct.CPU)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from torch import nn
 from speedladder.cli import main
 from speedladder.climbing import meters
 from speedladder.config.run import MemoryConfig
-from speedladder.measure import memory
+from speedladder.measure import devicemem, memory
 from speedladder.records import Environment, Results, RungResult, SavedModel
 from speedladder.report.memory import bar_label, memory_notes, peak_cell, short_bytes
 from speedladder.rungs import Checkpointed, compose
@@ -56,6 +59,100 @@ def test_views_of_one_tensor_count_once_and_a_checkpoint_keeps_its_input_only():
     ckpt = Checkpointed(model)
     saved = memory.count_saved(lambda: ckpt(x).sum(), model.parameters())
     assert saved.activation_bytes == 3 * 4 * F32 and saved.tensors == 1  # the block's input: the rest is recomputed
+
+
+def test_a_saved_tensor_is_freed_once_counted():
+    """The forward is never followed by its backward: the hook must not keep the saved tensor itself, whose grad_fn
+    (the node that saved it) would hold it back in a cycle that gc cannot break (ReLU saves its own output)."""
+    x = torch.randn(256, 256, requires_grad=True)
+    seen: list[weakref.ref[torch.Tensor]] = []
+
+    def forward() -> torch.Tensor:
+        y = x.relu()
+        seen.append(weakref.ref(y))
+        return (y * 2).sum()
+
+    saved = memory.count_saved(forward, [])
+    assert saved.activation_bytes == 256 * 256 * F32  # ReLU's output, counted while it lived
+    assert seen[0]() is None  # freed by reference counting, without gc
+    gc.collect()
+    assert seen[0]() is None
+
+
+def live_tensor_bytes(leave_out: Iterable[torch.Tensor] = ()) -> int:
+    """What Python still holds in tensors once gc has collected what it can: each storage once, by its address;
+    `leave_out`'s storages left out."""
+    gc.collect()
+    left = {(str(t.device), t.untyped_storage().data_ptr()) for t in leave_out}
+    held: dict[tuple[str, int], int] = {}
+    for o in gc.get_objects():
+        if issubclass(type(o), torch.Tensor):  # type(): isinstance would read every object's __class__
+            storage = o.untyped_storage()
+            key = (str(o.device), storage.data_ptr())
+            if key not in left:
+                held[key] = storage.nbytes()
+    return sum(held.values())
+
+
+def test_a_ladder_holds_no_more_after_each_rung(tmp_path, monkeypatch):
+    """Four rungs of one shape in one process: once the first has made the gates' eager reference, what the process
+    holds in tensors before each rung's measurement (and after the last) does not grow, the probes the gates keep for
+    each rung that passed left aside. A forward metered without its backward that kept its graph would add at least
+    that rung's saved activations each time."""
+    from speedladder.climbing import ladder
+    from speedladder.config.run import GateConfig, ProfileConfig, RunConfig, TimingConfig
+    from speedladder.workload import prepare
+
+    run = RunConfig(preset="tiny", device="cpu", rungs=("eager", "sdpa", "pad-vocab", "ckpt"),
+                    timing=TimingConfig(steps=2, windows=3), gates=GateConfig(loss_steps=2),
+                    profile=ProfileConfig(enabled=False), memory=MemoryConfig(process_peak=False))
+    climb = ladder.Ladder(prepare(run), tmp_path)
+    held: list[int] = []
+
+    def probes() -> list[torch.Tensor]:
+        return [t for p in climb.probes.values() for t in (p.logits, *p.grads.values())]
+
+    def measure_spec(*args, **kwargs):
+        held.append(live_tensor_bytes(probes()))
+        return measure(*args, **kwargs)
+
+    measure = ladder.measure_spec
+    monkeypatch.setattr(ladder, "measure_spec", measure_spec)
+    climb._climb_all()
+    held.append(live_tensor_bytes(probes()))
+    assert [r.status for r in climb.results.rungs] == ["ok"] * 4
+    least = min(r.saved_activation_bytes or 0 for r in climb.results.rungs)
+    assert least > 0
+    assert max(held[1:]) - min(held[1:]) < least / 10, held
+
+
+def test_a_cuda_peak_is_over_what_the_process_held_at_the_reset(monkeypatch):
+    """The allocator's figures faked (GiB, as the H200's GPT-2 run of 2026-12-04 at 837fae3 had them at its sdpa
+    rung: 62.6 peak, where a fresh process peaked at 16.0): the peak is the rung's own, what was held stated apart.
+    Off CUDA there is nothing to reset and no peak."""
+    gib = 2**30
+    stats = {"memory_allocated": 46 * gib, "memory_reserved": 48 * gib, "max_memory_allocated": 62 * gib,
+             "max_memory_reserved": 66 * gib}
+    resets: list[torch.device] = []
+    for name, value in stats.items():
+        monkeypatch.setattr(torch.cuda, name, lambda device, v=value: v)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)
+    cuda = torch.device("cuda")
+    held = devicemem.reset_peak_memory(cuda)
+    assert resets == [cuda] and held == devicemem.Held(46 * gib, 48 * gib)
+    assert devicemem.peak_memory(cuda, held) == 16 * gib and devicemem.peak_reserved(cuda, held) == 18 * gib
+    assert devicemem.peak_memory(cuda) == 62 * gib  # no reset read: the whole process's peak
+    cpu = torch.device("cpu")
+    assert devicemem.reset_peak_memory(cpu) is None and devicemem.peak_memory(cpu, None) is None
+    # The note says what the peaks leave out.
+    r = RungResult(name="sdpa", rung="sdpa", role="rung", reason="", kind="speed", built_on=None, spec=StepSpec(16, 1024),
+                   precision="bf16", requirement={}, status="ok", saved_activation_bytes=9 * gib,
+                   peak_memory_bytes=16 * gib, peak_reserved_bytes=18 * gib, held_before_bytes=46 * gib)
+    res = Results(schema="", status="complete", created="", command=[], config=resolved(), environment=Environment(),
+                  model=SavedModel(), rungs=[r])
+    assert "each over what the process held before its rung (46.0 GiB" in memory_notes(res)[0]
+    r.held_before_bytes = None  # a file from before the field: nothing said
+    assert "held" not in memory_notes(res)[0]
 
 
 @pytest.mark.parametrize("names", [("eager",), ("ckpt",), ("bf16",), ("bf16", "ckpt"), ("sdpa",), ("pad-vocab",),

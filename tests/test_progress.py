@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import logging
+import sys
 import threading
 import time
+import types
+from collections.abc import Callable
 
 import pytest
 from rich.console import Console
@@ -108,3 +111,90 @@ def test_quiet_progress_and_a_plain_callback_show_nothing_and_start_no_thread(lo
     with task_of(Progress().scoped("compile"), "the first step", shown=False) as task:
         assert not task.ticking
     assert log.lines == []
+
+
+# -- max-autotune's tables: in the run's log file, one line on the terminal ----------------------------------------
+
+# Two of the tables max-autotune wrote to stderr on the H200 of 2026-12-04 (at 837fae3), cut to three choices each,
+# and the record its logger wrote for a choice that failed.
+H200_TABLES = """Autotune Choices Stats:
+{"num_choices": 22, "num_triton_choices": 20, "best_kernel": "triton_mm_17", "best_time": 0.03206399828195572}
+AUTOTUNE addmm(8192x1536, 8192x512, 512x1536)
+strides: [0, 1], [512, 1], [1, 512]
+dtypes: torch.bfloat16, torch.bfloat16, torch.bfloat16
+  triton_mm_17 0.0321 ms 100.0% ACC_TYPE='tl.float32', ALLOW_TF32=True, BLOCK_K=64, BLOCK_M=128, BLOCK_N=128
+  triton_mm_11 0.0357 ms 89.9% ACC_TYPE='tl.float32', ALLOW_TF32=True, BLOCK_K=64, BLOCK_M=64, BLOCK_N=128
+  addmm 0.0477 ms 67.2%
+SingleProcess AUTOTUNE benchmarking takes 10.4233 seconds and 0.0003 seconds precompiling for 22 choices
+AUTOTUNE bmm(512x128x64, 512x64x128)
+strides: [8192, 64, 1], [8192, 128, 1]
+dtypes: torch.bfloat16, torch.bfloat16
+  triton_bmm_32 0.0132 ms 100.0% ACC_TYPE='tl.float32', ALLOW_TF32=True, BLOCK_K=64, BLOCK_M=64, BLOCK_N=128
+  triton_bmm_29 0.0132 ms 99.5% ACC_TYPE='tl.float32', ALLOW_TF32=True, BLOCK_K=32, BLOCK_M=64, BLOCK_N=128
+  triton_bmm_28 0.0135 ms 97.4% ACC_TYPE='tl.float32', ALLOW_TF32=True, BLOCK_K=64, BLOCK_M=64, BLOCK_N=64
+SingleProcess AUTOTUNE benchmarking takes 4.4627 seconds and 0.0004 seconds precompiling for 21 choices
+"""
+H200_FAILED = ("Runtime error during autotuning: No valid triton configs. OutOfMemoryError: out of resource: "
+               "triton_mm Required: 262144 Hardware limit:232448. Ignoring this choice.")
+
+
+def _write_lines(text: str) -> None:
+    for line in text.splitlines(keepends=True):
+        sys.stderr.write(line)
+
+
+def inductor_printer() -> Callable[[str], None]:
+    """A printer that writes as inductor's select_algorithm does: line by line, straight to sys.stderr, from a module
+    named under torch._inductor (the function's globals are that module's)."""
+    return types.FunctionType(_write_lines.__code__, {"__name__": "torch._inductor.select_algorithm", "sys": sys})
+
+
+def test_autotuning_tables_go_to_the_run_folder_and_one_line_to_the_terminal(tmp_path):
+    from speedladder.measure import autotune
+
+    said: list[str] = []
+    terminal = io.StringIO()
+    path = tmp_path / autotune.LOG
+    printer = inductor_printer()
+    real, sys.stderr = sys.stderr, terminal
+    try:
+        with autotune.to_log(path, said.append):
+            printer(H200_TABLES)
+            logging.getLogger("torch._inductor.select_algorithm").error(H200_FAILED)
+            print("a progress bar's line", file=sys.stderr)  # anyone else's: through, as before
+        printer("after: not captured\n")
+    finally:
+        sys.stderr = real
+    assert terminal.getvalue() == "a progress bar's line\nafter: not captured\n"
+    saved = path.read_text()
+    assert saved.startswith(H200_TABLES) and saved.count("AUTOTUNE ") == 4  # two tables, two timings
+    assert f"ERROR torch._inductor.select_algorithm: {H200_FAILED}" in saved
+    assert said == [f"autotuned 2 matmul shapes in 15 s, tables in {path} (and 1 log record)"]
+    # Nothing autotuned, nothing said and no file; the loggers are left as they were.
+    quiet = tmp_path / "quiet.log"
+    with autotune.to_log(quiet, said.append):
+        pass
+    assert len(said) == 1 and not quiet.exists()
+    assert not logging.getLogger("torch._inductor.select_algorithm").filters
+
+
+def test_a_rung_that_autotunes_leaves_its_tables_in_the_run_folder(tmp_path, log, monkeypatch):
+    """The ladder captures around each rung: what inductor prints while the rung is measured goes to RUN/autotune.log,
+    and the rung's progress says one line."""
+    from speedladder.climbing.ladder import Ladder
+    from speedladder.config.run import ProfileConfig, RunConfig
+    from speedladder.rungs import RUNGS
+    from speedladder.workload import prepare
+
+    work = prepare(RunConfig(preset="tiny", device="cpu", profile=ProfileConfig(enabled=False)))
+    ladder = Ladder(work, tmp_path, progress=Progress())
+    printer = inductor_printer()
+
+    def measure(r, spec, base, say) -> None:
+        printer(H200_TABLES)
+        r.status = "ok"
+
+    monkeypatch.setattr(ladder, "_measure", measure)
+    ladder.climb(RUNGS["eager"], work.base_spec, None)
+    assert (tmp_path / "autotune.log").read_text() == H200_TABLES
+    assert ("eager", f"autotuned 2 matmul shapes in 15 s, tables in {tmp_path / 'autotune.log'}") in log.lines

@@ -219,17 +219,25 @@ class Measurement:
     peak_reserved_bytes: int | None = None  # the allocator's reserved peak (CUDA graphs' pools are reserved)
     # The other processes that used most CPU from the first window to the last, when one of them was shared.
     others: list[load.Busy] = field(default_factory=list)
+    # What the process held when the peaks were reset (None where the device reports no peaks): both peaks are over
+    # it, so that they belong to this spec's step alone.
+    held: devicemem.Held | None = None
+
+    @property
+    def held_before_bytes(self) -> int | None:
+        return self.held.allocated if self.held is not None else None
 
 
 def machine_load(meter: load.Meter, say: Callable[[str], None]) -> MachineLoad:
     """The machine's load before anything runs: the others' over a short sample (this process asleep), and the load
     average, on this process's cores, said when others are busy; the windows add to it as they are timed."""
     before, loadavg = meter.before(), meter.loadavg()
-    if before.cores >= load.SHARED_CORES:
+    if before.shared:
         say(f"machine not alone: other processes use {before.cores:.2f} of {meter.cores} cores"
             + (f" (load average {loadavg:.2f})" if loadavg is not None else "")
             + "; each timed window reads what they use beside it")
-    return MachineLoad(cores=meter.cores, shared_cores=load.SHARED_CORES, before=before.cores, loadavg=loadavg)
+    return MachineLoad(cores=meter.cores, shared_cores=meter.shared_cores, before=before.cores, loadavg=loadavg,
+                       steal_before=before.steal_cores)
 
 
 def note_load(machine: MachineLoad | None, m: Measurement) -> None:
@@ -238,7 +246,8 @@ def note_load(machine: MachineLoad | None, m: Measurement) -> None:
     windows = [w for w in m.timing.windows + (m.base_timing.windows if m.base_timing else [])
                if w.other_cores is not None]
     if machine is not None and windows:
-        machine.add([w.other_cores or 0.0 for w in windows], [w.shared for w in windows])
+        machine.add([w.other_cores or 0.0 for w in windows], [w.shared for w in windows],
+                    steal=[w.steal_cores or 0.0 for w in windows])
         machine.name(m.others)
 
 
@@ -335,7 +344,7 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     t = work.cfg.run.timing
     device = step.device if step is not None else work.device
     size = sized_windows(device, size_windows)
-    devicemem.reset_peak_memory(device)
+    held = devicemem.reset_peak_memory(device)
     say("building" + (" and compiling (first step)" if spec.compile else "")
         + (", with its base re-timed beside it" if base is not None else ""))
     step = step or work.step(spec)
@@ -345,7 +354,7 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
         with task_of(say, "the first step (it compiles) and the warm-up", estimate_s=compile_estimate_s,
                      shown=spec.compile):
             timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, counter, say, edge, rec)
-        peak, reserved = devicemem.peak_memory(device), devicemem.peak_reserved(device)  # before its base is built
+        peak, reserved = devicemem.peak_memory(device, held), devicemem.peak_reserved(device, held)  # before its base
         base_timing = None
         if base is None:
             steps = _window_steps(work, [timing], size, agree)
@@ -373,5 +382,5 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
     m = Measurement(timing, spread, step_ms, timer.compile_seconds(timing, step_ms / 1e3) if spec.compile else None,
                     peak, _window_warnings(timing, t.max_warmup), base_timing,
                     judging.tokens_per_s(base_timing) if base_timing is not None else None,
-                    peak_reserved_bytes=reserved, others=others)
+                    peak_reserved_bytes=reserved, others=others, held=held)
     return m, step

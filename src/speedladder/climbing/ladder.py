@@ -22,7 +22,7 @@ from speedladder.climbing.verdicts import SHORT_BELOW, not_built_upon, pays, sho
 from speedladder.config.commands import CONFIG_FILE, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import judging, load, peakflops
+from speedladder.measure import autotune, compiletime, judging, load, peakflops
 from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
@@ -82,7 +82,7 @@ class Ladder:
         self.peaks = meters.Peaks(work)  # off CUDA, the resident peaks measured once the climb is over
         self.flop_peaks = meters.FlopPeaks(work)  # each precision's peak FLOP/s, for the MFU
         self.meter = load.Meter.open()  # other processes' load around each window (None off Linux)
-        self.compile_wall_s: float | None = None  # the last compiled rung's warm-up: the next one's estimate
+        self.compile_times = compiletime.of(work.device.type, work.init, work.model.blocks_prefix)  # by mode, cache
         self.profile_wall_s: float | None = None  # the baseline's profile in its child: the explanation's estimate
         self.save()
         # config.toml beside results.json: the resolved run, which `speedladder run --config` repeats.
@@ -114,7 +114,8 @@ class Ladder:
             return r
         started = time.perf_counter()
         try:
-            self._measure(r, spec, base, say)
+            with autotune.to_log(self.run_dir / autotune.LOG, say):  # max-autotune's tables in a file, one line here
+                self._measure(r, spec, base, say)
         except KeyboardInterrupt:
             r.status, r.detail = "interrupted", "stopped by Ctrl-C during this rung"
             raise
@@ -136,13 +137,14 @@ class Ladder:
             # only once it has not (_gate).
             ref = None if self.gates.is_reference(spec) or self._short_below(r, base) else self.gates.reference(spec)
             m, step = measure_spec(w, spec, say, base=base_spec, meter=self.meter,
-                                   compile_estimate_s=self.compile_wall_s, short_below=self._short_below(r, base))
-            if spec.compile:
-                self.compile_wall_s = m.timing.first_step_s + sum(m.timing.warmup_step_s)
+                                   compile_estimate_s=self.compile_times.estimate(spec),
+                                   short_below=self._short_below(r, base))
+            self.compile_times.note((spec, m.timing), (base_spec, m.base_timing))  # the rung's warm-up, its base's
             note_load(self.results.machine, m)
             r.timing = TimingRecord.of(m.timing)
             r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
             r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
+            r.held_before_bytes = m.held_before_bytes
             r.warnings = m.warnings
             if step.scaler is not None:  # fp16: the updates its gradient scaler skipped while it was measured
                 r.scaler_skipped, r.scaler_updates = step.skipped_updates(), step.updates

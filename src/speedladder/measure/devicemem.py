@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -41,21 +42,36 @@ def sync(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
-def reset_peak_memory(device: torch.device) -> None:
+@dataclass(frozen=True)
+class Held:
+    """What the process held on the device when its peaks were reset (the gates' references, the last rung's
+    leftovers): a peak read afterwards is measured over it, so that it belongs to the work since the reset."""
+
+    allocated: int
+    reserved: int
+
+
+def reset_peak_memory(device: torch.device) -> Held | None:
+    """Reset the device's peaks and say what the process holds now; None where the device reports no peaks."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory(device: torch.device) -> int | None:
-    """Peak bytes allocated on the device; None where the device does not report it (CPU, MPS)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+        return Held(int(torch.cuda.memory_allocated(device)), int(torch.cuda.memory_reserved(device)))
     return None
 
 
-def peak_reserved(device: torch.device) -> int | None:
-    """Peak bytes the CUDA allocator reserved: CUDA graphs' private pools are reserved whole, and what their
-    replays use is never allocated again, so the allocated peak can miss it. None off CUDA."""
+def peak_memory(device: torch.device, held: Held | None = None) -> int | None:
+    """Peak bytes allocated on the device since the reset, less what was allocated at it (`held`): what the work
+    since the reset added at its peak (an understatement only if the work freed some of what was held). None
+    where the device does not report it (CPU, MPS)."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_reserved(device))
+        return int(torch.cuda.max_memory_allocated(device)) - (held.allocated if held is not None else 0)
+    return None
+
+
+def peak_reserved(device: torch.device, held: Held | None = None) -> int | None:
+    """Peak bytes the CUDA allocator reserved since the reset, less what it had reserved at it: CUDA graphs'
+    private pools are reserved whole, and what their replays use is never allocated again, so the allocated peak
+    can miss it. None off CUDA."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_reserved(device)) - (held.reserved if held is not None else 0)
     return None

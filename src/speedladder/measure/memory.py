@@ -11,7 +11,7 @@ Three figures per rung (docs/memory-sweep.md):
   activation: it is held whether or not a step runs, so a saved tensor whose
   storage is a parameter's or a buffer's is left out. A bf16 copy of a weight
   made by autocast is counted: it exists only for this step.
-- the step's peak: on CUDA the allocator's peak (devicemem.peak_memory). On a
+- the step's peak: on CUDA the allocator's peak over what the process held at its reset (devicemem). On a
   CPU, a child process builds each rung's step in turn (one process for the
   rungs of a run, each step dropped before the next is built), runs `warmup`
   steps, then reads its resident set (VmRSS), resets the kernel's resident
@@ -59,7 +59,9 @@ def count_saved(forward: Callable[[], object], state: Iterable[torch.Tensor]) ->
 
     `state`: the tensors that are the model's own (parameters, buffers); a saved
     tensor sharing one's storage is counted apart, as state. The output of
-    `forward` is dropped, and with it the graph and everything it saved.
+    `forward` is dropped, and with it the graph and everything it saved: the hook keeps a detached view of each
+    saved tensor, never the tensor itself, whose grad_fn may be the node that saved it (a cycle through autograd's
+    C++ that gc cannot break, so a forward without its backward leaked its whole graph, rung after rung).
     """
     own = {_key(t) for t in state}
     acts: dict[tuple[str, int], int] = {}
@@ -70,7 +72,7 @@ def count_saved(forward: Callable[[], object], state: Iterable[torch.Tensor]) ->
         if nbytes:  # an empty placeholder (torch 2.11's checkpoint saves one) holds no memory: not counted
             key = _key(t)
             (kept if key in own else acts)[key] = nbytes
-        return t  # kept as is: the hook counts, it does not move anything
+        return t.detach()  # its storage kept alive (a freed one's address could be reused and miscounted)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = forward()

@@ -32,6 +32,7 @@ class Window:
     # whether that shared the machine with it: kept, and said, never left out (the base beside it shares it too).
     other_cores: float | None = None
     shared: bool = False
+    steal_cores: float | None = None  # the hypervisor's steal over it, as mean cores (load.py): apart from the others'
 
     @property
     def tokens_per_s(self) -> float:
@@ -139,7 +140,7 @@ def time_window(step: Step, device: torch.device, tokens_per_step: int, steps: i
     window = Window(seconds, steps, steps * tokens_per_step, counter() - c0)
     if meter is not None and before is not None:
         other = meter.between(before, meter.read())
-        window.other_cores, window.shared = other.cores, other.shared
+        window.other_cores, window.shared, window.steal_cores = other.cores, other.shared, other.steal_cores
     return window
 
 

@@ -223,8 +223,8 @@ class Runs:
         if g.reached:
             r.stopped = "reached"
         r.train_seconds, r.train_tokens, r.train_steps = g.clock, g.tokens, g.steps
-        if g.read_s > 0:  # judged over the whole run: a stretch can be shorter than the counters' ticks
-            r.other_cores, r.shared = g.other_s / g.read_s, load.shared(g.other_s, g.read_s)
+        if g.read_s > 0 and self.meter is not None:  # judged over the whole run: a stretch can be under a tick
+            r.other_cores, r.shared = g.other_s / g.read_s, load.shared(g.other_s, g.read_s, self.meter.cores)
         if g.budget_tokens:
             b = at_tokens(r, g.budget_tokens)
             r.budget_loss = b if b is not None and math.isfinite(b) else None

@@ -66,6 +66,9 @@ class RungResult:
     wall_s: float | None = None  # the whole rung: build, compile, windows and gates
     peak_memory_bytes: int | None = None
     peak_reserved_bytes: int | None = None  # CUDA's reserved peak: CUDA graphs' pools are reserved, not allocated
+    # CUDA: what the process held allocated when the rung's peaks were reset (the gates' references, ...): both
+    # peaks above are over it, the rung's own; None off CUDA and in files from before it (their peaks include it).
+    held_before_bytes: int | None = None
     timing: TimingRecord | None = None  # measure/timer.Timing as saved: every window's raw time
     tokens_per_s: Spread | None = None
     step_ms: float | None = None

@@ -20,6 +20,7 @@ class WindowRecord:
     recompiles: int = 0  # graphs compiled while it ran: any leaves it out of the statistics
     other_cores: float | None = None  # other processes' mean cores while it ran (None: not read)
     shared: bool = False
+    steal_cores: float | None = None  # the hypervisor's steal while it ran, as mean cores (None: not read)
     extra: dict[str, Any] = field(default_factory=dict)
 
 

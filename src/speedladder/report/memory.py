@@ -55,6 +55,15 @@ def _ratio(a: int | None, b: int | None) -> str:
     return "—" if not a or not b else f"{b / a:.1f}× less" if b >= a else f"{a / b:.1f}× more"
 
 
+def _held_note(measured: Sequence[RungResult]) -> str:
+    """What the process held when each peak was reset, which the peaks leave out (results.json's held_before_bytes)."""
+    held = [r.held_before_bytes for r in measured if r.held_before_bytes is not None]
+    if not held:
+        return ""
+    span = short_bytes(held[0]) if min(held) == max(held) else f"{short_bytes(min(held))}–{short_bytes(max(held))}"
+    return f", each over what the process held before its rung ({span}: weights, the gates' references)"
+
+
 def memory_notes(results: Results) -> list[str]:
     """How the memory figures were had, and each memory rung's saving against the rung it built on."""
     measured = [r for r in results.rungs if r.ok and r.saved_activation_bytes is not None]
@@ -67,7 +76,8 @@ def memory_notes(results: Results) -> list[str]:
               "before them, in a child process" if any(r.resident_rise is not None for r in measured)
               else "")
            + (f"; `peak mem` is CUDA's peak allocated, then ({RESERVED} ...) its peak reserved, which holds CUDA "
-              "graphs' memory pools" if any(r.peak_reserved_bytes is not None for r in measured) else "") + "."]
+              "graphs' memory pools" if any(r.peak_reserved_bytes is not None for r in measured) else "")
+           + _held_note(measured) + "."]
     by_name = {r.name: r for r in results.rungs}
     for r in measured:
         base = by_name.get(r.built_on or "")
