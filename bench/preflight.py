@@ -134,7 +134,8 @@ def checks(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", choices=("auto", "cpu"), help="auto (CUDA, or a failure) or cpu")
-    p.add_argument("--no-compile", action="store_true", help="skip the compiled step (a CPU smoke run)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="skip the compiled step (the GPU plan's: its first compile rung measures a cold compile)")
     p.add_argument("--estimate", type=float, default=None, help="the plan's estimate in seconds, printed beside")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds of planted delay after the phases")
     return p
