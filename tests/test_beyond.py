@@ -415,3 +415,28 @@ def test_the_gates_emulate_each_fp8_recipe_as_torchao_computes_it(recipe):
             assert max(errors) < 1e-6, errors
         else:
             assert min(errors) > 1e-2, errors
+
+
+def test_the_ladder_skips_fp8_at_d2l_512_with_the_shapes_and_builds_nothing(tmp_path, monkeypatch):
+    """The climb on an H100-like device with torchao and Triton at hand: the fp8 rung at d2l-512 is recorded as
+    skipped with torchao's rule and the block Linears' shapes, and no step is built for it."""
+    pytest.importorskip("torchao.float8")
+    from speedladder.climbing.ladder import Ladder
+    from speedladder.config.run import RunConfig
+    from speedladder.workload import prepare
+
+    work = prepare(RunConfig(preset="d2l-512", device="cpu"))
+    work.env = dataclasses.replace(work.env, device_type="cuda", cuda_capability=(9, 0))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "triton" else find_spec(name))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a step was built for a rung that cannot run")
+
+    monkeypatch.setattr(work, "step", never)
+    ladder = Ladder(work, tmp_path)
+    bf16 = dataclasses.replace(work.base_spec, autocast="bf16")
+    r = ladder.climb(RUNGS["fp8"], RUNGS["fp8"].transform(bf16, work.env), None)
+    assert r.status == "skipped" and r.spec is not None and r.spec.compile
+    assert r.detail.startswith("not applicable to this model: no block Linear qualifies for torchao's rowwise "
+                               "filter") and "mlp.fc 2048x512" in r.detail
