@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU plan in one call of about 8 minutes: the steps of bench/plan.txt, each capped beside its estimate, in
-# the order of the value of their figures (a preflight; d2l-512's R0-R4; GPT-2 124M's batch rung; the CUDA-only
-# rungs; the width sweep; a short race on the time left), with the packed files refreshed in $OUT after every
-# step, so that a call cut at any moment still returns the steps it finished:
+# the order of the value of their figures (a preflight; d2l-512's R0-R4; GPT-2 124M compiled; the CUDA-only rungs;
+# a short race; on the time left, the width sweep, fp8's tensorwise recipe and max-autotune), with the packed files
+# refreshed in $OUT after every step, so that a call cut at any moment still returns the steps it finished:
 #
 #   $OUT/runs.tgz         every finished step's folder (results.json, report.html, waterfall.png, its log), no trace
-#   $OUT/summary.txt      each run's notes and table in full
+#   $OUT/summary.txt      each run's notes and table in full (one line until a run has finished)
 #   $OUT/environment.txt  nvidia-smi, versions, the preflight's phases, and the step table so far (estimate, cap,
 #                         seconds granted, wall time, status), the steps not reached yet marked pending
 #
@@ -146,6 +146,11 @@ pack() {  # pack [final]: the three files under $OUT from what $WORK holds now
       2>/dev/null
   fi
   publish runs.tgz
+  if [[ "$when" != final && ! -e "$META/ran" ]]; then  # no run to render yet: a line, without Python's start
+    echo "no run has finished yet: the step table is in environment.txt" > "$OUT/summary.txt.part"
+    publish summary.txt
+    return 0
+  fi
   # The summary's stdout (the short tables) is printed once, at the end.
   "$PY" bench/summary.py --steps "$STEPS" --full "$OUT/summary.txt.part" "$WORK" > "$META/summary-out.txt" 2>&1 \
     && publish summary.txt || { cat "$META/summary-out.txt"; return 1; }
@@ -180,6 +185,7 @@ while read -r -u 3 mode step est cap cmd args; do  # fd 3: the steps' commands k
                     rc=$? ;;
   esac
   wall=$(( $(date +%s) - t0 ))
+  [[ "$cmd" == run || "$cmd" == sweep || "$cmd" == race ]] && touch "$META/ran"  # a summary to render from now on
   status=$(status_of "$rc")
   if [[ "$cmd" == preflight && "$status" == capped ]]; then
     status="capped (slow, not failed: the plan goes on)"

@@ -58,18 +58,20 @@ def timed_step(torch, work, spec) -> float:
 
 
 def fp8_check(torch, work) -> str:
-    """One rowwise fp8 Linear forward and backward, where the fp8 rung could run; else why it cannot."""
+    """One rowwise fp8 Linear forward and backward (eager: its compile is the rung's), where the fp8 rung could
+    run; else why it cannot. 4096 x 4096: a shape torchao's rowwise filter keeps (N > 4096 or K > 2048 beyond
+    N > 2048 and K > 1024)."""
     from speedladder.rungs import RUNGS, float8_linears
 
-    unmet = RUNGS["fp8"].requires.unmet(work.env)
+    unmet = RUNGS["fp8"].requires.unmet(dataclasses.replace(work.env, model=None))  # the device's, not tiny's
     if unmet:
         return f"fp8 rung: {unmet}"
-    layer = float8_linears(torch.nn.Sequential(torch.nn.Linear(256, 256)), prefix="").to(work.device)
-    x = torch.randn(64, 256, device=work.device, requires_grad=True)
+    layer = float8_linears(torch.nn.Sequential(torch.nn.Linear(4096, 4096)), prefix="").to(work.device)
+    x = torch.randn(64, 4096, device=work.device, requires_grad=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         layer(x).float().pow(2).mean().backward()
     torch.cuda.synchronize()
-    return f"fp8 rung: a rowwise fp8 Linear ran forward and backward ({type(layer[0]).__name__})"
+    return f"fp8 rung: a rowwise fp8 Linear 4096x4096 ran forward and backward ({type(layer[0]).__name__})"
 
 
 def checks(args: argparse.Namespace) -> int:
@@ -132,7 +134,8 @@ def checks(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto", choices=("auto", "cpu"), help="auto (CUDA, or a failure) or cpu")
-    p.add_argument("--no-compile", action="store_true", help="skip the compiled step (a CPU smoke run)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="skip the compiled step (the GPU plan's: its first compile rung measures a cold compile)")
     p.add_argument("--estimate", type=float, default=None, help="the plan's estimate in seconds, printed beside")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds of planted delay after the phases")
     return p

@@ -37,7 +37,7 @@ from speedladder.config.run import RunConfig
 from speedladder.measure import processor
 from speedladder.progress import Progress
 from speedladder.records import Gate
-from speedladder.rungs import MODEL_TRANSFORMS, float8_linears, rounding_fuzz
+from speedladder.rungs import MODEL_TRANSFORMS, float8, float8_linears, rounding_fuzz
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import correctness, probes, truth
 from speedladder.verify.gates import Gates
@@ -170,6 +170,7 @@ def precision_scales(bench: Bench) -> list[dict]:
     assert ref.fp64 is not None
     MODEL_TRANSFORMS["fuzz"] = rounding_fuzz(seed=0)
     MODEL_TRANSFORMS["float8"] = functools.partial(float8_linears, emulate=True)
+    float8.worth = lambda module, name, recipe: True  # the preset's Linears are below torchao's size filter: set aside
     fp8 = dataclasses.replace(bench.bf16, transforms=("float8",))
     cases = [("bf16", bench.bf16, None, "clean"),
              ("bf16 + fuzz", dataclasses.replace(bench.bf16, transforms=("fuzz",)), None, "clean"),

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import pytest
 import torch
+from conftest import Described
 
 from speedladder.config.ladders import FULL_LADDER
 from speedladder.config.presets import PRESETS
-from speedladder.gpt import GPT
-from speedladder.rungs import RUNGS, Env, PaddedHead, SDPAttention, StepSpec, compose, pad_vocab, padded_vocab, use_sdpa
+from speedladder.gpt import GPT, GPTConfig
+from speedladder.rungs import (
+    RUNGS,
+    Capability,
+    Env,
+    PaddedHead,
+    SDPAttention,
+    StepSpec,
+    compose,
+    pad_vocab,
+    padded_vocab,
+    use_sdpa,
+)
 from speedladder.rungs.optim import Muon, MuonAdamW, orthogonalize
 from speedladder.step import TrainStep
 from speedladder.verify import correctness
@@ -41,11 +54,14 @@ def test_full_ladder_specs_on_a_gpu():
 
 
 def test_cuda_only_rungs_say_why_they_are_skipped_on_a_cpu(monkeypatch):
-    for name in ("max-autotune", "cudagraphs", "fp8"):
+    for name in ("max-autotune", "cudagraphs", "fp8", "fp8-tensorwise"):
         assert RUNGS[name].requires.unmet(CPU) == "needs cuda; this device is cpu"
-    assert RUNGS["fp8"].requires.unmet(A100) == "needs CUDA compute capability >= 8.9; this GPU is 8.0"
+    for name in ("fp8", "fp8-tensorwise"):
+        assert RUNGS[name].requires.unmet(A100) == "needs CUDA compute capability >= 8.9; this GPU is 8.0"
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)  # torchao (and Triton) absent
-    assert RUNGS["fp8"].requires.unmet(H100) == "needs torchao, not installed: pip install speedladder[fp8]"
+    with_shapes = dataclasses.replace(H100, model=Described(shapes=PRESETS["d2l-512"].model))
+    for env in (H100, with_shapes):  # without torchao its filter says nothing: the package is what is missing
+        assert RUNGS["fp8"].requires.unmet(env) == "needs torchao, not installed: pip install speedladder[fp8]"
     for name in ("sdpa", "fused-adamw", "pad-vocab", "muon"):
         assert RUNGS[name].requires.unmet(CPU) is None
 
@@ -181,38 +197,83 @@ def test_tokens_to_a_target_loss():
     assert correctness.tokens_to([1.0], 1.0, 1, 7) == 7
 
 
-def test_fp8_transform_converts_the_block_linears_only(monkeypatch):
-    """torchao is absent here: a stand-in records which modules the transform hands it."""
-    import sys
-    import types
+def _wide(**shape) -> GPTConfig:
+    """GPT-2 124M's block with other widths: GPT-2 XL's by default (1600 wide, 25 heads, MLP 6400)."""
+    return dataclasses.replace(PRESETS["gpt2-124m"].model, **{"n_embd": 1600, "n_head": 25, "mlp_hidden": 6400,
+                                                              **shape})
 
-    from speedladder.rungs import MODEL_TRANSFORMS
 
-    chosen, recipes = [], []
+@pytest.mark.parametrize("recipe, preset, kept", [
+    # N x K (outputs x inputs) of qkv, attn.proj, mlp.fc, mlp.proj: d2l-512 1536x512, 512x512, 2048x512, 512x2048;
+    # GPT-2 124M 2304x768, 768x768, 3072x768, 768x3072; GPT-2 XL's widths 4800x1600, 1600x1600, 6400x1600,
+    # 1600x6400. Rowwise keeps N > 2048 and K > 1024 unless N <= 4096 and K <= 2048; tensorwise N > 1024 or K > 4096.
+    ("rowwise", "d2l-512", []),
+    ("rowwise", "gpt2-124m", []),
+    ("rowwise", "wide", ["attn.qkv", "mlp.fc"]),
+    ("tensorwise", "d2l-512", ["attn.qkv", "mlp.fc"]),
+    ("tensorwise", "gpt2-124m", ["attn.qkv", "mlp.fc"]),
+    ("tensorwise", "wide", ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]),
+])
+def test_the_fp8_rungs_convert_the_block_linears_torchaos_filter_keeps(recipe, preset, kept):
+    """torchao's own filter for each recipe decides, on the meta device (nothing allocated): the fp8 rungs convert
+    the block Linears it keeps and never the head."""
+    pytest.importorskip("torchao.float8")
+    from speedladder.rungs import RungError, float8_linears
 
-    def convert(model, config, module_filter_fn):
-        chosen.extend(name for name, m in model.named_modules() if module_filter_fn(m, name))
-        return model
+    cfg = _wide() if preset == "wide" else PRESETS[preset].model
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(cfg, n_layer=2))
+    if not kept:
+        with pytest.raises(RungError, match=f"no block Linear qualifies for torchao's {recipe} filter"):
+            float8_linears(model, recipe=recipe)
+        return
+    converted = float8_linears(model, recipe=recipe)
+    fp8 = sorted(n for n, m in converted.named_modules() if type(m).__name__ == "Float8Linear")
+    assert fp8 == sorted(f"blocks.{i}.{name}" for i in range(2) for name in kept)
+    assert type(converted.lm_head).__name__ == "Linear"  # the head stays in bf16
 
-    class Config:
-        @staticmethod
-        def from_recipe_name(name):
-            recipes.append(name)
-            return Config()
 
-    fake = types.ModuleType("torchao.float8")
-    fake.convert_to_float8_training = convert
-    fake.Float8LinearConfig = Config
-    monkeypatch.setitem(sys.modules, "torchao", types.ModuleType("torchao"))
-    monkeypatch.setitem(sys.modules, "torchao.float8", fake)
-    cfg = dataclasses.replace(PRESETS["tiny"].model, n_layer=1, n_embd=32, mlp_hidden=48)
-    MODEL_TRANSFORMS["float8"](GPT(cfg))
-    # Both dimensions divisible by 16; the head is left in bf16.
-    assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.0.mlp.proj"]
-    assert recipes == ["rowwise"]  # per-row scales: a token's scale is its own (causal)
-    chosen.clear()
-    MODEL_TRANSFORMS["float8"](GPT(dataclasses.replace(cfg, mlp_hidden=40)))
-    assert sorted(chosen) == ["blocks.0.attn.proj", "blocks.0.attn.qkv"]  # 40 is not a multiple of 16
+def test_an_fp8_rung_no_block_linear_qualifies_for_is_skipped_with_the_shapes_before_anything_is_built(monkeypatch):
+    """The rung's requirement reads the model's shapes: at d2l-512 and GPT-2 124M torchao's rowwise filter keeps no
+    block Linear, so the rung is skipped, the shapes and the rule named, before a model is built; at GPT-2 XL's
+    widths it runs. The tensorwise rung keeps qkv and the MLP's first Linear at both presets."""
+    pytest.importorskip("torchao.float8")
+
+    def on(cfg: GPTConfig) -> Env:
+        return dataclasses.replace(H100, model=Described(shapes=cfg))
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "triton" else find_spec(name))
+    built = []
+    monkeypatch.setattr(GPT, "__init__", lambda *a, **k: built.append(a))  # a whole model is never built
+    d2l = RUNGS["fp8"].requires.unmet(on(PRESETS["d2l-512"].model))
+    assert d2l == ("not applicable to this model: no block Linear qualifies for torchao's rowwise filter (N x K, "
+                   "kept where N > 2048 and K > 1024, and not both N <= 4096 and K <= 2048): attn.qkv 1536x512, "
+                   "attn.proj 512x512, mlp.fc 2048x512, mlp.proj 512x2048")
+    gpt2 = RUNGS["fp8"].requires.unmet(on(PRESETS["gpt2-124m"].model))
+    assert gpt2 is not None and gpt2.endswith("attn.qkv 2304x768, attn.proj 768x768, mlp.fc 3072x768, "
+                                               "mlp.proj 768x3072")
+    assert RUNGS["fp8"].requires.unmet(on(_wide())) is None
+    assert RUNGS["fp8-tensorwise"].requires.unmet(on(PRESETS["d2l-512"].model)) is None
+    assert RUNGS["fp8-tensorwise"].requires.unmet(on(PRESETS["gpt2-124m"].model)) is None
+    assert "tensorwise filter (N x K, kept where N > 1024 or K > 4096)" in RUNGS["fp8-tensorwise"].requires.unmet(
+        on(_wide(n_embd=256, n_head=4, mlp_hidden=1024)))  # 768x256 at most
+    assert not built
+    assert RUNGS["fp8"].requires.to_dict()["shape"] == "torchao's rowwise filter"  # what results.json records
+
+
+def test_the_fp8_rungs_compile_and_keep_their_base_mode():
+    """torchao's float8 needs torch.compile to fuse its scaling and casts: each fp8 rung switches compile on over
+    an eager base, and keeps a compiled base's mode."""
+    bf16 = StepSpec(64, 128, autocast="bf16", tf32=True)
+    for name, cap, recipe in (("fp8", Capability.FLOAT8, "rowwise"),
+                              ("fp8-tensorwise", Capability.FLOAT8_TENSORWISE, "tensorwise")):
+        spec = RUNGS[name].transform(bf16, H100)
+        assert spec.compile and spec.compile_mode is None and spec.transforms == (cap,)
+        assert spec.precision == "fp8" and spec.float8_recipe == recipe
+        graphs = RUNGS[name].transform(dataclasses.replace(bf16, compile=True, compile_mode="reduce-overhead"), H100)
+        assert graphs.compile and graphs.compile_mode == "reduce-overhead"
+    assert bf16.float8_recipe is None and bf16.precision == "bf16"
 
 
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon arrived in torch 2.9")
@@ -249,7 +310,10 @@ def test_our_muon_fallback_matches_torchs_muon(shape):
 
 def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(tmp_path):
     """The ladder's MFU peak for an fp8 rung: fp8's for the block linears it converted, bf16's for the rest; any
-    other rung keeps its precision's peak (GPT-2's shapes, the H200's datasheet peaks given as --peak-tflops)."""
+    other rung keeps its precision's peak (GPT-2's shapes, the H200's datasheet peaks given as --peak-tflops). At
+    GPT-2 124M the tensorwise recipe converts qkv and the MLP's first Linear in each block: 6 x 12 x (768 x 2304 +
+    768 x 3072) = 297,271,296 of its 855,166,464 FLOPs a token (35%)."""
+    pytest.importorskip("torchao.float8")
     from speedladder.climbing.ladder import Ladder
     from speedladder.config.run import RunConfig
     from speedladder.workload import prepare
@@ -260,9 +324,11 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
         gpt2 = GPT(PRESETS["gpt2-124m"].model)
     fpt = 855_166_464  # GPT-2 at T=1024: 6N + 12LHQT
     bf16 = StepSpec(16, 1024, autocast="bf16")
-    peak, basis = ladder.flop_peaks.of(dataclasses.replace(bf16, transforms=("float8",)), gpt2, fpt)
-    assert peak == pytest.approx(1409.35, abs=0.01)  # test_measure.py works the blend out by hand
-    assert "60% of the FLOPs" in basis and "bf16's for the rest" in basis
+    tensorwise = dataclasses.replace(bf16, transforms=(Capability.FLOAT8_TENSORWISE,))
+    peak, basis = ladder.flop_peaks.of(tensorwise, gpt2, fpt)
+    # 855,166,464 / (297,271,296 / 1978.9 + 557,895,168 / 989.4) = 1197.56 TFLOP/s
+    assert peak == pytest.approx(1197.56, abs=0.01)
+    assert "35% of the FLOPs" in basis and "bf16's for the rest" in basis
     assert "both the peak given by --peak-tflops" in basis
     assert ladder.flop_peaks.of(bf16, gpt2, fpt) == (989.4, "peak given by --peak-tflops")
 
@@ -313,3 +379,90 @@ def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
     assert ns_dtype_for(torch.device('cpu'))[0] == torch.bfloat16
     opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
     assert (type(opt) is torch.optim.Muon) if hasattr(torch.optim, "Muon") else opt.ns_dtype == torch.bfloat16
+
+
+def test_the_tensorwise_rung_is_judged_on_its_own_recipes_scale_and_fails_causality(tiny, monkeypatch, fp8_any_size):
+    """fp8-tensorwise after bf16, through torchao's emulation: the gates emulate its recipe (one scale a tensor, the
+    output's gradient in e5m2) for the scale it is judged on, so its distance from fp64 passes; one amax over the
+    whole batch sees the future tokens, and the causality probe fails it."""
+    pytest.importorskip("torchao.float8")
+    import functools
+
+    from conftest import plant
+
+    from speedladder.progress import Progress
+    from speedladder.rungs import float8_linears
+    from speedladder.verify.gates import Gates
+
+    plant(monkeypatch, Capability.FLOAT8_TENSORWISE,
+          functools.partial(float8_linears, recipe="tensorwise", emulate=True))
+    gates = Gates(tiny, Progress(quiet=True))
+    ref = gates.reference(tiny.base_spec)
+    bf16 = dataclasses.replace(tiny.base_spec, autocast="bf16")
+    _, probe = gates.check(tiny.step(bf16), ref, ref.probe, "eager", lambda m: None)
+    spec = dataclasses.replace(bf16, transforms=(Capability.FLOAT8_TENSORWISE,))
+    gate, _ = gates.check(tiny.step(spec), ref, probe, "bf16", lambda m: None)
+    assert gate.equivalence is not None and gate.equivalence.passed, gate.detail
+    assert gate.differential is not None and gate.differential.passed, gate.detail
+    assert gate.differential.fp64 is not None and gate.differential.fp64.scale == "eager fp8 (emulated)"
+    assert not gate.passed and gate.causality is not None and not gate.causality.passed
+
+
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_the_gates_emulate_each_fp8_recipe_as_torchao_computes_it(recipe):
+    """The scale an fp8 rung is judged on is eager fp32 with its recipe's casts emulated (verify/emulate.py), never
+    torchao's code: it agrees with torchao's own emulation of the same recipe (output and both gradients, within
+    fp32's rounding: 2.4e-7 at most here, 2026-12-04), and the other recipe's casts are 5-7% away."""
+    pytest.importorskip("torchao.float8")
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from speedladder.verify.emulate import Float8Linear
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 96))
+    w, b = layer[0].weight.detach().clone(), layer[0].bias.detach().clone()
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=True)
+    theirs = convert_to_float8_training(layer, config=config)
+    x = torch.randn(8, 16, 64) * torch.linspace(0.1, 3.0, 16)[None, :, None]  # rows of different sizes
+    x_theirs = x.clone().requires_grad_()
+    y_theirs = theirs(x_theirs)
+    g = torch.randn_like(y_theirs)
+    y_theirs.backward(g)
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm())
+
+    for mine_recipe in ("rowwise", "tensorwise"):
+        x_mine, w_mine = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y_mine = Float8Linear.apply(x_mine, w_mine, b, mine_recipe)
+        y_mine.backward(g)
+        errors = (rel(y_mine, y_theirs), rel(x_mine.grad, x_theirs.grad), rel(w_mine.grad, theirs[0].weight.grad))
+        if mine_recipe == recipe:
+            assert max(errors) < 1e-6, errors
+        else:
+            assert min(errors) > 1e-2, errors
+
+
+def test_the_ladder_skips_fp8_at_d2l_512_with_the_shapes_and_builds_nothing(tmp_path, monkeypatch):
+    """The climb on an H100-like device with torchao and Triton at hand: the fp8 rung at d2l-512 is recorded as
+    skipped with torchao's rule and the block Linears' shapes, and no step is built for it."""
+    pytest.importorskip("torchao.float8")
+    from speedladder.climbing.ladder import Ladder
+    from speedladder.config.run import RunConfig
+    from speedladder.workload import prepare
+
+    work = prepare(RunConfig(preset="d2l-512", device="cpu"))
+    work.env = dataclasses.replace(work.env, device_type="cuda", cuda_capability=(9, 0))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: object() if name == "triton" else find_spec(name))
+
+    def never(*args, **kwargs):
+        raise AssertionError("a step was built for a rung that cannot run")
+
+    monkeypatch.setattr(work, "step", never)
+    ladder = Ladder(work, tmp_path)
+    bf16 = dataclasses.replace(work.base_spec, autocast="bf16")
+    r = ladder.climb(RUNGS["fp8"], RUNGS["fp8"].transform(bf16, work.env), None)
+    assert r.status == "skipped" and r.spec is not None and r.spec.compile
+    assert r.detail.startswith("not applicable to this model: no block Linear qualifies for torchao's rowwise "
+                               "filter") and "mlp.fc 2048x512" in r.detail

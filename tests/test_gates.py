@@ -334,7 +334,8 @@ def _float8(recipe: str):
     return functools.partial(float8_linears, recipe=recipe, emulate=True)  # torchao's emulation runs on a CPU
 
 
-def test_an_fp8_rung_with_rowwise_scales_passes_its_gates_and_tensorwise_fails_causality(tiny, bench, monkeypatch):
+def test_an_fp8_rung_with_rowwise_scales_passes_its_gates_and_tensorwise_fails_causality(tiny, bench, monkeypatch,
+                                                                                         fp8_any_size):
     """fp8 after bf16, through torchao's emulation (its casts and scales, the matmul in high precision): rowwise
     scales are per token, so changing future tokens leaves the past exactly where it was; one scale per tensor
     (the tensorwise recipe) moves the past logits, and the causality probe says so."""

@@ -460,7 +460,7 @@ def test_a_bf16_rung_whose_attention_sees_the_future_under_autocast_fails(tiny, 
 
 
 @ISA
-def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch):
+def test_an_fp8_path_that_drops_a_gradient_fails_its_gate(tiny, monkeypatch, fp8_any_size):
     pytest.importorskip("torchao.float8")
     import functools
 

@@ -376,7 +376,7 @@ def test_graph_recordings_are_counted_through_dynamos_recording_callbacks():
     assert all(cb.__name__ != "on_start" for cb in callback_handler.start_callbacks)  # removed after
 
 
-def test_the_fp8_peak_is_blended_by_flop_share_with_gpt2s_shapes():
+def test_the_fp8_peak_is_blended_by_flop_share_with_gpt2s_shapes(fp8_any_size):
     """GPT-2 124M at T=1024 on an H200: the block linears (fp8) are 60% of the FLOPs, the head and attention
     (bf16) the rest; the step's peak is the FLOP-weighted harmonic blend, between bf16's and fp8's."""
     from speedladder.config.presets import PRESETS

@@ -24,7 +24,8 @@ class Capability(str, Enum):
     SDPA = "sdpa"  # attention through F.scaled_dot_product_attention
     PAD_VOCAB = "pad-vocab"  # the vocabulary padded to a multiple of the tile size
     CHECKPOINTING = "activation-checkpointing"  # activation checkpointing of each block
-    FLOAT8 = "float8"  # the blocks' linears in fp8
+    FLOAT8 = "float8"  # the blocks' linears in fp8, torchao's rowwise recipe
+    FLOAT8_TENSORWISE = "float8-tensorwise"  # the same, torchao's tensorwise recipe
 
     def __str__(self) -> str:  # the name itself, as a StrEnum prints (Python 3.10 has none)
         return self.value
@@ -37,7 +38,16 @@ class Capability(str, Enum):
     @property
     def needs(self) -> Capability:
         """The capability a model must have for this one: checkpointing and fp8 act on the blocks."""
-        return Capability.BLOCKS if self in (Capability.CHECKPOINTING, Capability.FLOAT8) else self
+        acts_on_blocks = (Capability.CHECKPOINTING, Capability.FLOAT8, Capability.FLOAT8_TENSORWISE)
+        return Capability.BLOCKS if self in acts_on_blocks else self
+
+    @property
+    def float8_recipe(self) -> str | None:
+        """torchao's recipe where this runs the blocks' linears in fp8, else None."""
+        return {Capability.FLOAT8: "rowwise", Capability.FLOAT8_TENSORWISE: "tensorwise"}.get(self)
+
+
+FP8_TRANSFORMS = tuple(c for c in Capability if c.float8_recipe)  # each runs the blocks' linears in fp8
 
 
 @dataclass(frozen=True)
@@ -58,11 +68,16 @@ class StepSpec:
     @property
     def precision(self) -> str:
         """The arithmetic the matmuls run in: what the MFU peak and the gate tolerance depend on."""
-        if Capability.FLOAT8 in self.transforms:
+        if self.float8_recipe is not None:
             return "fp8"
         if self.autocast in ("bf16", "fp16"):
             return self.autocast
         return "tf32" if self.tf32 else "fp32"
+
+    @property
+    def float8_recipe(self) -> str | None:
+        """torchao's recipe where a transform runs the blocks' linears in fp8 (rowwise or tensorwise), else None."""
+        return next((c.float8_recipe for c in map(Capability.named, self.transforms) if c and c.float8_recipe), None)
 
     @property
     def tokens_per_step(self) -> int:

@@ -67,7 +67,7 @@ def predicted_activation_bytes(m: GPTConfig | None, spec: StepSpec) -> tuple[int
     """
     if m is None:
         return None, "no account of this model's saves: it is not our GPT (the measurement stands alone)"
-    if Capability.FLOAT8 in spec.transforms:
+    if spec.float8_recipe is not None:
         return None, "no account of float8's saved scales and casts"
     B, T, C, H, M = spec.micro_batch, spec.seq_len, m.n_embd, m.n_head, m.mlp_hidden  # one micro-step's saves
     bf16 = spec.autocast in ("bf16", "fp16")  # either half precision: two bytes an activation, as autocast casts
@@ -215,7 +215,8 @@ class FlopPeaks:
         if spec.precision != "fp8":
             return self._precision(spec.precision)
         rest = "bf16" if spec.autocast == "bf16" else "tf32" if spec.tf32 else "fp32"
-        fp8 = min(6 * float8_matmul_params(model, self.work.model.blocks_prefix or "blocks."), fpt)
+        prefix, recipe = self.work.model.blocks_prefix or "blocks.", spec.float8_recipe or "rowwise"
+        fp8 = min(6 * float8_matmul_params(model, prefix, recipe), fpt)
         (p8, basis8), (p_rest, basis_rest) = self._precision("fp8"), self._precision(rest)
         blended = peakflops.blended_peak({"fp8": fp8, rest: fpt - fp8}, {"fp8": p8, rest: p_rest})
         parts = f"both the {basis8}" if basis8 == basis_rest else f"fp8's the {basis8}, {rest}'s the {basis_rest}"

@@ -24,7 +24,7 @@ from torch import nn
 from speedladder.errors import UsageError, one_line
 from speedladder.gpt import GPTConfig
 from speedladder.models.base import Family, Formula, Offers, Transform
-from speedladder.rungs import VOCAB_MULTIPLE, float8_linears, padded_vocab
+from speedladder.rungs import VOCAB_MULTIPLE, float8_transforms, padded_vocab
 from speedladder.spec import Capability
 
 # A transformers PreTrainedModel: its methods (set_attn_implementation, resize_token_embeddings, ...) are the
@@ -200,7 +200,7 @@ def offers(model: nn.Module, blocks: str | None) -> Offers:
                                                Capability.PAD_VOCAB: pad_vocab}
     if not blocks:
         return Offers(transforms, {Capability.BLOCKS: "not applicable to this model: no repeated blocks found"})
-    transforms[Capability.FLOAT8] = functools.partial(float8_linears, prefix=f"{blocks}.")
+    transforms.update(float8_transforms(prefix=f"{blocks}."))  # each fp8 rung's, at these blocks
     return Offers(transforms)
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from speedladder.errors import UsageError, one_line
 from speedladder.models.base import Family, Offers, Transform
 from speedladder.models.detect import PAD_VOCAB_HOOK, SDPA_HOOK
-from speedladder.rungs import VOCAB_MULTIPLE, Checkpointed, float8_linears
+from speedladder.rungs import VOCAB_MULTIPLE, Checkpointed, float8_transforms
 from speedladder.spec import Capability
 
 LIVE = "<python object>"  # the source of a model given as an object: no other process can build it again
@@ -117,7 +117,7 @@ def offers(model: nn.Module, blocks: str | None) -> Offers:
     lacks: dict[Capability, str] = {}
     if blocks:
         transforms[Capability.CHECKPOINTING] = functools.partial(checkpoint_each, path=blocks)
-        transforms[Capability.FLOAT8] = functools.partial(float8_linears, prefix=f"{blocks}.")
+        transforms.update(float8_transforms(prefix=f"{blocks}."))  # each fp8 rung's, at these blocks
     else:
         lacks[Capability.BLOCKS] = ("not applicable to this model: no repeated blocks (an nn.ModuleList or "
                                     "nn.Sequential of same-typed modules holding parameters) to wrap")

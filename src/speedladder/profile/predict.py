@@ -392,6 +392,7 @@ PREDICTORS: dict[str, Predictor] = {
     "cudagraphs": _cudagraphs,
     "muon": _muon,
     "fp8": _fp8,
+    "fp8-tensorwise": _fp8,  # the same assumed gain: the recipes differ in their scales, not their matmuls
 }
 
 

@@ -1,7 +1,8 @@
 """The techniques: every rung, built-in or a user's, declared through one API (api.py) into one registry, RUNGS.
 
-builtin.py declares the source text's rungs and the ladder beyond; speedrun.py the speedrun's model records;
-load.py brings a user's rung files (--rung-file). Importing this package declares the built-in ones.
+builtin.py declares the source text's rungs and the ladder beyond (float8.py: the fp8 rungs' side of torchao);
+speedrun.py the speedrun's model records; load.py brings a user's rung files (--rung-file). Importing this package
+declares the built-in ones.
 """
 
 from speedladder.rungs import builtin, speedrun  # noqa: F401 -- declaring them registers them
@@ -29,18 +30,21 @@ from speedladder.rungs.api import (
     unregister,
 )
 from speedladder.rungs.builtin import (
-    FLOAT8_RECIPE,
     VOCAB_MULTIPLE,
     Checkpointed,
     PaddedHead,
     SDPAttention,
     checkpoint_blocks,
-    float8_eligible,
-    float8_linears,
-    float8_matmul_params,
     pad_vocab,
     padded_vocab,
     use_sdpa,
+)
+from speedladder.rungs.float8 import (
+    FLOAT8_RECIPE,
+    float8_eligible,
+    float8_linears,
+    float8_matmul_params,
+    float8_transforms,
 )
 from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
 from speedladder.spec import ADAMW_VARIANTS, Capability, StepSpec
@@ -76,6 +80,7 @@ __all__ = [
     "float8_eligible",
     "float8_linears",
     "float8_matmul_params",
+    "float8_transforms",
     "kind_of",
     "lr_factor",
     "pad_vocab",

@@ -8,6 +8,7 @@ the reference. The speedrun's model records are in speedrun.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterable
 from typing import cast
@@ -19,6 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from speedladder.gpt import GPT, Attention, Block, attention_heads, merge_heads
 from speedladder.rungs.api import Env, Requirement, RungError, StepSpec, define, lr_factor
+from speedladder.rungs.float8 import fits, float8_linears
 from speedladder.spec import Capability
 
 
@@ -115,42 +117,6 @@ def pad_vocab(model: GPT) -> GPT:
     return model
 
 
-FLOAT8_RECIPE = "rowwise"  # torchao's recipe name (Float8LinearConfig.from_recipe_name, torchao >= 0.9)
-
-
-def float8_eligible(module: nn.Module, name: str, prefix: str) -> bool:
-    """A Linear the fp8 rung converts: under the blocks' prefix, both dimensions divisible by 16 (fp8 matmuls'
-    constraint). The head stays in bf16: the softmax over the vocabulary is sensitive."""
-    return (isinstance(module, nn.Linear) and name.startswith(prefix)
-            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
-
-
-def float8_matmul_params(model: nn.Module, prefix: str = "blocks.") -> int:
-    """The weights in the matmuls the fp8 rung runs in fp8: 6 x this is their training FLOPs per token, the fp8
-    share of the step that the rung's MFU peak is blended by (measure/peakflops.blended_peak)."""
-    return sum(m.in_features * m.out_features for name, m in model.named_modules() if float8_eligible(m, name, prefix))
-
-
-def float8_linears(model: nn.Module, prefix: str = "blocks.", recipe: str = FLOAT8_RECIPE,
-                   emulate: bool = False) -> nn.Module:
-    """torchao's float8 training for the block Linears (under `prefix`); the head stays in bf16.
-
-    The rowwise recipe: every operand scaled per row (one scale per token for the activations, e4m3 throughout,
-    scales rounded to powers of two). A token's scale depends on that token alone, so the function stays causal:
-    the tensorwise recipe takes one amax over the whole batch, and changing future tokens re-rounds past logits,
-    which the causality probe rightly flags. `emulate`: the same casts with the matmuls done in high precision
-    (torchao's emulation), which runs on a CPU: what the tests use.
-    """
-    # An optional extra, checked by the rung's requirement.
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    config = Float8LinearConfig.from_recipe_name(recipe)
-    if emulate:
-        config = dataclasses.replace(config, emulate=True)
-    return convert_to_float8_training(model, config=config,
-                                      module_filter_fn=lambda m, name: float8_eligible(m, name, prefix))
-
-
 def _fp32_control(spec: StepSpec) -> StepSpec:
     return dataclasses.replace(spec, autocast=None, tf32=False)
 
@@ -195,6 +161,12 @@ def _accumulate(spec: StepSpec, env: Env) -> StepSpec:
     return dataclasses.replace(spec, accum=n)
 
 
+def _compiled(spec: StepSpec, env: Env) -> StepSpec:
+    # fp8 compiled: inductor fuses each operand's amax, scale and cast around the fp8 matmul (eager, the rung ran at
+    # 0.22x bf16 on an H200, 2026-12-04, at 837fae3); a mode the base compiled in (CUDA graphs) is kept.
+    return dataclasses.replace(spec, compile=True)
+
+
 def _fused_adamw(spec: StepSpec, env: Env) -> StepSpec:
     # Fused AdamW kernels exist for CUDA and (since torch 2.4) the CPU; elsewhere foreach batches the update.
     return dataclasses.replace(spec, optimizer="adamw-fused" if env.device_type in ("cuda", "cpu") else "adamw-foreach")
@@ -233,7 +205,13 @@ define("cudagraphs", "torch.compile mode=reduce-overhead: CUDA graphs replay a s
        spec={"compile": True, "compile_mode": "reduce-overhead"}, requires=Requirement(devices=("cuda",), compiler=True))
 define("muon", "Muon (orthogonalized momentum) for hidden matrices: fewer tokens to a loss, not more tokens/s",
        "optimizer", spec={"optimizer": "muon"}, requires=Requirement(model=Capability.BLOCKS))
-define("fp8", "float8 matmuls (torchao) for the block Linears: twice bf16's tensor-core rate on Hopper", "speed",
-       model=float8_linears, transform=Capability.FLOAT8,
-       requires=Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
-                          install="pip install speedladder[fp8]", model=Capability.BLOCKS))
+FP8_NEEDS = Requirement(devices=("cuda",), min_capability=(8, 9), compiler=True, modules=("torchao",),
+                        install="pip install speedladder[fp8]", model=Capability.BLOCKS)
+define("fp8", "float8 matmuls (torchao, rowwise: a token's scale is its own) for the block Linears torchao's filter "
+       "keeps: twice bf16's tensor-core rate on Hopper", "speed",
+       spec=_compiled, model=float8_linears, transform=Capability.FLOAT8,
+       requires=dataclasses.replace(FP8_NEEDS, shape=fits("rowwise")))
+define("fp8-tensorwise", "float8 matmuls (torchao, one scale a tensor: its fastest recipe, but a scale over the "
+       "whole batch sees future tokens) for the block Linears torchao's filter keeps", "speed",
+       spec=_compiled, model=functools.partial(float8_linears, recipe="tensorwise"),
+       transform=Capability.FLOAT8_TENSORWISE, requires=dataclasses.replace(FP8_NEEDS, shape=fits("tensorwise")))

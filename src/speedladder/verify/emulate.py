@@ -23,6 +23,8 @@ autocast, not torchao, not the rung's code.
 - fp8: bf16's, and each linear the fp8 rung converts runs torchao's rowwise recipe: both operands of each of its
   three matmuls (the output, the input's gradient, the weight's gradient) scaled along the contraction by a power
   of two to e4m3's range, rounded to e4m3, and multiplied in fp32.
+  Under torchao's tensorwise recipe (the fp8-tensorwise rung) each operand takes one fp32 scale for the whole
+  tensor instead, and the output's gradient is rounded to e5m2.
 """
 
 from __future__ import annotations
@@ -91,6 +93,22 @@ def e4m3_rowwise(x: torch.Tensor, dim: int) -> torch.Tensor:
     return ((x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() / scale).to(x.dtype)
 
 
+def fp8_tensorwise(x: torch.Tensor, fmt: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """x scaled by one fp32 scale to the format's range, rounded to it, scaled back (torchao's tensorwise cast: the
+    amax over the whole tensor, the scale not rounded)."""
+    top = torch.finfo(fmt).max
+    scale = top / x.abs().amax().float().clamp_min(1e-12)
+    return ((x.float() * scale).clamp(-top, top).to(fmt).float() / scale).to(x.dtype)
+
+
+def _operands(recipe: str) -> tuple[Callable[[torch.Tensor, int], torch.Tensor],
+                                    Callable[[torch.Tensor, int], torch.Tensor]]:
+    """The casts of a recipe's (activation and weight, output gradient), each given the contraction's dim."""
+    if recipe == "tensorwise":
+        return (lambda t, dim: fp8_tensorwise(t)), (lambda t, dim: fp8_tensorwise(t, torch.float8_e5m2))
+    return e4m3_rowwise, e4m3_rowwise
+
+
 def _summed_low(t: torch.Tensor, fmt: torch.dtype | str) -> torch.Tensor:
     """t's rows (all but its last dimension) summed as a CPU LayerNorm kernel sums its parameters' gradients from
     bf16 values: each thread's contiguous run of rows in order, the running sum rounded after every row; the
@@ -134,25 +152,29 @@ def layer_norm_low(fmt: torch.dtype | str, input: torch.Tensor, normalized_shape
 
 
 class Float8Linear(torch.autograd.Function):
-    """y = x W^T + b with each matmul's operands cast rowwise to e4m3 along its contraction, products in fp32."""
+    """y = x W^T + b with each matmul's operands cast to fp8 as the recipe casts them (rowwise: along its
+    contraction), products in fp32."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                recipe: str = "rowwise") -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         ctx.save_for_backward(x2, w)
-        ctx.shape, ctx.bias = x.shape, b is not None
-        y = e4m3_rowwise(x2, -1) @ e4m3_rowwise(w, -1).t()
+        ctx.shape, ctx.bias, ctx.recipe = x.shape, b is not None, recipe
+        cast, _ = _operands(recipe)
+        y = cast(x2, -1) @ cast(w, -1).t()
         if b is not None:
             y = y + b
         return y.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, None]:
         x2, w = ctx.saved_tensors
+        cast, cast_grad = _operands(ctx.recipe)
         g2 = g.reshape(-1, g.shape[-1])
-        grad_x = e4m3_rowwise(g2, -1) @ e4m3_rowwise(w, 0)  # contracted over the outputs
-        grad_w = e4m3_rowwise(g2, 0).t() @ e4m3_rowwise(x2, 0)  # contracted over the tokens
-        return grad_x.reshape(ctx.shape), grad_w, (g2.sum(0) if ctx.bias else None)
+        grad_x = cast_grad(g2, -1) @ cast(w, 0)  # contracted over the outputs
+        grad_w = cast_grad(g2, 0).t() @ cast(x2, 0)  # contracted over the tokens
+        return grad_x.reshape(ctx.shape), grad_w, (g2.sum(0) if ctx.bias else None), None
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
@@ -168,8 +190,10 @@ def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor
 class Emulated(TorchFunctionMode):
     """Eager fp32 that rounds as a lower precision would (the module's docstring)."""
 
-    def __init__(self, precision: str, fp8_weights: set[int] | None = None, bf16_rest: bool = True) -> None:
+    def __init__(self, precision: str, fp8_weights: set[int] | None = None, bf16_rest: bool = True,
+                 fp8_recipe: str = "rowwise") -> None:
         super().__init__()
+        self.fp8_recipe = fp8_recipe  # torchao's recipe of the fp8 weights' linears
         # fp8 without autocast (a user's rung): the other matmuls stay fp32.
         self.precision = precision if bf16_rest or precision != "fp8" else "fp8-fp32"
         formats: dict[str, torch.dtype | str] = {"tf32": "tf32", "fp16": torch.float16}
@@ -201,9 +225,9 @@ class Emulated(TorchFunctionMode):
         if func is F.linear and self.fp8 and len(args) > 1 and id(args[1]) in self.fp8:
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if self.precision == "fp8-fp32":
-                return Float8Linear.apply(args[0], args[1], bias)
+                return Float8Linear.apply(args[0], args[1], bias, self.fp8_recipe)
             x = self._rounded(args[0])  # the fp8 rung's linears see autocast's bf16 input
-            return self._round(Float8Linear.apply(x, args[1], bias))
+            return self._round(Float8Linear.apply(x, args[1], bias, self.fp8_recipe))
         if self.precision == "fp8-fp32":
             return func(*args, **kwargs)
         if func in MATMULS:
@@ -260,14 +284,15 @@ def fp8_weights(model: nn.Module, eligible: Callable[[nn.Module, str], bool]) ->
 Arithmetic = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
-def arithmetic(precision: str, fp8: set[int] | None = None, bf16_rest: bool = True) -> Arithmetic:
+def arithmetic(precision: str, fp8: set[int] | None = None, bf16_rest: bool = True,
+               fp8_recipe: str = "rowwise") -> Arithmetic:
     """A context factory: eager fp32 as it is (fp32), or with `precision`'s rounding emulated (`bf16_rest`: an
-    fp8 step's other matmuls in bf16, as under autocast)."""
+    fp8 step's other matmuls in bf16, as under autocast; `fp8_recipe`: torchao's recipe of its fp8 linears)."""
     @contextlib.contextmanager
     def emulated() -> Iterator[None]:
         if precision == "fp32":
             yield
             return
-        with Emulated(precision, fp8 if precision == "fp8" else None, bf16_rest):
+        with Emulated(precision, fp8 if precision == "fp8" else None, bf16_rest, fp8_recipe):
             yield
     return emulated

@@ -18,7 +18,7 @@ from speedladder.errors import is_oom, one_line
 from speedladder.progress import Progress
 from speedladder.records import Differential, Explanation, Fp64, Gate, Kinks, LearnsCheck, not_applicable
 from speedladder.rungs import StepSpec, architecture, float8_eligible, rounding_fuzz
-from speedladder.spec import Capability
+from speedladder.spec import FP8_TRANSFORMS
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.verify import bisect, correctness, emulate, kinks, probes, truth
 from speedladder.verify.truth import Errors
@@ -35,7 +35,7 @@ def precision_spec(spec: StepSpec) -> StepSpec:
     """Eager at a spec's shape and arithmetic: its autocast, TF32 and fp8 casts and its architecture rungs, nothing
     else (truth.py's scale)."""
     return StepSpec(spec.batch_size, spec.seq_len, autocast=spec.autocast, tf32=spec.tf32,
-                    transforms=tuple(t for t in spec.transforms if t == Capability.FLOAT8 or t in architecture(spec)))
+                    transforms=tuple(t for t in spec.transforms if t in FP8_TRANSFORMS or t in architecture(spec)))
 
 
 class Gates:
@@ -156,11 +156,11 @@ class Gates:
 
     def arithmetic(self, spec: StepSpec, step: TrainStep) -> emulate.Arithmetic:
         """Eager fp32's arithmetic at the spec's precision, emulated (emulate.py): never the rung's own path."""
-        fp8 = None
+        fp8, recipe = None, spec.float8_recipe or "rowwise"
         if spec.precision == "fp8":
             prefix = self.work.model.blocks_prefix or "blocks."
-            fp8 = emulate.fp8_weights(step.model, lambda m, name: float8_eligible(m, name, prefix))
-        return emulate.arithmetic(spec.precision, fp8, bf16_rest=spec.autocast == "bf16")
+            fp8 = emulate.fp8_weights(step.model, lambda m, name: float8_eligible(m, name, prefix, recipe))
+        return emulate.arithmetic(spec.precision, fp8, bf16_rest=spec.autocast == "bf16", fp8_recipe=recipe)
 
     def eager_at(self, spec: StepSpec, ref: correctness.Reference) -> tuple[str, Errors, Errors]:
         """Eager at the spec's precision and its distances from fp64 at the trained and the probe weights: the
