@@ -422,3 +422,69 @@ def test_a_base_that_drifts_only_when_re_timed_is_flagged_everywhere_and_only_th
     assert "warning" not in capsys.readouterr().out  # within the stated limit: no warning
     assert main(["check", "--baseline", str(folder), "--against", str(folder)]) == 0  # a warning, not a failure
     assert "check: warning: the new run drifted beyond 10%: bf16's base ran -20% beside it" in capsys.readouterr().out
+
+
+def test_an_optimizer_rung_is_measured_but_not_built_upon_and_the_race_judges_it(synthetic_windows, tmp_path, capsys):
+    """muon on the ladder: timed beside eager and gated (tokens to AdamW's loss), then left out of the climb with
+    its reason (race), so sdpa builds on eager; the table says race, the waterfall draws it as an outline, and the
+    conclusion hands it to the race with the command."""
+    assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,muon,sdpa", "--window-steps", "2",
+                 "--loss-steps", "2", "--learns-steps", "0", "--target-steps", "10", "--no-profile",
+                 "--no-process-peak", "--quiet", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    (folder,) = tmp_path.iterdir()
+    saved = results.load(folder)
+    muon, sdpa = saved.rung("muon"), saved.rung("sdpa")
+    assert muon is not None and sdpa is not None and muon.passed and muon.kind == "optimizer"
+    assert muon.not_built_upon.startswith("race: an optimizer rung, judged by time to a target loss")
+    assert sdpa.built_on == "eager" and sdpa.spec is not None and sdpa.spec.optimizer != "muon"
+    rows = {r["rung"]: r for r in report.rows(saved)}
+    assert rows["muon"]["not built upon"] == "race"
+    assert "muon: not built upon — race: " in out and "(an outline on the waterfall;" in out
+    assert "judged by the race: muon: " in out and "next: speedladder race --preset tiny --rungs eager,muon" in out
+    bars = {p.get_gid(): p for p in report.waterfall_figure(saved).axes[0].patches if p.get_gid()}
+    assert bars["muon"].get_facecolor()[:3] == (1.0, 1.0, 1.0)
+
+
+H200 = Path(__file__).resolve().parent / "data" / "h200"
+
+
+def test_mfu_is_taken_against_one_peak_per_device_named_in_its_header():
+    """The H200's GPT-2 ladder of 2026-12-04: eager fp32 read 56.7% of fp32's 66.9 TFLOP/s, bf16 9.8% and sdpa 18.9%
+    of bf16's 989: against one peak, the column rises with the speed. Each row's own precision's stays in the
+    details. Where no datasheet has the device, the highest peak measured here; --peak-tflops's bf16 over both."""
+    from speedladder.report.mfu import DevicePeak, device_peak
+
+    res = results.load(H200 / "gpt2.json")
+    peak = device_peak(res)
+    assert peak is not None and peak.tflops == pytest.approx(989.4) and peak.header == "MFU vs bf16 989 TF"
+    rows = {r["rung"]: r for r in report.rows(res)}
+    mfu = [float(rows[n]["MFU"].rstrip("%")) for n in ("eager", "bf16", "sdpa")]
+    assert mfu == sorted(mfu) and mfu[0] == pytest.approx(100 * 56.7 / 100 * 66.9 / 989.4, abs=0.1)
+    assert [rows[n]["MFU at its precision"] for n in ("eager", "bf16", "sdpa")] == ["56.7%", "9.8%", "18.9%"]
+    wide = terminal(400)
+    report.print_report(res, wide, wide=True)
+    assert "MFU vs bf16 989 TF" in wide.file.getvalue() and "MFU at its precision" in wide.file.getvalue()
+    cpu = example()
+    cpu.environment = Environment(device_name="Intel(R) Xeon(R)", device_type="cpu")
+    for r, (tflops, precision) in zip(cpu.rungs, [(0.026, "fp32"), (0.026, "fp32"), (0.051, "bf16")]):
+        r.peak_tflops, r.precision, r.peak_basis = tflops, precision, "measured peak, a 512×512×512 matmul's"
+    peak = device_peak(cpu)
+    assert peak is not None and (peak.tflops, peak.precision) == (0.051, "bf16") and "measured here" in peak.basis
+    cpu.config = resolved(peak_tflops={"bf16": 0.2})
+    assert device_peak(cpu) == DevicePeak(0.2, "bf16", "bf16, given by --peak-tflops")
+
+
+@pytest.mark.parametrize("name", ["small", "gpt2", "cuda", "second-d2l", "second-gpt2"])
+def test_the_h200_tables_fit_100_columns_with_every_gate_and_verdict(name):
+    """`speedladder report` of each H200 file in a terminal of 100 columns: no line of the table wider, every row's
+    gate, verdict and why it is not built upon as the rows hold them."""
+    res = results.load(H200 / f"{name}.json")
+    out = terminal(100)
+    report.print_report(res, out)
+    lines, cells = table_rows(out.file.getvalue(), res)
+    assert max(len(line.rstrip()) for line in lines[1:]) <= 100
+    for row, want in zip(cells, report.rows(res)):
+        got = dict(zip(report.text.COMPACT, row))
+        assert (got["gate"], got["verdict"], got["not built upon"]) == (want["gate"], want["verdict"],
+                                                                        want["not built upon"])

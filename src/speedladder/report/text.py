@@ -216,10 +216,10 @@ def _control_note(rung: RungResult, control: RungResult) -> str:
 def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
-    if r.not_built_upon:  # its reason word first (slower); a file from before it has the sentence alone
+    if r.not_built_upon:  # its reason word first (slower, race); a file from before it has the sentence alone
         colour = {"loss": "red", SHORT: "pale red"}.get(r.verdict or "", "pale")
-        out.append(f"{r.name}: not built upon — {r.not_built_upon} ({colour} on the waterfall; --stack-all builds "
-                   "on it).")
+        drawn = "an outline on the waterfall" if judged_by_race(r) else f"{colour} on the waterfall"
+        out.append(f"{r.name}: not built upon — {r.not_built_upon} ({drawn}; --stack-all builds on it).")
     above = [x.name for x in by_name.values() if x.built_on == r.name and x.role == Role.RUNG]
     if judged_by_race(r) and r.ok and above and not r.not_built_upon:  # a file from before such rungs were left out
         out.append(f"{r.name}: built upon here ({', '.join(above)} on it), as the ladder did before an {r.kind} rung "
