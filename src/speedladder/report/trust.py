@@ -37,8 +37,8 @@ class Item:
 
 
 def _windows(results: Results) -> Item | None:
-    spreads = [(r.name, r.tokens_per_s.rel_spread) for r in results.rungs
-               if r.ok and r.tokens_per_s is not None and r.verdict != SHORT]
+    spreads = [(r.name, r.tokens_per_s.rel_spread) for r in results.rungs  # the rungs' own (a control is none)
+               if r.ok and r.tokens_per_s is not None and r.verdict != SHORT and r.role != Role.CONTROL]
     if not spreads:
         return None
     name, worst = max(spreads, key=lambda s: s[1])
