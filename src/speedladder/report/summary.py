@@ -99,10 +99,11 @@ def of(results: Results, folder: str = "RUN_DIR") -> Summary | None:
     rungs = [n for n in results.chain(best) if n != "eager"]
     if said.interrupted:  # the best so far: the headline and the banner say it, nothing to use yet
         return Summary(None, "tokens/s", conclusion=said)
+    # The race and train commands are the conclusion's next two: the box adds the line that applies it in code.
     return Summary(best.name, "tokens/s in timed windows, every gate passed",
                    "eager + " + " + ".join(rungs),
                    f"{times(best.speedup_cum)} ({best.tokens_per_s.median:,.0f} tokens/s)" if best.tokens_per_s else "—",
-                   f"not raced: speedladder race --run {folder}", _uses(folder), conclusion=said)
+                   "not raced", _uses(folder)[1:], conclusion=said)
 
 
 def html(results: Results, folder: str = "RUN_DIR") -> str:
