@@ -84,7 +84,6 @@ class Ladder:
         self.meter = load.Meter.open()  # other processes' load around each window (None off Linux)
         self.compile_wall_s: float | None = None  # the last compiled rung's warm-up: the next one's estimate
         self.profile_wall_s: float | None = None  # the baseline's profile in its child: the explanation's estimate
-        self.learning: str | None = None  # the rung whose learns-check is running: a stop then says so
         self.save()
         # config.toml beside results.json: the resolved run, which `speedladder run --config` repeats.
         s = dataclasses.replace(settings or Settings(), run=work.cfg.run)
@@ -286,12 +285,7 @@ class Ladder:
             if failed:  # every rung is measured against it: the run as a whole failed (the command exits non-zero)
                 self.results.error = f"the baseline {failed.name} did not run: {failed.status}: {failed.detail}"
         except KeyboardInterrupt:
-            self.results.status = "interrupted"
-            if self.results.learns_check is None or self.learning is not None:  # not run, or cut while it ran
-                self.results.learns_check = LearnsCheck(
-                    rung=self.learning, skipped=True,
-                    detail=f"the run stopped during the learns-check of {self.learning}" if self.learning
-                    else "the run stopped before the learns-check")
+            self._stopped()
             raise
         finally:
             self.save()
@@ -342,6 +336,18 @@ class Ladder:
         eager_ms = 0.0 if (spec.batch_size, spec.seq_len) in self.gates.eager_curves else (
             base.step_ms * spec.tokens_per_step / self.work.base_spec.tokens_per_step)
         return steps * (r.step_ms + eager_ms) / 1e3
+
+    learning: str | None = None  # the rung whose learns-check is running, when one is: a stop then says so
+
+    def _stopped(self) -> None:
+        """A run stopped (Ctrl-C, a plan's cap): interrupted, and a learns-check that did not run (or did not
+        finish) recorded as not run, never as passed."""
+        self.results.status = "interrupted"
+        if self.results.learns_check is None or self.learning is not None:
+            self.results.learns_check = LearnsCheck(
+                rung=self.learning, skipped=True,
+                detail=f"the run stopped during the learns-check of {self.learning}" if self.learning
+                else "the run stopped before the learns-check")
 
     def _learns_check(self) -> None:
         """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried. Fastest

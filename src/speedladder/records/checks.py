@@ -182,8 +182,7 @@ class LearnsCheck(Check):
     """The fastest configuration trained beside eager fp32 over the same batches: it must learn as well.
 
     A check that did not run (--learns-steps 0, or a run stopped before it) is `skipped`, with why in `detail`, and
-    never `passed`: a file written before that rule (skipped, passed true) is read as not passed
-    (docs/measurement.md, rule 17)."""
+    never `passed`: a file written before that rule (skipped, passed true) is read as not passed."""
 
     rung: str | None = None
     skipped: bool = False  # not run: --learns-steps 0, or the run stopped before it (detail says which)

@@ -215,8 +215,8 @@ def _commands(results: Results, folder: str, best: RungResult | None, won: bool,
     c, flags = results.config, workload_flags(results)
     out = []
     if interrupted:
-        out.append((_resume(results, folder, best), "climb what the stop left, its best configuration measured "
-                                                    "again beside each rung"))
+        out.append((_resume(results, folder, best), ("climb what the stop left, its best configuration measured "
+                                                    "again beside each rung")))
     if judged:
         names = ", ".join(r.name for r in judged)
         out.append((f"speedladder race{flags} --rungs {_race_rungs(results, judged)}",
@@ -277,86 +277,84 @@ def _stop_line(results: Results) -> str:
     return f"stopped after {done[-1].name}" if done else "stopped before its first rung"
 
 
+def _group(r: RungResult, chain: list[str], best: RungResult | None, results: Results) -> tuple[str, str]:
+    """The group a measured rung of the table lands in, and its line there, from its own record alone."""
+    if r.name in chain:
+        if r.verdict == "win":
+            return PAID, f"{r.name} {times(r.speedup_prev)} {r.built_on}"
+        what = f"a {r.kind} rung" if r.kind != "speed" else r.verdict
+        return BUILT, f"{r.name} {times(r.speedup_prev)} {r.built_on} ({what})"
+    if r.gate is not None and not r.gate.passed:
+        return FAILED, f"{r.name}: {times(r.speedup_prev)} {r.built_on} in tokens/s, failed its gate: {r.gate.detail}"
+    if judged_by_race(r):
+        return RACE, _race_line(r)
+    if r.kind == "memory":
+        return MEMORY_RUNGS, _memory_line(r, results.rung(r.built_on) if r.built_on else None)
+    if r.verdict == "win":  # it won on its base, which the fastest configuration does not build on
+        return ELSEWHERE, (f"{r.name}: {times(r.speedup_prev)} {r.built_on}, a win on {r.built_on}, which the fastest "
+                           f"configuration ({best.name if best else 'none'}) is not built on")
+    return NOT_PAID, f"{r.name}: {why_not(r)}"
+
+
+def _headline(base: RungResult, best: RungResult | None, chain: list[str], won: bool, learns: str,
+              learnt: bool, interrupted: bool) -> str:
+    so_far = " so far" if interrupted else ""
+    if best is None:
+        return "no configuration passed every gate and the learns-check: there is nothing here to train."
+    if not chain:
+        return f"nothing paid{so_far} on this machine: no rung ran faster than {base.name} and passed every gate."
+    if not won:  # a gain inside the windows' spread (noise above 1.0x, built upon) is no claim (rule 13)
+        return (f"nothing paid beyond the noise{so_far} on this machine: {best.name} ran {times(best.speedup_cum)} "
+                f"{base.name}, a gain its windows cannot tell from noise.")
+    return (f"{'the best so far' if interrupted else 'the fastest configuration'} is {best.name} "
+            f"({' + '.join([base.name, *chain])}): {times(best.speedup_cum)} {base.name} in tokens/s, every gate "
+            "passed" + (", and it learns" if learnt else f"; learns: {learns.split(':')[0]}") + ".")
+
+
 def of(results: Results, folder: str = "RUN_DIR") -> Conclusion | None:
     """A ladder's conclusion (run); None for what has its own (a tune, a race, predict, ddp, a sweep, a profile)."""
-    if results.run_kind is not RunKind.RUN:
-        return None
     base = results.baseline
-    if base is None:
+    if results.run_kind is not RunKind.RUN or base is None:
         return None
     interrupted = results.status == "interrupted"
     best = results.rung(results.fastest) if results.fastest else None
     if best is None and interrupted:  # no learns-check ran: the fastest that was measured and passed its gates
         best = next(iter(ranked(results)), None)
     chain = [n for n in results.chain(best) if n != base.name] if best is not None else []
-    rungs = [r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE) and r is not base]
     groups: dict[str, list[str]] = {t: [] for t in (PAID, BUILT, NOT_PAID, RACE, MEMORY_RUNGS, FAILED, ELSEWHERE,
                                                     NOT_MEASURED)}
-    judged = []
-    skipped, failed_to_run = [], []
-    for r in rungs:
+    skipped, failed_to_run, judged = [], [], []
+    for r in (r for r in results.rungs if r.role in (Role.RUNG, Role.BESIDE) and r is not base):
         if r.status == "skipped":
             skipped.append(r.name)
         elif r.status in STOPPED:
             groups[NOT_MEASURED].append(f"{r.name}: stopped during it")
         elif not r.ok:
             failed_to_run.append(f"{r.name}: {STATUS_LABEL.get(r.status, r.status)}: {r.detail}")
-        elif r.name in chain:
-            if r.verdict == "win":
-                groups[PAID].append(f"{r.name} {times(r.speedup_prev)} {r.built_on}")
-            else:
-                what = f"a {r.kind} rung" if r.kind != "speed" else r.verdict
-                groups[BUILT].append(f"{r.name} {times(r.speedup_prev)} {r.built_on} ({what})")
-        elif r.gate is not None and not r.gate.passed:
-            groups[FAILED].append(f"{r.name}: {times(r.speedup_prev)} {r.built_on} in tokens/s, failed its gate: "
-                                  f"{r.gate.detail}")
-        elif judged_by_race(r):
-            judged.append(r)
-            groups[RACE].append(_race_line(r))
-        elif r.kind == "memory":
-            groups[MEMORY_RUNGS].append(_memory_line(r, results.rung(r.built_on) if r.built_on else None))
-        elif r.verdict == "win":  # it won on its base, which the fastest configuration does not build on
-            groups[ELSEWHERE].append(f"{r.name}: {times(r.speedup_prev)} {r.built_on}, a win on {r.built_on}, which "
-                                     f"the fastest configuration ({best.name if best else 'none'}) is not built on")
         else:
-            groups[NOT_PAID].append(f"{r.name}: {why_not(r)}")
-    groups[NOT_MEASURED] += failed_to_run
+            title, line = _group(r, chain, best, results)
+            groups[title].append(line)
+            judged += [r] if title == RACE else []
     left = [n for n in planned(results) if results.rung(n) is None]
-    if left:
-        groups[NOT_MEASURED].append(f"not reached: {', '.join(left)} — the run stopped before them" if interrupted
-                                    else f"not run: {', '.join(left)}")
-    if skipped:
-        groups[NOT_MEASURED].append(f"skipped here: {', '.join(skipped)} (each one's reason is in the notes)")
+    groups[NOT_MEASURED] += failed_to_run + (
+        [f"not reached: {', '.join(left)} — the run stopped before them" if interrupted
+         else f"not run: {', '.join(left)}"] if left else [])
+    groups[NOT_MEASURED] += [f"skipped here: {', '.join(skipped)} (each one's reason is in the notes)"] * bool(skipped)
     won = bool(groups[PAID])
-    nothing = not won  # a gain inside the windows' spread (noise above 1.0x, built upon) is no claim (rule 13)
     lc = results.learns_check
     learns = learns_line(lc, best, interrupted)
-    so_far = " so far" if interrupted else ""
-    if best is None:
-        headline = "no configuration passed every gate and the learns-check: there is nothing here to train."
-    elif not chain:
-        headline = f"nothing paid{so_far} on this machine: no rung ran faster than {base.name} and passed every gate."
-    elif nothing:
-        headline = (f"nothing paid beyond the noise{so_far} on this machine: {best.name} ran "
-                    f"{times(best.speedup_cum)} {base.name}, a gain its windows cannot tell from noise.")
-    else:
-        learnt = lc is not None and lc.state == "passed" and lc.rung == best.name
-        headline = (f"{'the best so far' if interrupted else 'the fastest configuration'} is {best.name} "
-                    f"({' + '.join([base.name, *chain])}): {times(best.speedup_cum)} {base.name} in tokens/s, every "
-                    "gate passed" + (", and it learns" if learnt else f"; learns: {learns.split(':')[0]}") + ".")
+    learnt = best is not None and lc is not None and lc.state == "passed" and lc.rung == best.name
+    commands = _commands(results, folder, best, won, interrupted, judged)
     banner = ""
     if interrupted:
-        banner = (f"interrupted: {_stop_line(results)}"
-                  + (f"; not reached: {', '.join(left)}" if left else "")
+        banner = (f"interrupted: {_stop_line(results)}" + (f"; not reached: {', '.join(left)}" if left else "")
                   + "; the learns-check did not run" * (lc is None or lc.skipped)
                   + (f". Best so far: {best.name}, {times(best.speedup_cum)} {base.name}, every gate passed"
-                     if best is not None else "") + ".")
-    commands = _commands(results, folder, best, won, interrupted, judged)
-    if interrupted:
-        banner += f" To go on: {commands[0][0]}"
-    return Conclusion(headline, nothing, best.name if best is not None else None, interrupted, banner,
+                     if best is not None else "") + f". To go on: {commands[0][0]}")
+    return Conclusion(_headline(base, best, chain, won, learns, learnt, interrupted), not won,
+                      best.name if best is not None else None, interrupted, banner,
                       {t: lines for t, lines in groups.items() if lines}, learns, regime_line(results),
-                      _changes(results) if nothing else [], commands)
+                      _changes(results) if not won else [], commands)
 
 
 def lines(c: Conclusion) -> list[str]:

@@ -40,9 +40,9 @@ from speedladder.report.htmlkit import (
     table,
 )
 from speedladder.report.memory import field_of, memory_chart, memory_fields
+from speedladder.report.mfu import device_peak
 from speedladder.report.profile import ms_of, roofline_line, share_of
 from speedladder.report.race.charts import race_figure, race_html
-from speedladder.report.mfu import device_peak
 from speedladder.report.text import MFU, MFU_OWN, NOT_BUILT_UPON
 from speedladder.report.text import header as header_of
 from speedladder.report.text import notes as text_notes

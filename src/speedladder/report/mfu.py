@@ -75,8 +75,9 @@ def device_peak(results: Results) -> DevicePeak | None:
     for p in DEVICE_PRECISIONS:
         if p in given:
             return DevicePeak(given[p], p, f"{p}, given by --peak-tflops")
-    sheet = peakflops.datasheet(env.device_name or "", tuple(env.cuda_capability) if env.cuda_capability else None
-                                ) if env.device_type == "cuda" else None
+    cap = env.cuda_capability
+    capability = (cap[0], cap[1]) if cap and len(cap) == 2 else None
+    sheet = peakflops.datasheet(env.device_name or "", capability) if env.device_type == "cuda" else None
     if sheet is not None:
         for p in DEVICE_PRECISIONS:
             if p in sheet.tflops:
@@ -100,5 +101,5 @@ def device_mfu_cell(r: RungResult, peak: DevicePeak | None) -> str:
 def device_note(peak: DevicePeak | None) -> list[str]:
     if peak is None:
         return []
-    return [f"{peak.header}: every row against one peak, {peak.basis}; each against its own precision's peak: "
-            "`MFU at its precision` (--wide, and report.html's details)."]
+    return [(f"{peak.header}: every row against one peak, {peak.basis}; each against its own precision's peak: "
+            "`MFU at its precision` (--wide, and report.html's details).")]
