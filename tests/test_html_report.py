@@ -387,3 +387,17 @@ def test_the_h200_pages_read_as_their_tables_do_at_900_and_1400_px(h200_pages):
     cuda = dict(seen["cuda", 900]["said"])
     assert cuda["judged by the race"][0].startswith("muon: 0.29× cudagraphs in tokens/s")
     assert "⚠ drift: bf16, re-timed beside fp8, ran 27% above its own speed" in seen["cuda", 900]["trustText"]
+
+
+def test_the_gates_scale_is_named_for_the_device_it_ran_on():
+    """Eager at a lower precision is eager fp32 rounded as autocast rounds on that device (verify/emulate.py): on the
+    H200, CUDA's policy; on a CPU, a CPU's. The saved scale ("eager bf16 (emulated)") is named so on the page."""
+    from speedladder.report.common import scale_label
+
+    saved = "eager bf16 (emulated) and bf16 (the rung it built on)"
+    assert scale_label(saved, "cuda") == "eager at bf16 (autocast on CUDA, emulated) and bf16 (the rung it built on)"
+    assert scale_label(saved, "cpu").startswith("eager at bf16 (autocast on a CPU, emulated)")
+    assert scale_label("eager fp32 and eager (the rung it built on)", "cuda") == "eager fp32 and eager (the rung it " \
+                                                                                "built on)"
+    gates = section(html_report.build(results.load(H200 / "small.json")), "gates")
+    assert "eager at bf16 (autocast on CUDA, emulated)" in gates and "eager bf16 (emulated)" not in gates

@@ -19,8 +19,8 @@ def _rows(r: RungResult, check: str, f: Fp64, device: str | None = None) -> list
             continue
         what = f"gradient of {d.name} (worst of {f.tensors})" if d is f.grad else d.name
         ok = d.rung is not None and d.allowed is not None and d.rung <= d.allowed
-        out.append([r.name, check, what, scale_label(f.scale, device), _num(d.eager), _num(d.base), _num(d.rung), _num(d.allowed),
-                    "yes" if ok else "NO"])
+        out.append([r.name, check, what, "yes" if ok else "NO", _num(d.rung), _num(d.allowed), _num(d.eager),
+                    _num(d.base), scale_label(f.scale, device)])
     return out
 
 
@@ -67,9 +67,10 @@ def gates_html(results: Results) -> str:
     rows = fp64_rows(results)
     parts = []
     if rows:
-        parts.append(table(["rung", "check", "quantity", "scale", "eager to fp64", "base to fp64", "rung to fp64",
-                            "allowed", "passed"], rows, left=("rung", "check", "quantity", "scale", "passed"),
-                            short=("check", "quantity", "scale")))
+        # What passed and by how much first, the scale it was judged on last: read at 900 px without scrolling.
+        parts.append(table(["rung", "check", "quantity", "passed", "rung to fp64", "allowed", "eager to fp64",
+                            "base to fp64", "scale"], rows, left=("rung", "check", "quantity", "scale", "passed"),
+                           short=("check", "quantity", "scale")))
         k = next(c.k for r in results.rungs for c in _fp64s(r) if c.k is not None)
         parts.append(f"<p>{esc(_rule_line(k))}</p>")
     else:
