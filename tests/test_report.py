@@ -488,3 +488,12 @@ def test_the_h200_tables_fit_100_columns_with_every_gate_and_verdict(name):
         got = dict(zip(report.text.COMPACT, row))
         assert (got["gate"], got["verdict"], got["not built upon"]) == (want["gate"], want["verdict"],
                                                                         want["not built upon"])
+
+
+def test_an_interrupted_waterfall_names_what_it_never_reached_and_its_best_so_far():
+    fig = report.waterfall_figure(results.load(H200 / "gpt2.json"))
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "bf16", "sdpa", "batch", "fused-adamw", "pad-vocab"]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts.count("not reached") == 2 and "interrupted" in texts and "★ best so far" in texts
+    assert "1.94× prev\n4.91× cum" in texts  # sdpa's own gain, and the chain's

@@ -143,7 +143,9 @@ def waterfall_figure(results: Results):
     top = max([(r.speedup_cum or 0.0) * r.tokens_per_s.max / r.tokens_per_s.median
                for r in results.rungs if r.ok and r.tokens_per_s is not None and not judged_by_race(r)]
               + [_predicted_level(r, by_name) or 0.0 for r in rungs if r.ok] + [1.0])
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(rungs) + 2), 4.8))
+    # An interrupted run's rungs never reached: named on the axis, where they would have stood.
+    left = [n for n in conclusion.planned(results) if results.rung(n) is None] if results.status == "interrupted" else []
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * (len(rungs) + len(left)) + 2), 4.8))
     reach = top
     for i, r in enumerate(rungs):
         if r.ok and r.tokens_per_s is not None:
@@ -151,6 +153,8 @@ def waterfall_figure(results: Results):
         else:
             ax.text(i, 0.05 * top, STATUS_LABEL.get(r.status, r.status), rotation=90, ha="center", va="bottom",
                     color="#555555", fontsize=9)
+    for i in range(len(rungs), len(rungs) + len(left)):
+        ax.text(i, 0.05 * top, "not reached", rotation=90, ha="center", va="bottom", color="#555555", fontsize=9)
     won = winner(results)
     if won is not None and won[0] in [r.name for r in rungs]:
         i = [r.name for r in rungs].index(won[0])
@@ -158,10 +162,10 @@ def waterfall_figure(results: Results):
                     fontsize=9, fontweight="bold", color="#1a1a1a", annotation_clip=False, gid="winner",
                     xycoords=("data", "axes fraction"))
     ax.axhline(1.0, color="#444444", linewidth=0.6, linestyle=":")
-    ax.set_xticks(range(len(rungs)), [tick(r) for r in rungs])
+    ax.set_xticks(range(len(rungs) + len(left)), [tick(r) for r in rungs] + left)
     if won is not None:
         ax.tick_params(axis="x", pad=16)  # room for the winner's mark under its bar
-    ax.set_xlim(-0.6, len(rungs) - 0.4)
+    ax.set_xlim(-0.6, len(rungs) + len(left) - 0.4)
     ax.set_ylim(0, max(top * 1.3, reach))
     ax.set_ylabel("cumulative speed-up (× baseline tokens/s)")
     c, e = results.config, results.environment
