@@ -281,7 +281,7 @@ def _learns_note(lc: LearnsCheck | None) -> list[str]:
     if not lc:
         return []
     if lc.skipped:
-        return [f"learns-check skipped ({lc.detail})."]
+        return [f"learns-check not run ({lc.detail})."]
     if lc.eager_final_loss is not None:
         return [(f"learns-check ({lc.rung}, {lc.steps} steps): loss {lc.first_loss:.3f} → "
                  f"{lc.final_loss:.3f}; eager fp32 over the same batches {lc.eager_final_loss:.3f} (band "
