@@ -15,7 +15,10 @@ from conftest import TINY
 from speedladder import results
 from speedladder.cli import main
 from speedladder.records import Results, from_dict
+from speedladder.report import conclusion
 from speedladder.report import html as html_report
+from speedladder.report.common import label
+from speedladder.report.mfu import device_peak
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
 SECTION_IDS = [sid for sid, _ in html_report.SECTIONS]
@@ -131,13 +134,19 @@ def test_the_header_and_rung_table_show_the_saved_values():
     rungs = section(page, "rungs")
     for r in saved["rungs"]:
         assert f"{r['tokens_per_s']['median']:,.0f}" in rungs
-    # Every column of the wide table, the gate and the speed's verdict apart, and why a rung is not built upon.
-    headers = re.findall(r"<th[^>]*>([^<]*)</th>", rungs)
-    assert headers[:3] == ["rung", "on", "tokens/s"] and headers[-3:] == ["gate", "verdict", "not built upon"]
-    assert {"pred ×", "err", "step ms", "peak mem", "MFU", "TFLOP/s", "compile s", "min–max"} <= set(headers)
+    # The rung table: what a rung did to the speed, the gate and the speed's verdict apart, and why a rung is not
+    # built upon; every other column of the wide table in the details below it, MFU named by its one peak.
+    main, details = re.findall(r"<table[^>]*>.*?</table>", rungs, flags=re.DOTALL)[:2]
+    assert re.findall(r"<th[^>]*>([^<]*)</th>", main) == ["rung", "on", "tokens/s", "× prev", "× cum", "gate",
+                                                         "verdict", "not built upon"]
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", details)
+    assert device_peak(from_dict(Results, saved)) is None and "MFU" in headers  # a file from before any peak
+    assert {"pred ×", "err", "step ms", "peak mem", "MFU at its precision", "TFLOP/s", "compile s",
+            "min–max"} <= set(headers)
     assert "failed (" not in rungs and "✗" not in rungs
-    # Every measured row's verdict cell is coloured as in the waterfall.
-    assert len(re.findall(r'class="[^"]*\bverdict\b[^"]*" style="background:#', rungs)) == len(saved["rungs"])
+    # Every measured row's verdict cell is coloured as in the waterfall, its text picked to contrast with it.
+    assert len(re.findall(r'class="[^"]*\bverdict\b[^"]*" style="background:#[0-9a-f]{6};color:#[0-9a-f]{6}"',
+                          main)) == len(saved["rungs"])
     assert '<tr class="fastest">' in rungs
 
 
@@ -204,8 +213,9 @@ def visit(path: Path, look=lambda page: None, shot: Path | None = None) -> tuple
 # What each kind's summary box must say: the winner, and the lines that use it (the example's, read from its file).
 _EXAMPLE = json.loads(EXAMPLE.read_text())
 _FASTEST = next(r for r in _EXAMPLE["rungs"] if r["name"] == _EXAMPLE["fastest"])
-SUMMARY = {"run": ("speedladder train --run RUN_DIR", "not raced"),
-           "example": (_FASTEST["name"], f"{_FASTEST['speedup_cum']:.2f}×", "not raced: speedladder race --run RUN_DIR"),
+SUMMARY = {"run": (),
+           "example": (_FASTEST["name"], f"{_FASTEST['speedup_cum']:.2f}×", "not raced",
+                       "speedladder race --run RUN_DIR", 'speedladder.apply(model, "RUN_DIR")'),
            "race": ("× eager to the target", "speedladder.apply(model, \"RUN_DIR\")"),
            "tune": ("bf16", "1.69× (p win 0.0014 against eager)", "the tokens judge named ckpt",
                     "winner.toml")}
@@ -217,8 +227,11 @@ def test_the_summary_names_the_winner_and_the_lines_that_use_it(folders, name):
     box = section((folders[name] / html_report.FILENAME).read_text(), "summary")
     for text in SUMMARY[name]:
         assert html_report.esc(text) in box, text
-    if name != "run":  # the tiny run's fastest may be eager or bf16, as this machine has it
-        assert 'class="summary"' in box
+    assert 'class="summary"' in box
+    if name == "run":  # the tiny run's bf16 may win or not, as this machine has it: a winner only where it won
+        said = conclusion.of(results.load(folders[name]))
+        assert said is not None and html_report.esc(said.headline) in box
+        assert ("<dt>winner</dt>" in box) == (not said.nothing_paid)
     predict = section((folders["predict"] / html_report.FILENAME).read_text(), "summary")
     assert 'class="missing"' in predict and "no winner to summarize" in predict
 
@@ -274,3 +287,117 @@ def test_the_report_opens_offline_in_a_real_browser(folders, name, tmp_path):
     assert requests == []
     assert errors == []
     assert shot.stat().st_size > 10_000
+
+
+# -- the H200 pages of 2026-12-04, re-rendered, read at 900 and 1400 px ----------------------------------------
+
+H200 = Path(__file__).resolve().parent / "data" / "h200"
+H200_PAGES = ("small", "gpt2", "cuda", "second-d2l", "second-gpt2")
+WIDTHS = (900, 1400)
+# What the page's own DOM says, read by the browser: each rung row's cells and its verdict cell's box and colours,
+# the tables' overflow, the summary's groups, and where the trust line and the summary sit.
+READ = """() => {
+  const box = e => { const b = e.getBoundingClientRect(); return {x: b.left, y: b.top, r: b.right, b: b.bottom,
+                                                                  w: b.width, h: b.height}; };
+  const main = document.querySelector('#rungs table.rungs');
+  const rows = [...main.querySelectorAll('tbody tr')].map(tr => {
+    const td = [...tr.children]; const v = tr.querySelector('td.verdict'); const s = getComputedStyle(v);
+    return {cells: td.map(c => c.innerText.trim()), verdict: box(v), color: s.color, background: s.backgroundColor,
+            visible: v.checkVisibility()};
+  });
+  const said = [...document.querySelectorAll('#summary dl.said dt')].map(dt => [dt.innerText.trim(),
+      [...dt.nextElementSibling.querySelectorAll('div')].map(d => d.innerText.trim())]);
+  const q = s => document.querySelector(s);
+  return {rows, said, headline: q('#summary p.headline') ? q('#summary p.headline').innerText : '',
+          banner: q('#interrupted') ? q('#interrupted').innerText : null, trust: box(q('#trust')),
+          trustText: q('#trust').innerText, summary: box(q('#summary')), table: box(main),
+          overflow: main.scrollWidth - main.clientWidth, page: document.documentElement.scrollWidth};
+}"""
+
+
+def only(uri: str):
+    """A route handler that lets the page itself load and aborts every other request."""
+    def handle(route) -> None:
+        route.continue_() if route.request.url == uri else route.abort()
+    return handle
+
+
+def _hex(css: str) -> str:
+    r, g, b = (int(v) for v in re.findall(r"\d+", css)[:3])
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+@pytest.fixture(scope="module")
+def h200_pages(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("h200")
+    out = {}
+    for name in H200_PAGES:
+        out[name] = base / f"{name}.html"
+        out[name].write_text(html_report.build(results.load(H200 / f"{name}.json")), encoding="utf-8")
+    return out
+
+
+def test_the_h200_pages_read_as_their_tables_do_at_900_and_1400_px(h200_pages):
+    """In Chromium, from the page's DOM: every row's verdict visible without scrolling at 900 and 1400 px (its box
+    inside the viewport, the rung table not overflowing, the page not scrolling sideways), its chip's text at a
+    contrast of 4.5:1 or more on its colour; the trust line first, then the summary; and the summary agreeing with
+    the table above the fold: what paid won there, nothing under "did not pay" did, an interrupted run's banner."""
+    from speedladder.report.htmlkit import contrast
+
+    exe, sync_playwright = _browser()
+    seen: dict[tuple[str, int], dict] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe)
+        try:
+            for name, path in h200_pages.items():
+                for width in WIDTHS:
+                    page = browser.new_page(viewport={"width": width, "height": 900})
+                    page.route("**/*", only(path.as_uri()))
+                    page.goto(path.as_uri())
+                    seen[name, width] = page.evaluate(READ)
+                    page.close()
+        finally:
+            browser.close()
+    for (name, width), d in seen.items():
+        where = f"{name} at {width} px"
+        saved = results.load(H200 / f"{name}.json")
+        assert d["page"] <= width and d["overflow"] <= 0, where  # nothing to scroll sideways
+        assert len(d["rows"]) == len(saved.rungs), where
+        for row, r in zip(d["rows"], saved.rungs):
+            v = row["verdict"]
+            assert row["visible"] and v["w"] > 0 and 0 <= v["x"] and v["r"] <= width, (where, row["cells"], v)
+            assert row["cells"][0] == label(r) and row["cells"][6] == (r.verdict if r.ok else r.status
+                                                                                 ).replace("pending", "interrupted")
+            if r.ok:  # a coloured chip: its text readable on it
+                assert contrast(_hex(row["color"]), _hex(row["background"])) >= 4.5, (where, row)
+        assert d["trust"]["y"] < d["summary"]["y"] < d["table"]["y"], where
+        assert "trust:" in d["trustText"] and "learns-check: not checked" in d["trustText"], where
+        assert "machine not alone" not in d["trustText"] and "⚠ machine" not in d["trustText"]  # < 1 of 16 cores
+        verdict = {row["cells"][0]: row["cells"][6] for row in d["rows"]}
+        said = dict(d["said"])
+        for line in said.get("paid", []):
+            assert verdict[line.split(" ")[0]] == "win", (where, line)
+        for line in said.get("did not pay", []):
+            assert verdict[line.split(":")[0]] != "win" and ", win" not in line, (where, line)
+        assert "it learns" not in d["headline"] and "nothing here to train" not in d["headline"], where
+        assert (d["banner"] is not None) == (saved.status == "interrupted"), where
+        if d["banner"] is not None:
+            assert d["banner"].startswith("interrupted: stopped during ") and "Best so far: " in d["banner"], where
+            assert d["trust"]["y"] < d["summary"]["y"], where
+    cuda = dict(seen["cuda", 900]["said"])
+    assert cuda["judged by the race"][0].startswith("muon: 0.29× cudagraphs in tokens/s")
+    assert "⚠ drift: bf16, re-timed beside fp8, ran 27% above its own speed" in seen["cuda", 900]["trustText"]
+
+
+def test_the_gates_scale_is_named_for_the_device_it_ran_on():
+    """Eager at a lower precision is eager fp32 rounded as autocast rounds on that device (verify/emulate.py): on the
+    H200, CUDA's policy; on a CPU, a CPU's. The saved scale ("eager bf16 (emulated)") is named so on the page."""
+    from speedladder.report.common import scale_label
+
+    saved = "eager bf16 (emulated) and bf16 (the rung it built on)"
+    assert scale_label(saved, "cuda") == "eager at bf16 (autocast on CUDA, emulated) and bf16 (the rung it built on)"
+    assert scale_label(saved, "cpu").startswith("eager at bf16 (autocast on a CPU, emulated)")
+    assert scale_label("eager fp32 and eager (the rung it built on)", "cuda") == "eager fp32 and eager (the rung it " \
+                                                                                "built on)"
+    gates = section(html_report.build(results.load(H200 / "small.json")), "gates")
+    assert "eager at bf16 (autocast on CUDA, emulated)" in gates and "eager bf16 (emulated)" not in gates

@@ -9,6 +9,8 @@ import pytest
 
 from speedladder.measure import judging
 from speedladder.measure.timer import Timing, Window
+from speedladder.records import Gate, RungResult
+from speedladder.spec import StepSpec
 
 RATE = 100_000.0  # tokens/s of both sides: the rung changes nothing
 NOISE = 0.01  # each window's own scatter (1% standard deviation)
@@ -105,3 +107,49 @@ def test_what_to_build_on_follows_the_best_estimate():
     assert not builds_on("loss", 0.7) and not builds_on("not a win", 1.4) and not builds_on("did not reach", 1.1)
     assert why_not_built("loss") == why_not_built("noise") == why_not_built("did not reach") == SLOWER == "slower"
     assert why_not_built("not a win") == "worse at equal tokens"
+
+
+def _passed(name: str, kind: str, verdict: str, prev: float) -> RungResult:
+    r = RungResult(name=name, rung=name, role="rung", reason="", kind=kind, built_on="cudagraphs", spec=StepSpec(64, 128),
+                   precision="bf16", requirement={}, status="ok", verdict=verdict, speedup_prev=prev,
+                   gate=Gate(passed=True))
+    return r
+
+
+@pytest.mark.parametrize("verdict, prev", [("loss", 0.29), ("noise", 1.02), ("win", 1.4)])
+def test_a_rung_that_trades_tokens_per_s_for_tokens_to_a_loss_is_left_to_the_race(verdict, prev):
+    """An optimizer or architecture rung (Muon: 0.29x cudagraphs in tokens/s on the H200 of 2026-12-04, 5.56x fewer
+    tokens to AdamW's loss) is never a base for speed, whatever its tokens/s; its reason says the race judges it. A
+    speed rung and a memory rung follow their own rules."""
+    from speedladder.climbing import verdicts
+
+    for kind in ("optimizer", "architecture"):
+        r = _passed("muon", kind, verdict, prev)
+        assert verdicts.judged_by_race(r) and not verdicts.pays(r)
+        why = verdicts.not_built_upon(r, "cudagraphs")
+        assert why.startswith(f"race: an {kind} rung, judged by time to a target loss, not by tokens/s ({prev:.2f}x")
+        assert why.endswith("the race judges it, and the rungs above build on cudagraphs")
+        r.not_built_upon = why
+        assert verdicts.word(r) == "race"
+    assert verdicts.pays(_passed("ckpt", "memory", "loss", 0.8))  # a memory rung is expected to cost speed
+    assert verdicts.pays(_passed("sdpa", "speed", verdict, prev)) == (prev > 1.0)
+
+
+def test_the_fastest_is_ranked_among_what_the_climb_built_on():
+    """The learns-check's order and an interrupted run's best so far: by x cum, never a rung left out of the climb
+    (slower, or judged by the race), never a control or a rung that failed a gate."""
+    from speedladder.climbing import verdicts
+    from speedladder.records import Results
+
+    def rec(name, cum, **kw):
+        r = _passed(name, kw.pop("kind", "speed"), "win", cum)
+        r.speedup_cum = cum
+        for k, v in kw.items():
+            setattr(r, k, v)
+        return r
+
+    rungs = [rec("eager", 1.0), rec("cudagraphs", 3.46), rec("muon", 5.0, kind="optimizer", not_built_upon="race: x"),
+             rec("wrong", 9.0, gate=Gate(passed=False)), rec("batch-fp32", 8.0, role="control"), rec("fp8", 0.22)]
+    res = Results(schema="", created="", command=[], config=None, environment=None, model=None,  # type: ignore[arg-type]
+                  rungs=rungs)
+    assert [r.name for r in verdicts.ranked(res)] == ["cudagraphs", "eager", "fp8"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from speedladder import results
 from speedladder.climbing import meters, regate
-from speedladder.climbing.verdicts import SHORT_BELOW, not_built_upon, pays, short_detail
+from speedladder.climbing.verdicts import SHORT_BELOW, not_built_upon, pays, ranked, short_detail
 from speedladder.config.commands import CONFIG_FILE, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.errors import is_oom, one_line
@@ -287,7 +287,7 @@ class Ladder:
             if failed:  # every rung is measured against it: the run as a whole failed (the command exits non-zero)
                 self.results.error = f"the baseline {failed.name} did not run: {failed.status}: {failed.detail}"
         except KeyboardInterrupt:
-            self.results.status = "interrupted"
+            self._stopped()
             raise
         finally:
             self.save()
@@ -339,17 +339,28 @@ class Ladder:
             base.step_ms * spec.tokens_per_step / self.work.base_spec.tokens_per_step)
         return steps * (r.step_ms + eager_ms) / 1e3
 
+    learning: str | None = None  # the rung whose learns-check is running, when one is: a stop then says so
+
+    def _stopped(self) -> None:
+        """A run stopped (Ctrl-C, a plan's cap): interrupted, and a learns-check that did not run (or did not
+        finish) recorded as not run, never as passed."""
+        self.results.status = "interrupted"
+        if self.results.learns_check is None or self.learning is not None:
+            self.results.learns_check = LearnsCheck(
+                rung=self.learning, skipped=True,
+                detail=f"the run stopped during the learns-check of {self.learning}" if self.learning
+                else "the run stopped before the learns-check")
+
     def _learns_check(self) -> None:
         """The fastest rung that passed every gate must also learn; if it does not, the next fastest is tried. Fastest
         by × cum, its ratios each measured beside its base: the absolute tokens/s of rows timed minutes apart are not
         comparable on a machine whose load moves (docs/measurement.md, rule 8)."""
-        candidates = sorted((r for r in self.results.rungs if r.role != Role.CONTROL and r.passed),
-                            key=lambda r: r.speedup_cum or 0.0, reverse=True)
+        candidates = ranked(self.results)  # a rung left out of the climb (slower, or judged by the race) is none
         if self.finalists is not None:  # tune: the finalists re-measured beside eager, best ratio first
             candidates = [r for name in self.finalists if (r := self.results.rung(name)) is not None]
         if self.work.cfg.run.gates.learns_steps == 0 and candidates:
             self.results.fastest = candidates[0].name
-            self.results.learns_check = LearnsCheck(skipped=True, detail="--learns-steps 0")
+            self.results.learns_check = LearnsCheck(rung=candidates[0].name, skipped=True, detail="--learns-steps 0")
             return
         for r in candidates:
             say = self.progress.scoped(f"learns-check {r.name}")
@@ -357,9 +368,11 @@ class Ladder:
             assert spec is not None  # it passed its gates: it was measured
             eager = "" if (spec.batch_size, spec.seq_len) in self.gates.eager_curves else (
                 ", and eager fp32's over the same batches")
+            self.learning = r.name
             with say.task(f"{self.work.cfg.run.gates.learns_steps} steps{eager}",
                           estimate_s=self._learns_estimate(r, spec)):
                 check = self.gates.learns(spec, say)
+            self.learning = None
             check.rung = r.name
             self.results.learns_check = check
             say(("passed" if check.passed else "FAILED") +

@@ -174,12 +174,18 @@ class Differential(Check):
     fp64: Fp64 | None = None
 
 
+LEARNS_PASSED, LEARNS_FAILED, LEARNS_NOT_CHECKED = "passed", "failed", "not checked"  # LearnsCheck.state
+
+
 @dataclass
 class LearnsCheck(Check):
-    """The fastest configuration trained beside eager fp32 over the same batches: it must learn as well."""
+    """The fastest configuration trained beside eager fp32 over the same batches: it must learn as well.
+
+    A check that did not run (--learns-steps 0, or a run stopped before it) is `skipped`, with why in `detail`, and
+    never `passed`: a file written before that rule (skipped, passed true) is read as not passed."""
 
     rung: str | None = None
-    skipped: bool = False  # --learns-steps 0
+    skipped: bool = False  # not run: --learns-steps 0, or the run stopped before it (detail says which)
     steps: int = 0
     first_loss: float | None = None
     final_loss: float | None = None  # the mean of the last tenth
@@ -189,6 +195,15 @@ class LearnsCheck(Check):
     drop: float | None = None
     losses: Sequence[float | None] = field(default_factory=list)
     eager_losses: Sequence[float | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.skipped:
+            self.passed = False
+
+    @property
+    def state(self) -> str:
+        """passed, failed, or not checked (skipped)."""
+        return LEARNS_NOT_CHECKED if self.skipped else LEARNS_PASSED if self.passed else LEARNS_FAILED
 
 
 @dataclass

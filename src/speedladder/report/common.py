@@ -6,6 +6,7 @@ import sys
 
 from rich.console import Console
 
+from speedladder.climbing import verdicts
 from speedladder.config.resolved import Resolved
 from speedladder.records import Results, Role, RungResult, SavedModel
 
@@ -42,6 +43,7 @@ def not_built_upon(r: RungResult) -> str:
     """Why the rungs above do not build on a rung of the ladder, in a word, or "" when they do (or when the row is
     no step of the ladder: a control, a tune candidate). One word, one meaning, wherever it is shown:
     slower: it passed its gates and its speed did not pay (a loss, red on the waterfall);
+    race: an optimizer or architecture rung, judged by time to a target loss, not by tokens/s;
     gate: it failed a gate (whatever its speed); skipped, OOM, error, interrupted: it did not run to the end;
     beside: measured on the top of the ladder by design (a memory rung), never a base."""
     if r.role not in (Role.RUNG, Role.BESIDE):
@@ -52,7 +54,7 @@ def not_built_upon(r: RungResult) -> str:
         return "gate"
     if r.role == Role.BESIDE:
         return "beside"
-    return "slower" if r.not_built_upon else ""
+    return verdicts.word(r) if r.not_built_upon else ""
 
 
 def model_label(config: Resolved, model: SavedModel | None) -> str:
@@ -81,3 +83,15 @@ def recipe_line(results: Results) -> list[str]:
     if recipe.is_default:
         return []
     return [f"recipe: {recipe.describe()}" + (f"; schedule: {results.schedule}" if results.schedule else "") + "."]
+
+
+def scale_label(scale: str, device_type: str | None) -> str:
+    """A gate's scale as saved ("eager bf16 (emulated)") named for the device it ran on: eager at a lower precision
+    is always eager fp32 with that precision's rounding emulated (verify/emulate.py, rule 12), as autocast on that
+    device rounds: on a GPU, CUDA's policy; on a CPU, a CPU's."""
+    where = {"cuda": "autocast on CUDA", "cpu": "autocast on a CPU"}.get(device_type or "", "")
+    out = scale
+    for precision in ("bf16", "fp16", "tf32", "fp8"):
+        out = out.replace(f"eager {precision} (emulated)",
+                          f"eager at {precision} ({where}, emulated)" if where else f"eager at {precision} (emulated)")
+    return out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from speedladder.records import Fp64, Gate, Kinks, Results, RungResult
+from speedladder.report.common import scale_label
 from speedladder.report.htmlkit import esc, missing, notes, table
 
 
@@ -11,15 +12,15 @@ def _num(v: float | None) -> str:
     return "—" if v is None else f"{v:.2e}"
 
 
-def _rows(r: RungResult, check: str, f: Fp64) -> list[list[str]]:
+def _rows(r: RungResult, check: str, f: Fp64, device: str | None = None) -> list[list[str]]:
     out = []
     for d in (f.logits, f.loss, f.grad, f.curve):
         if d is None:
             continue
         what = f"gradient of {d.name} (worst of {f.tensors})" if d is f.grad else d.name
         ok = d.rung is not None and d.allowed is not None and d.rung <= d.allowed
-        out.append([r.name, check, what, f.scale, _num(d.eager), _num(d.base), _num(d.rung), _num(d.allowed),
-                    "yes" if ok else "NO"])
+        out.append([r.name, check, what, "yes" if ok else "NO", _num(d.rung), _num(d.allowed), _num(d.eager),
+                    _num(d.base), scale_label(f.scale, device)])
     return out
 
 
@@ -32,9 +33,9 @@ def fp64_rows(results: Results) -> list[list[str]]:
         if g is None:
             continue
         if g.equivalence is not None and g.equivalence.fp64 is not None:
-            rows += _rows(r, "equivalence (trained weights)", g.equivalence.fp64)
+            rows += _rows(r, "equivalence (trained weights)", g.equivalence.fp64, results.environment.device_type)
         if g.differential is not None and g.differential.fp64 is not None:
-            rows += _rows(r, "differential (probe weights)", g.differential.fp64)
+            rows += _rows(r, "differential (probe weights)", g.differential.fp64, results.environment.device_type)
     return rows
 
 
@@ -66,8 +67,10 @@ def gates_html(results: Results) -> str:
     rows = fp64_rows(results)
     parts = []
     if rows:
-        parts.append(table(["rung", "check", "quantity", "scale", "eager to fp64", "base to fp64", "rung to fp64",
-                            "allowed", "passed"], rows, left=("rung", "check", "quantity", "scale", "passed")))
+        # What passed and by how much first, the scale it was judged on last: read at 900 px without scrolling.
+        parts.append(table(["rung", "check", "quantity", "passed", "rung to fp64", "allowed", "eager to fp64",
+                            "base to fp64", "scale"], rows, left=("rung", "check", "quantity", "scale", "passed"),
+                           short=("check", "quantity", "scale")))
         k = next(c.k for r in results.rungs for c in _fp64s(r) if c.k is not None)
         parts.append(f"<p>{esc(_rule_line(k))}</p>")
     else:

@@ -18,13 +18,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from speedladder.records import CorpusRecord, LearnsCheck, LossBand, Results, Role, RungResult, from_dict, to_dict
-from speedladder.report import machine, summary
+from speedladder.report import conclusion, machine, summary, trust
 from speedladder.report import parallel as parallel_report
 from speedladder.report.common import label, model_label
 from speedladder.report.explained import explanation_html
 from speedladder.report.gates import divergence_html, gates_html
 from speedladder.report.htmlkit import (
     _figure,
+    chip_text,
     esc,
     flatten,
     human_bytes,
@@ -39,9 +40,11 @@ from speedladder.report.htmlkit import (
     table,
 )
 from speedladder.report.memory import field_of, memory_chart, memory_fields
+from speedladder.report.mfu import device_peak
 from speedladder.report.profile import ms_of, roofline_line, share_of
 from speedladder.report.race.charts import race_figure, race_html
-from speedladder.report.text import NOT_BUILT_UPON
+from speedladder.report.text import MFU, MFU_OWN, NOT_BUILT_UPON
+from speedladder.report.text import header as header_of
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
 from speedladder.report.tune import tune_lines
@@ -57,6 +60,13 @@ SECTIONS: tuple[tuple[str, str], ...] = (
 REF_STYLES = ("--", ":", "-.")  # the eager fp32 reference curves, black, told apart by dash
 CONTROL_COLOUR = "#999999"  # a control is not a step of the ladder: no verdict colour of its own
 _NOT_RUN_STATUSES = ("skipped", "oom", "error", "interrupted", "pending")
+# The rung table's columns, read at any width: what a rung did to the speed and whether it may be trusted and built
+# upon (the terminal's compact table); every other column is in the details table below it.
+MAIN = ("rung", "on", "tokens/s", "× prev", "× cum", "gate", "verdict", NOT_BUILT_UPON)
+# The details table below it, by what is read first: the windows' range, the step, MFU (the device's one peak, then
+# the row's own precision's), memory, compile seconds, the prediction.
+DETAILS = ("min–max", "step ms", MFU, MFU_OWN, "TFLOP/s", "peak mem", "saved act", "pred act", "compile s", "pred ×",
+           "err")
 
 
 # -- sections -------------------------------------------------------------------------------------
@@ -85,9 +95,28 @@ def header(saved: Results) -> str:
     if load is not None:
         pairs.append(("machine", load))
     title = f"speedladder {kind} · {model_label(c, model)} on {e.device_name}"
-    shared = machine.header_line(saved)  # said where the reader starts, as the console says it first
+    glance = " · ".join([saved.status, f"{model.params:,} parameters", f"B={c.batch_size} T={c.seq_len}",
+                         f"{e.device_name} ({e.device_type})", f"torch {e.torch}", saved.created[:10],
+                         f"commit {e.git_commit[:10]}" if e.git_commit else "commit unknown"])
+    said = conclusion.of(saved)
+    banner = (f'<p class="banner" id="interrupted">{esc(said.banner)}</p>\n' if said is not None and said.banner
+              else "")
+    shared = machine.header_line(saved)  # other processes' load, where worth saying: where the reader starts
     warning = f'<p class="missing" id="machine-not-alone">{esc(shared)}</p>\n' if shared else ""
-    return f'<header id="header">\n<h1>{esc(title)}</h1>\n{warning}{kv(pairs)}\n</header>'
+    return (f'<header id="header">\n<h1>{esc(title)}</h1>\n<p class="glance">{esc(glance)}</p>\n'
+            f"{trust_html(saved)}{warning}{banner}"
+            f"<details><summary>the run: command, model, shape, recipe, corpus, device, date, commit, machine</summary>"
+            f"{kv(pairs)}</details>\n</header>")
+
+
+def trust_html(saved: Results) -> str:
+    """The trust line (report/trust.py): each item in a word where it is within its threshold, marked where not."""
+    found = trust.items(saved)
+    if not found:
+        return ""
+    spans = " · ".join(f'<span class="trust-{i.level}">{"⚠ " if i.level == trust.WARN else ""}{esc(i)}</span>'
+                       for i in found)
+    return f'<p class="trust" id="trust"><strong>trust:</strong> {spans}</p>\n'
 
 
 def rungs_section(saved: Results) -> str:
@@ -102,7 +131,7 @@ def rungs_section(saved: Results) -> str:
                "no rung was recorded: the run stopped before its first rung.")
         return missing(why)
     rows = text_rows(saved)
-    headers = list(rows[0])
+    peak = device_peak(saved)
     classes, attrs = [], []
     for r, row in zip(recs, rows):
         cls = []
@@ -115,15 +144,21 @@ def rungs_section(saved: Results) -> str:
         classes.append(" ".join(cls))
         verdict = r.verdict if r.ok else None
         colour = CONTROL_COLOUR if verdict == "control" else COLOURS.get(verdict or "")
-        a = {headers.index("gate"): ("gate", "")}
-        if colour:
-            a[headers.index("verdict")] = ("verdict", f"background:{colour}")
+        a = {MAIN.index("gate"): ("gate", "")}
+        a[MAIN.index("verdict")] = (("verdict", f"background:{colour};color:{chip_text(colour)}") if colour
+                                    else ("verdict none", ""))
         attrs.append(a)
-    rung_table = table(headers, [list(r.values()) for r in rows], left=("rung", "gate", "verdict", NOT_BUILT_UPON),
-                       row_classes=classes, cell_attrs=attrs)
+    main = table(list(MAIN), [[row[h] for h in MAIN] for row in rows], left=("rung", "on", "gate", "verdict",
+                                                                            NOT_BUILT_UPON),
+                 row_classes=classes, cell_attrs=attrs, css="rungs")
     legend = ("verdict colours as in the waterfall: " + ", ".join(
-        f'<span style="color:{c}">■</span> {esc(k)}' for k, c in COLOURS.items()))
-    return f"{rung_table}\n<p>{legend}</p>\n{notes(text_notes(saved))}\n{notes(tune_lines(saved))}"
+        f'<span class="swatch" style="background:{c}"></span> {esc(k)}' for k, c in COLOURS.items()))
+    extra = ["rung", *(h for h in DETAILS if h in rows[0]), *(h for h in rows[0] if h not in (*MAIN, *DETAILS))]
+    details = table([header_of(h, peak) for h in extra], [[row[h] for h in extra] for row in rows],
+                    left=("rung",), css="details")
+    return (f"{main}\n<p class=\"legend\">{legend}</p>\n<h3>details: the windows' range, predictions, step time, "
+            f"memory, MFU, compile</h3>\n{details}\n<h3>notes</h3>\n{notes(text_notes(saved))}\n"
+            f"{notes(tune_lines(saved))}")
 
 
 def waterfall_section(saved: Results) -> str:
@@ -222,8 +257,9 @@ def loss_section(saved: Results) -> str:
         fig.tight_layout()
         parts.append(svg(fig, "learns"))
     else:
-        why = (f"learns-check skipped ({lc.detail})." if lc and lc.skipped else
+        why = (f"learns-check not run ({lc.detail})." if lc and lc.skipped else
                f"learns-check failed before any loss was recorded: {lc.detail}" if lc else
+               "learns-check not run: the run stopped before it." if saved.status == "interrupted" else
                "no learns-check in this run.")
         parts.append(missing(why))
     return "\n".join(parts)
@@ -250,15 +286,23 @@ def memory_section(saved: Results) -> str:
     if measured:
         fig, (ax,) = _figure(max(5.0, 1.1 * len(measured) + 2), 3.6)
         xs = range(len(measured))
-        ax.bar(xs, [peak / 2**30 for _, peak in measured], width=0.6, color="#1f6fb4", label="peak")
-        for i, (r, _) in enumerate(measured):
+        reserved = any(r.peak_reserved_bytes for r, _ in measured)
+        width = 0.38 if reserved else 0.6
+        ax.bar([x - width / 2 * reserved for x in xs], [peak / 2**30 for _, peak in measured], width=width,
+               color="#1f6fb4", label="peak allocated")
+        if reserved:  # CUDA graphs' pools are reserved, never allocated again: their own bar, beside
+            ax.bar([x + width / 2 for x in xs], [(r.peak_reserved_bytes or 0) / 2**30 for r, _ in measured],
+                   width=width, color="#9bb7d4", label="peak reserved")
+        for i, (r, peak) in enumerate(measured):
+            ax.text(i - width / 2 * reserved, peak / 2**30, f"{peak / 2**30:.1f}", ha="center", va="bottom",
+                    fontsize=8)
             c = control.get(r.name)
             if c is not None and c.ok and c.peak_memory_bytes:
                 ax.hlines(c.peak_memory_bytes / 2**30, i - 0.4, i + 0.4, colors="black", linestyles="dashed",
                           label="fp32 control")
         ax.set_xticks(list(xs), [r.name for r, _ in measured])
         ax.set_ylabel("peak memory, GiB")
-        ax.legend(fontsize=8, frameon=False)
+        ax.legend(fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
         parts.append(svg(fig, "memory"))
     else:

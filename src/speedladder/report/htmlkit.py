@@ -16,21 +16,33 @@ CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; margin: 1.5em auto;
        max-width: 1200px; padding: 0 1em; color: #222; line-height: 1.4; }
 h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.15em; border-bottom: 1px solid #ddd; margin-top: 2em; }
+p.glance { margin: 0.2em 0 0.6em; color: #444; font-size: 0.92em; }
+p.trust { font-size: 0.9em; margin: 0.4em 0; padding: 0.4em 0.8em; background: #f6f6f6; border-radius: 4px; }
+.trust-warn { color: #a40000; font-weight: 600; } .trust-note { color: #6b4e00; }
+p.banner { margin: 0.4em 0; padding: 0.5em 0.8em; background: #fff4e0; border-left: 4px solid #c77700; }
+header details { font-size: 0.9em; margin: 0.4em 0; }
 table { border-collapse: collapse; font-size: 0.88em; margin: 0.6em 0; display: block; max-width: 100%; overflow-x: auto; }
 th, td { padding: 0.25em 0.6em; border-bottom: 1px solid #eee; text-align: right; white-space: nowrap; }
 th { background: #f4f4f4; } td.l, th.l { text-align: left; }
+table.rungs { display: table; overflow: visible; }
+table.rungs th, table.rungs td { padding: 0.25em 0.45em; }
 tr.fastest td { font-weight: bold; }
-td.verdict { color: #fff; border-radius: 3px; text-align: center; }
-tr.gate-fail td.gate { color: #d62728; font-weight: bold; }
-tr.not-run td { color: #777; font-style: italic; }
+td.verdict { border-radius: 3px; text-align: center; font-weight: 600; }
+tr.gate-fail td.gate { color: #b00020; font-weight: bold; }
+tr.not-run td { color: #555; font-style: italic; }
+span.swatch { display: inline-block; width: 0.8em; height: 0.8em; vertical-align: middle; }
 dl.kv { display: grid; grid-template-columns: max-content auto; gap: 0.15em 1em; font-size: 0.92em; }
 dl.kv dt { font-weight: 600; } dl.kv dd { margin: 0; font-family: ui-monospace, monospace; word-break: break-all; }
-.missing { color: #8a6d3b; background: #fcf8e3; padding: 0.5em 0.8em; border-left: 3px solid #e0c060; }
+.missing { color: #6b4e00; background: #fcf8e3; padding: 0.5em 0.8em; border-left: 3px solid #e0c060; }
 .chart svg { max-width: 100%; height: auto; }
 ul.notes { font-size: 0.9em; } td.why { white-space: normal; min-width: 30em; }
+td.w { white-space: normal; min-width: 6em; }
 div.summary { border: 2px solid #1f6fb4; border-radius: 6px; padding: 0.6em 1em; background: #f5f9fd; }
 div.summary pre { background: #fff; border: 1px solid #ddd; padding: 0.3em 0.6em; margin: 0.3em 0; overflow-x: auto; }
 div.summary h3 { font-size: 1em; margin: 0.6em 0 0.2em; }
+dl.said { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; margin: 0.4em 0; }
+dl.said dt { font-weight: 600; } dl.said dd { margin: 0; }
+div.summary p.why { margin: 0 0 0.4em; font-size: 0.9em; color: #444; }
 """
 
 def esc(value: object) -> str:
@@ -59,13 +71,15 @@ def kv(pairs: Iterable[tuple[str, object]]) -> str:
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[str] = (),
            row_classes: Sequence[str] | None = None,
-           cell_attrs: Sequence[dict[int, tuple[str, str]]] | None = None, wrap: Sequence[str] = ()) -> str:
+           cell_attrs: Sequence[dict[int, tuple[str, str]]] | None = None, wrap: Sequence[str] = (),
+           css: str = "", short: Sequence[str] = ()) -> str:
     """A plain table; `left` names the left-aligned (text) columns, the rest are numbers; `wrap` the
-    columns of sentences, which may wrap (every other cell stays on one line).
+    columns of sentences, which may wrap (every other cell stays on one line); `short` the columns of a few words
+    each, which may wrap between them to keep the table within the page; `css` the table's class.
 
     cell_attrs[i][j] = (class, style) of row i's cell j, for the verdict colours.
     """
-    out = ["<table><thead><tr>"]
+    out = [f'<table class="{css}"><thead><tr>' if css else "<table><thead><tr>"]
     out.extend(("<th class=\"l\">" if h in left else "<th>") + f"{esc(h)}</th>" for h in headers)
     out.append("</tr></thead><tbody>")
     for i, row in enumerate(rows):
@@ -73,12 +87,37 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]], left: Sequence[
         out.append(f'<tr class="{rc}">' if rc else "<tr>")
         for j, (h, v) in enumerate(zip(headers, row)):
             cls, style = cell_attrs[i].get(j, ("", "")) if cell_attrs else ("", "")
-            classes = " ".join(c for c in ("l" if h in left else "", "why" if h in wrap else "", cls) if c)
+            classes = " ".join(c for c in ("l" if h in left else "", "why" if h in wrap else "",
+                                           "w" if h in short else "", cls) if c)
             attrs = (f' class="{classes}"' if classes else "") + (f' style="{style}"' if style else "")
             out.append(f"<td{attrs}>{esc(v)}</td>")
         out.append("</tr>")
     out.append("</tbody></table>")
     return "".join(out)
+
+
+def luminance(colour: str) -> float:
+    """WCAG's relative luminance of a #rrggbb colour."""
+    def channel(c: int) -> float:
+        v = c / 255
+        return v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(a: str, b: str) -> float:
+    """WCAG's contrast ratio of two #rrggbb colours (1 to 21; text wants at least 4.5)."""
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+INK, PAPER = "#111111", "#ffffff"
+
+
+def chip_text(background: str) -> str:
+    """The text colour that reads best on a chip's background: near-black or white, whichever contrasts more."""
+    return max((INK, PAPER), key=lambda c: contrast(c, background))
 
 
 def human_bytes(n: float | None) -> str:

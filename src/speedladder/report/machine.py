@@ -3,7 +3,24 @@ from the saved `machine` section and each window's (run's) `shared` alone (measu
 
 from __future__ import annotations
 
-from speedladder.records import RaceSection, Results, TimingRecord, WindowRecord
+from speedladder.records import MachineLoad, RaceSection, Results, TimingRecord, WindowRecord
+
+# Others' load is worth a word when it reaches this share of the cores the run may use (and at least the share of
+# one core that marks a window shared): on 16 cores a third of one says nothing; on 2 cores a quarter says something.
+SHARE_OF_CORES = 0.1
+
+
+def threshold(m: MachineLoad) -> float:
+    """The cores others must use, over a window or before the first, before the report says so."""
+    return max(m.shared_cores, SHARE_OF_CORES * m.cores)
+
+
+def worth_saying(m: MachineLoad | None) -> bool:
+    """Whether other processes' load was large enough, before or during the windows (a race's runs), to be said.
+    The one place the report decides it (measure/load.py marks each window)."""
+    if m is None or m.alone:
+        return False
+    return max(m.most, m.before or 0.0) >= threshold(m)
 
 
 def _windows(timing: TimingRecord | None) -> list[WindowRecord]:
@@ -14,7 +31,7 @@ def header_line(results: Results) -> str | None:
     """One line for the top of the output when other processes ran before or during the timed windows (or a race's
     runs); None when the machine was alone, or its load was not read (an older file, not Linux)."""
     m = results.machine
-    if m is None or m.alone:
+    if m is None or not worth_saying(m):
         return None
     during = [f"{m.shared_windows} of {m.windows} timed windows"] if m.shared_windows else []
     during += [f"{m.shared_runs} of {m.runs} race runs"] if m.shared_runs else []
@@ -33,7 +50,10 @@ def header_line(results: Results) -> str | None:
 
 
 def window_lines(results: Results) -> list[str]:
-    """Each rung whose windows (or its base's beside it) other processes shared, and how much."""
+    """Each rung whose windows (or its base's beside it) other processes shared, and how much, when that load is
+    worth saying (worth_saying)."""
+    if not worth_saying(results.machine):
+        return []
     out = []
     for r in results.rungs:
         mine, base = _windows(r.timing), _windows(r.base_timing)
@@ -66,4 +86,7 @@ def html_value(results: Results) -> str | None:
     if m.alone:
         return (f"alone: no other process used {m.shared_cores:g} of a core over any of {m.windows + m.runs} timed "
                 f"windows or runs, nor before them ({m.cores} cores read)")
+    if not worth_saying(m):
+        return (f"quiet: other processes used at most {max(m.most, m.before or 0.0):.2f} of {m.cores} cores, under "
+                f"{threshold(m):.2f} ({SHARE_OF_CORES:.0%} of the cores), which the report leaves unsaid")
     return header_line(results)

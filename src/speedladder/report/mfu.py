@@ -1,9 +1,13 @@
-"""MFU in the report: the table's cell, marked where the peak was measured here, and the note naming each peak."""
+"""MFU in the report: against one peak per device (the table's column, named in its header), and against each row's
+own precision (the details' cell, marked where the peak was measured here), with the notes naming each peak."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from speedladder.measure import peakflops
 from speedladder.measure.peakflops import is_measured
-from speedladder.records import RungResult
+from speedladder.records import Results, RungResult
 
 MEASURED_MARK = " meas"  # on an MFU taken against the matmul ceiling measured here (no datasheet entry)
 
@@ -39,3 +43,63 @@ def mfu_notes(rungs: list[RungResult]) -> list[str]:
         mark = f"MFU marked{MEASURED_MARK}: against the " if is_measured(basis) else "MFU against the "
         out.append(mark + basis + ": " + ", ".join(f"{p} {tflops_text(v)}" for p, v in peaks.items()) + " TFLOP/s.")
     return out
+
+
+# -- one peak per device -------------------------------------------------------------------------
+# The table's MFU column is taken against one peak for every row, as nanoGPT, torchtitan and llm.c report it: the
+# device's dense bf16 peak (fp16's on a device without bf16 units) where --peak-tflops or the datasheet gives it,
+# else the highest matmul ceiling measured here at any precision the run used. Each row's MFU at its own precision
+# (fp32's peak for an fp32 rung, a blend for fp8) is in the details.
+DEVICE_PRECISIONS = ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """The one peak a table's MFU column is taken against."""
+
+    tflops: float
+    precision: str
+    basis: str  # where it comes from, in words
+
+    @property
+    def header(self) -> str:
+        """The column's header: MFU and its peak, named."""
+        return f"MFU vs {self.precision} {tflops_text(self.tflops)} TF"
+
+
+def device_peak(results: Results) -> DevicePeak | None:
+    """The run's one peak: given (--peak-tflops) or the datasheet's dense bf16 (else fp16) peak, else the highest
+    peak its rungs were taken against (a ceiling measured here, never an fp8 blend); None where none is known."""
+    env = results.environment
+    given = results.config.run.peak_tflops or {}
+    for p in DEVICE_PRECISIONS:
+        if p in given:
+            return DevicePeak(given[p], p, f"{p}, given by --peak-tflops")
+    cap = env.cuda_capability
+    capability = (cap[0], cap[1]) if cap and len(cap) == 2 else None
+    sheet = peakflops.datasheet(env.device_name or "", capability) if env.device_type == "cuda" else None
+    if sheet is not None:
+        for p in DEVICE_PRECISIONS:
+            if p in sheet.tflops:
+                return DevicePeak(sheet.tflops[p], p, f"the {sheet.model}'s dense {p} peak (its datasheet)")
+    recorded = [(r.peak_tflops, r.precision, r.peak_basis) for r in results.rungs
+                if r.peak_tflops and r.precision != "fp8"]
+    if not recorded:
+        return None
+    tflops, precision, basis = max(recorded)
+    what = "measured here" if peakflops.is_measured(basis) else basis or "recorded"
+    return DevicePeak(tflops, precision, f"the highest matmul peak of this run, {precision}'s, {what}")
+
+
+def device_mfu_cell(r: RungResult, peak: DevicePeak | None) -> str:
+    """A row's MFU against the device's one peak."""
+    if peak is None or r.tflops is None:
+        return "n/a"
+    return f"{100 * r.tflops / peak.tflops:.1f}%"
+
+
+def device_note(peak: DevicePeak | None) -> list[str]:
+    if peak is None:
+        return []
+    return [(f"{peak.header}: every row against one peak, {peak.basis}; each against its own precision's peak: "
+            "`MFU at its precision` (--wide, and report.html's details).")]

@@ -91,17 +91,19 @@ def of(results: Results, folder: str = "RUN_DIR") -> Summary | None:
         return Summary(raced.name, "the time to the target val loss, raced over seeds",
                        "eager + " + (" + ".join(rungs) or "nothing"),
                        times(raced.tokens_per_s_cum) + " (during the race)", _race_time(s, raced), _uses(folder))
-    best = results.rung(results.fastest) if results.fastest else None
     said = conclusion.of(results, folder)
-    if best is None:
-        return Summary(None, "tokens/s", notes=["no rung passed every gate."], conclusion=said)
+    best = results.rung(said.best) if said is not None and said.best else None
+    if said is None or best is None or said.nothing_paid:  # a winner only where a rung of it won
+        return Summary(None, "tokens/s", conclusion=said,
+                       notes=[] if said is not None else ["no rung passed every gate."])
     rungs = [n for n in results.chain(best) if n != "eager"]
-    to_race = (f"not raced: speedladder race --run {folder}" if rungs else
-               "not raced: nothing paid, so there is nothing to race against eager")
+    if said.interrupted:  # the best so far: the headline and the banner say it, nothing to use yet
+        return Summary(None, "tokens/s", conclusion=said)
+    # The race and train commands are the conclusion's next two: the box adds the line that applies it in code.
     return Summary(best.name, "tokens/s in timed windows, every gate passed",
-                   "eager + " + (" + ".join(rungs) or "nothing"),
+                   "eager + " + " + ".join(rungs),
                    f"{times(best.speedup_cum)} ({best.tokens_per_s.median:,.0f} tokens/s)" if best.tokens_per_s else "—",
-                   to_race, _uses(folder), conclusion=said)
+                   "not raced", _uses(folder)[1:], conclusion=said)
 
 
 def html(results: Results, folder: str = "RUN_DIR") -> str:
@@ -110,28 +112,31 @@ def html(results: Results, folder: str = "RUN_DIR") -> str:
     s = of(results, folder)
     if s is None:
         return missing("no winner to summarize: this command measures one configuration, or a sweep of them.")
-    said = _conclusion_html(s.conclusion)
+    said = conclusion_html(s.conclusion)
+    commands = s.lines + [cmd for cmd, _ in (s.conclusion.commands if s.conclusion else [])]
+    folder_line = "<p>RUN_DIR: the folder this report is in.</p>" if any("RUN_DIR" in c for c in commands) else ""
     if s.winner is None:
-        return missing(" ".join(s.notes) or "no winner.") + said
+        return (f'<div class="summary">{said}{folder_line}</div>' if said else
+                missing(" ".join(s.notes) or "no winner."))
     pairs = [("winner", s.winner), ("named by", s.judge), ("built from", s.built_from),
              ("× eager tokens/s", s.tokens_x), ("× eager to the target", s.time_x)]
     uses = "".join(f"<pre>{esc(line)}</pre>" for line in s.lines)
-    if any("RUN_DIR" in line for line in s.lines + [cmd for cmd, _ in (s.conclusion.commands if s.conclusion else [])]):
-        uses += "<p>RUN_DIR: the folder this report is in.</p>"
     notes = "".join(f"<p>{esc(n)}</p>" for n in s.notes)
-    return f'<div class="summary">{said}{kv(pairs)}<h3>use it</h3>{uses}{notes}</div>'
+    return (f'<div class="summary">{said}{kv(pairs)}' + (f"<h3>use it</h3>{uses}" if uses else "")
+            + f"{folder_line}{notes}</div>")
 
 
-def _conclusion_html(c: Conclusion | None) -> str:
-    """The conclusion first: the headline, what paid and what did not, why, what would change it, what to run next."""
+def conclusion_html(c: Conclusion | None) -> str:
+    """The conclusion first, in the console's sentences (Conclusion.sentences): the headline, each group of rungs,
+    the learns-check, why, what would change it, and what to run next."""
     from speedladder.report.htmlkit import esc
 
     if c is None:
         return ""
-    items = [(conclusion.paid_label(c), c.paid), ("did not pay", c.not_paid), ("why", [c.regime] if c.regime else []),
-             ("what would change that", c.change)]
-    body = "".join(f"<h3>{esc(title)}</h3><ul>{''.join(f'<li>{esc(x)}</li>' for x in xs)}</ul>"
-                   for title, xs in items if xs)
-    nexts = "".join(f"<pre>{esc(cmd)}</pre><p>{esc(why)}</p>" for cmd, why in c.commands)
-    return (f'<div class="conclusion"><p><strong>{esc(c.headline)}</strong></p>{body}'
-            f"<h3>next</h3>{nexts}</div>")
+    said = c.sentences()
+    titles = list(dict.fromkeys(title for title, _ in said[1:]))
+    rows = "".join(f"<dt>{esc(t)}</dt><dd>" + "".join(f"<div>{esc(line)}</div>" for title, line in said[1:]
+                                                    if title == t) + "</dd>" for t in titles)
+    body = [f'<p class="headline"><strong>{esc(said[0][1])}</strong></p>', f'<dl class="said">{rows}</dl>']
+    nexts = "".join(f'<pre>{esc(cmd)}</pre><p class="why">{esc(why)}</p>' for cmd, why in c.commands)
+    return f'<div class="conclusion">{"".join(body)}<h3>next</h3>{nexts}</div>'

@@ -8,9 +8,10 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
+from speedladder.climbing.verdicts import judged_by_race
 from speedladder.measure.judging import SHORT
 from speedladder.records import LearnsCheck, Results, Role, RungResult, SavedModel
-from speedladder.report import conclusion, machine
+from speedladder.report import conclusion, machine, trust
 from speedladder.report.common import (
     STATUS_LABEL,
     console,
@@ -24,7 +25,7 @@ from speedladder.report.common import (
 )
 from speedladder.report.explained import explanation_notes, explanation_tables
 from speedladder.report.memory import memory_notes, peak_cell, saved_cell, short_bytes
-from speedladder.report.mfu import mfu_cell, mfu_notes
+from speedladder.report.mfu import DevicePeak, device_mfu_cell, device_note, device_peak, mfu_cell, mfu_notes
 from speedladder.report.profile import profile_notes
 
 
@@ -59,18 +60,24 @@ def _prev(r: RungResult, spread: bool) -> str:
     span = prev_range(r) if spread and r.speedup_prev is not None and r.verdict != SHORT else None
     if span is not None:
         text += f" ({span[0]:.2f}–{span[1]:.2f})"
-    return text + (DRIFT_MARK if r.base_drift is not None else "")
+    return text + (DRIFT_MARK if drifted(r) else "")
+
+
+def drifted(r: RungResult) -> bool:
+    """Whether a rung's base, re-timed beside it, drifted from its own measurement by the trust line's threshold."""
+    return r.base_drift is not None and abs(r.base_drift) >= trust.DRIFT
 
 
 def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
     """One row of display strings per rung or control, in ladder order: every column (the wide table, report.html,
     bench/summary.py); the compact table picks COMPACT from them. spread: × prev with its range in brackets."""
     out = []
+    peak = device_peak(results)
     for r in results.rungs:
         pred = r.predicted.speedup if r.predicted else None
         row = {"rung": label(r), "on": r.built_on or "—", "tokens/s": "—", "min–max": "—", "× prev": "—",
                "pred ×": times(pred), "err": "—", "× cum": "—", "step ms": "—", "peak mem": "—", "saved act": "—",
-               "pred act": "—", "MFU": "—", "TFLOP/s": "—", "compile s": "—",
+               "pred act": "—", MFU: "—", MFU_OWN: "—", "TFLOP/s": "—", "compile s": "—",
                "gate": _gate(r), "verdict": STATUS_LABEL.get(r.status, ""), NOT_BUILT_UPON: not_built_upon(r)}
         if r.ok and r.tokens_per_s is not None:  # gated, or stopped short (not gated: `—`)
             t = r.tokens_per_s
@@ -81,7 +88,7 @@ def rows(results: Results, spread: bool = True) -> list[dict[str, str]]:
                 "err": "—" if r.prediction_error is None else f"{100 * r.prediction_error:+.0f}%",
                 "step ms": f"{r.step_ms:.1f}", "peak mem": peak_cell(r), "saved act": saved_cell(r),
                 "pred act": short_bytes(r.predicted_activation_bytes),
-                "MFU": mfu_cell(r),
+                MFU: device_mfu_cell(r, peak), MFU_OWN: mfu_cell(r),
                 "TFLOP/s": "—" if r.tflops is None else f"{r.tflops:.2f}" if r.tflops >= 0.1 else f"{r.tflops:.3f}",
                 "compile s": _compile(r),
                 "verdict": r.verdict or "",  # the speed's verdict alone: the gate has its own column
@@ -102,6 +109,12 @@ def title(results: Results) -> str:
 
 
 NOT_BUILT_UPON = "not built upon"  # the column: why the rungs above do not build on this one, in a word
+MFU, MFU_OWN = "MFU", "MFU at its precision"  # against the device's one peak (its header names it); the row's own
+
+
+def header(col: str, peak: DevicePeak | None) -> str:
+    """A column's header as shown: MFU's names the peak it is taken against."""
+    return peak.header if col == MFU and peak is not None else col
 # The compact table: what a rung did to the speed, and whether it may be trusted and built upon. It fits
 # COMPACT_WIDTH columns; the gate, the verdict and why a rung is not built upon are never shortened.
 COMPACT = ("rung", "on", "tokens/s", "× prev", "× cum", "gate", "verdict", NOT_BUILT_UPON)
@@ -118,10 +131,11 @@ def _clip(text: str, width: int) -> str:
 def _draw(results: Results, data: list[dict[str, str]], columns: tuple[str, ...], compact: bool) -> Table:
     # No outer border and no padding at the edges: 4 columns more for the cells than rich's default box.
     t = Table(box=box.MINIMAL_HEAVY_HEAD, show_edge=False, pad_edge=False)
+    peak = device_peak(results)
     for col in columns:
         # The compact table's last header in two lines: its words are longer than any of its cells.
-        header = "not built\nupon" if compact and col == NOT_BUILT_UPON else col
-        t.add_column(header, justify="left" if col in LEFT else "right", no_wrap=True)
+        shown = "not built\nupon" if compact and col == NOT_BUILT_UPON else header(col, peak)
+        t.add_column(shown, justify="left" if col in LEFT else "right", no_wrap=True)
     for r, row in zip(results.rungs, data):
         t.add_row(*(escape(row[col]) for col in columns), style="bold" if r.name == results.fastest else None)
     return t
@@ -170,7 +184,7 @@ def drift_lines(results: Results) -> list[str]:
     out = []
     for r in results.rungs:
         base = by_name.get(r.built_on or "")
-        if r.base_drift is None or base is None or base.tokens_per_s is None or r.base_tokens_per_s is None:
+        if not drifted(r) or r.base_drift is None or base is None or base.tokens_per_s is None or r.base_tokens_per_s is None:
             continue
         out.append(f"{r.name}: † drift — {base.name} ran at {r.base_tokens_per_s.median:,.0f} tokens/s re-timed beside "
                    f"it, {abs(r.base_drift):.0%} {'below' if r.base_drift < 0 else 'above'} its own "
@@ -202,10 +216,14 @@ def _control_note(rung: RungResult, control: RungResult) -> str:
 def _rung_notes(r: RungResult, by_name: dict[str, RungResult]) -> list[str]:
     """What a rung of the ladder beyond needs said beside its row."""
     out = []
-    if r.not_built_upon:  # its reason word first (slower); a file from before it has the sentence alone
+    if r.not_built_upon:  # its reason word first (slower, race); a file from before it has the sentence alone
         colour = {"loss": "red", SHORT: "pale red"}.get(r.verdict or "", "pale")
-        out.append(f"{r.name}: not built upon — {r.not_built_upon} ({colour} on the waterfall; --stack-all builds "
-                   "on it).")
+        drawn = "an outline on the waterfall" if judged_by_race(r) else f"{colour} on the waterfall"
+        out.append(f"{r.name}: not built upon — {r.not_built_upon} ({drawn}; --stack-all builds on it).")
+    above = [x.name for x in by_name.values() if x.built_on == r.name and x.role == Role.RUNG]
+    if judged_by_race(r) and r.ok and above and not r.not_built_upon:  # a file from before such rungs were left out
+        out.append(f"{r.name}: built upon here ({', '.join(above)} on it), as the ladder did before an {r.kind} rung "
+                   "was left out of the climb for speed; the race judges it, and the ladder now builds on its base.")
     if r.role == Role.BESIDE and r.ok:
         out.append(f"{r.name}: measured beside {r.built_on or 'the top'}, the top of the ladder, "
                    f"and not built upon ({r.kind} rung).")
@@ -263,7 +281,7 @@ def _learns_note(lc: LearnsCheck | None) -> list[str]:
     if not lc:
         return []
     if lc.skipped:
-        return [f"learns-check skipped ({lc.detail})."]
+        return [f"learns-check not run ({lc.detail})."]
     if lc.eager_final_loss is not None:
         return [(f"learns-check ({lc.rung}, {lc.steps} steps): loss {lc.first_loss:.3f} → "
                  f"{lc.final_loss:.3f}; eager fp32 over the same batches {lc.eager_final_loss:.3f} (band "
@@ -315,6 +333,7 @@ def notes(results: Results) -> list[str]:
     if any(r.compile_s is not None and r.timing and r.timing.cache_hits for r in ok):
         out.append("compile s marked (cache): graphs came from the compile caches of an earlier run; "
                    "a cold compile takes longer.")
+    out.extend(device_note(device_peak(results)) if ok else [])
     out.extend(mfu_notes(ok))
     out.extend(_window_note(ok))
     out.extend(machine.window_lines(results))
@@ -337,8 +356,6 @@ def notes(results: Results) -> list[str]:
                    "interleaved; in brackets the range its windows allow (its slowest over the base's fastest to its "
                    "fastest over the base's slowest): a win or a loss only when the range excludes 1; × cum is the "
                    "product of the × prev down the rungs it built on.")
-    if results.status == "interrupted":
-        out.append("run interrupted: the rungs above were measured before the stop.")
     return out
 
 
@@ -348,17 +365,21 @@ MORE_COLUMNS = ("columns: the compact table; --wide prints every column in a ter
 
 
 def print_report(results: Results, out: Console | None = None, wide: bool = False, folder: str = "RUN_DIR") -> None:
-    """The title, the rung table and the notes. In a terminal the compact table fits the terminal's width, and
+    """The title, the trust line (and an interrupted run's banner), the rung table and the notes. In a terminal the compact table fits the terminal's width, and
     wide prints every column at its natural width. To a file or a pipe the compact table fits COMPACT_WIDTH columns
     and wide is ignored: report.html and results.json hold every column. rich never squeezes the table: a line
     longer than the terminal wraps there rather than a cell losing its end. Last, the conclusion: what paid, what
     did not and why, and the next two commands, on `folder` (the run's folder or file)."""
     out = out or console()
     wide = wide and out.is_terminal
-    shared = machine.header_line(results)  # other processes ran beside the windows: said before anything else
+    c = conclusion.of(results, folder)
+    shared = machine.header_line(results)  # other processes' load, where worth saying: before anything else
     if shared:
         out.print(escape(shared), soft_wrap=True)
     out.print(escape(title(results)), soft_wrap=True)
+    for line in [trust.line(results), c.banner if c is not None else ""]:  # what to trust, and where a run stopped
+        if line:
+            out.print(escape(line), soft_wrap=True)
     t = table(results, None if wide else out.width if out.is_terminal else COMPACT_WIDTH)
     width = out.width
     out.width = max(width, natural_width(t))
@@ -370,6 +391,5 @@ def print_report(results: Results, out: Console | None = None, wide: bool = Fals
         out.print(escape(line), soft_wrap=True)
     for t in explanation_tables(results):
         out.print(t)
-    c = conclusion.of(results, folder)
     for line in conclusion.lines(c) if c is not None else []:
         out.print(escape(line), soft_wrap=True)
