@@ -213,7 +213,7 @@ def test_the_curves_least_scale_is_measured_only_when_a_curve_needs_it(tiny, mon
     ref = gates.reference(tiny.base_spec)
     calls: list[int] = []
 
-    def planted_spread(step, r, advance=None) -> float:  # a spread that covers the rung below, counted
+    def planted_spread(step, r) -> float:  # a spread that covers the rung below, counted
         calls.append(1)
         return 1.0
     monkeypatch.setattr(reference, "spread", planted_spread)

@@ -38,7 +38,7 @@ class Check:
 
 @dataclass
 class Distance:
-    """One quantity's distance from the fp64 reference (truth.py), each relative to its scale: eager's at the rung's
+    """One quantity's distance from the truth (verify/distance.py), each relative to its scale: eager's at the rung's
     precision, the rung it built on (same precision and shape; None otherwise), the rung's own, and what it may be."""
 
     name: str = ""
@@ -53,7 +53,7 @@ class Distance:
 
 @dataclass
 class Kinks:
-    """Where the function has kinks and ties near one check's probe (verify/kinks.py): elements within rounding
+    """Where the function has kinks and ties near one check's probe (verify/kink_census.py): elements within rounding
     of a ReLU's zero, a clamp's bound, a tie of max or top-k, a comparison's threshold. 0 is a census that found
     none; `ran` False says why none was taken (the gate then judges as if there were none, and says so)."""
 
@@ -69,13 +69,13 @@ class Kinks:
     rows: list[list[int]] = field(default_factory=list)  # [gate batch, row] per probe row; [] for gate batch 0
     precision: str = "fp32"  # the check's precision
     near_at_precision: int | None = None  # within eager's band at a lower precision: crossed by eager there too
-    priced: int = 0  # of `near`, the elements whose flips were priced in fp64 and allowed for (kinks.flip_allowance)
+    priced: int = 0  # of `near`, the elements whose flips were priced in fp64 and allowed for (verify/flip_pricing.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Fp64(Check):
-    """A rung's error judged against fp64 truth: per quantity, rung <= k x max(eager, base) + floor (truth.py)."""
+    """A rung's error judged against fp64 truth: per quantity, rung <= k x max(eager, base) + floor (verify/distance.py)."""
 
     k: float | None = None
     floor: float | None = None
@@ -213,7 +213,7 @@ class ReferenceCost:
 
 @dataclass
 class Explanation:
-    """Why a gate failed, found after it failed (verify/bisect.py): where the difference from fp64 begins, whether
+    """Why a gate failed, found after it failed (verify/bisection.py): where the difference from fp64 begins, whether
     it looks like a change of function or a flip at a kink, and the command that re-runs the gates alone."""
 
     check: str = ""  # the check it explains: equivalence, differential, causality

@@ -5,7 +5,7 @@ A gate says that a rung's gradient of wpe.weight is 8e-4 from fp64; a user wants
 made it so. This is the "bisect to the op at fault" that one does by hand with per-module activations (torchtitan's
 numerics debugging) or with dynamo's minifier: here it runs by itself when a gate fails.
 
-- The float64 model, eager at the rung's precision (emulated, emulate.py) and the rung's own model (uncompiled,
+- The float64 model, eager at the rung's precision (emulated, emulated_precision.py) and the rung's own model (uncompiled,
   with its transforms and autocast) each run one forward and backward at the failing check's weights, on its probe
   batch, with hooks on every module: each module's output, and the gradient it passes back to its input.
 - A module leaves the rounding band where its output's (or its input gradient's) distance from fp64 exceeds

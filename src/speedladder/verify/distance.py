@@ -35,7 +35,7 @@ class Truth:
     probe: Outputs  # at the probe weights (what the differential check compares)
     curve: list[float] | None  # its loss curve over the gate batches, from the initial weights
     # At "trained" and "probe" weights, where the probe could not be moved off every kink: per parameter, what
-    # flipping the remaining elements could move its gradient by (absolute; kinks.flip_allowance).
+    # flipping the remaining elements could move its gradient by (absolute; flip_pricing.flip_allowance).
     flips: dict[str, dict[str, float]] = field(default_factory=dict)
     # The loss curve is chaotic: one draw of eager's distance is no scale for it (under nanoGPT's recipe one came
     # out 20 times smaller than another). The largest distance of eager fp32 re-rounded (the rounding fuzz at

@@ -129,6 +129,7 @@ class Gates:
         if eager in self.references:
             return self.references[eager]
         micro = self.micro_batch(eager.batch_size)
+        base: Reference | str | None = None
         if micro is not None:
             base = self.reference(dataclasses.replace(eager, batch_size=micro), say,
                                   step_ms * micro / eager.batch_size if step_ms else None)
@@ -145,7 +146,7 @@ class Gates:
             f"{k} steps and its outputs in fp32 and float64, the kink census"))
         # About: eager fp32's steps and float64's, and (at the workload's batch) four more passes and the census.
         estimate = (steps + (0 if micro else 3)) * (1 + FP64_COST) * step_ms / 1e3 if step_ms else None
-        with task_of(say or self.progress.scoped("gates"), what, total=int(steps * 2), estimate_s=estimate) as task:
+        with task_of(say or self.progress.scoped("gates"), what, estimate_s=estimate):
             clock = reference.Phases()
             with clock("eager fp32 model and gate batches"):
                 step = self.model(eager)
@@ -154,9 +155,9 @@ class Gates:
             with matmul_precision(eager):
                 if micro is not None:
                     assert isinstance(base, Reference)
-                    made = reference.at_batch(base, m, step, make64, batches, task.advance)
+                    made = reference.at_batch(base, m, step, make64, batches)
                 else:
-                    made = reference.build(step, make64, batches, self.refine, task.advance, why)
+                    made = reference.build(step, make64, batches, self.refine, why)
             made.seconds = {**clock.seconds, **made.seconds}
         self.references[eager] = made
         self.costs[eager] = ReferenceCost(batch_size=eager.batch_size, seq_len=eager.seq_len, micro=micro,
@@ -165,14 +166,15 @@ class Gates:
                                           function_at=micro)
         return made
 
-    def eager_reference(self, spec: StepSpec) -> Reference | str:
+    def eager_reference(self, spec: StepSpec, step_ms: float | None = None) -> Reference | str:
         """What eager fp32 at a spec's shape is probed for causality on: the workload batch's reference and its probe
         batch rolled to this batch (no curve needed), or the reference at this shape."""
         eager = reference_spec(spec)
         micro = self.micro_batch(eager.batch_size)
         if eager in self.references or micro is None:
-            return self.reference(eager)
-        base = self.reference(dataclasses.replace(eager, batch_size=micro))
+            return self.reference(eager, step_ms=step_ms)
+        base = self.reference(dataclasses.replace(eager, batch_size=micro),
+                              step_ms=step_ms * micro / eager.batch_size if step_ms else None)
         if isinstance(base, str):
             return base
         m = eager.batch_size // micro
@@ -286,7 +288,7 @@ class Gates:
         mine: Probe | None = None
         try:
             if self.is_reference(spec):  # eager fp32 itself: probed for causality, the reference of the others
-                found = self.eager_reference(spec)
+                found = self.eager_reference(spec, step_ms)
                 if isinstance(found, str):
                     return Gate(passed=False, reference=True, detail=found), None
                 gate = rule.causality_only(step, found)

@@ -118,12 +118,11 @@ def _trained(step: TrainStep) -> dict[str, torch.Tensor]:
     return probes.host_copy(dict(step.params), torch.float32)
 
 
-def _truth_of(step64: TrainStep, ref: Reference, refine: Refinements, clock: Phases,
-              advance: Callable[[], None]) -> Truth:
+def _truth_of(step64: TrainStep, ref: Reference, refine: Refinements, clock: Phases) -> Truth:
     """Eager in float64: its curve, its outputs at the reference's trained and probe weights on the probe batch,
     and the price of the kinks the probe could not avoid."""
     with clock("float64 curve"):
-        curve = curves.loss_curve(step64, ref.batches, ref.micro, advance)
+        curve = curves.loss_curve(step64, ref.batches, ref.micro)
     with clock("float64 outputs"):
         trained = probes.outputs(step64, ref.weights, ref.batch, ref.probe_rows, keep=torch.float64)
         at_probe = probes.outputs(step64, ref.probe_weights, ref.batch, ref.probe_rows, keep=torch.float64)
@@ -165,12 +164,12 @@ def _judged(ref: Reference) -> Reference:
 
 
 def build(step: TrainStep, make64: Callable[[], TrainStep] | None, batches: list[Batch], refine: Refinements,
-          advance: Callable[[], None] = lambda: None, why64: str = "") -> Reference:
+          why64: str = "") -> Reference:
     """Eager fp32's reference at the batches' shape and its truth (the module's docstring, steps 1-4); `make64`
     builds the float64 model (None: float64 does not run here, `why64` says why)."""
     clock = Phases()
     with clock("eager fp32 curve"):
-        curve = curves.loss_curve(step, batches, advance=advance)
+        curve = curves.loss_curve(step, batches)
         weights = _trained(step)
     at_probe_w = probes.amplified(weights)
     rows = probe_rows(batches[0], step.vocab_size)
@@ -205,7 +204,7 @@ def build(step: TrainStep, make64: Callable[[], TrainStep] | None, batches: list
                     kinks=kinks, remaining=remaining, probe_weights=at_probe_w)
     if step64 is not None:
         s64 = step64
-        truth, why = fall_back(lambda: _truth_of(s64, ref, refine, clock, advance), "the float64 reference")
+        truth, why = fall_back(lambda: _truth_of(s64, ref, refine, clock), "the float64 reference")
         if truth is not None:
             ref.truth = truth
     ref.fp64_why = (why + ": distances measured from eager fp32, which stands in for the truth"
@@ -231,13 +230,13 @@ def curve_steps(k: int, m: int) -> int:
 
 
 def at_batch(base: Reference, m: int, step: TrainStep, make64: Callable[[], TrainStep] | None,
-             batches: list[Batch], advance: Callable[[], None] = lambda: None) -> Reference:
+             batches: list[Batch]) -> Reference:
     """The reference at a batch m times the workload's (the module's docstring): the workload batch's function on its
     probe rolled m ways, and the loss curve at the big batch accumulated over micro-batches of the workload's."""
     clock = Phases()
     micro = base.batch[0].shape[0]
     with clock("eager fp32 curve"):
-        curve = curves.loss_curve(step, batches, micro, advance)
+        curve = curves.loss_curve(step, batches, micro)
     big = rolled(base.batch, m)
     shape = (big[0].shape[0], big[0].shape[1])
     probe = replace(base.probe, curve=curve, shape=shape, errors=None)
@@ -248,7 +247,7 @@ def at_batch(base: Reference, m: int, step: TrainStep, make64: Callable[[], Trai
             with clock("float64 model"):
                 step64 = make64()
             with clock("float64 curve"):
-                return replace(base.truth, curve=curves.loss_curve(step64, batches, micro, advance), curve_spread=None)
+                return replace(base.truth, curve=curves.loss_curve(step64, batches, micro), curve_spread=None)
         fp64, why = fall_back(fp64_curve, "the float64 curve")
         if fp64 is not None:
             ref.truth = fp64
@@ -260,14 +259,14 @@ def at_batch(base: Reference, m: int, step: TrainStep, make64: Callable[[], Trai
     return _judged(ref)
 
 
-def spread(step: TrainStep, ref: Reference, advance: Callable[[], None] = lambda: None) -> float | None:
+def spread(step: TrainStep, ref: Reference) -> float | None:
     """The largest distance from the truth of eager fp32's curve re-rounded (the rounding fuzz as hooks on the
     reference's own fp32 model, CURVE_DRAWS seeds, taken off after each): the curve's least scale."""
     out = []
     for seed in range(CURVE_DRAWS):
         remove = attach(step.model, seed=seed)
         try:
-            out.append(curve_error(curves.loss_curve(step, ref.batches, ref.micro, advance), ref.truth.curve))
+            out.append(curve_error(curves.loss_curve(step, ref.batches, ref.micro), ref.truth.curve))
         finally:
             remove()
     step.reset()

@@ -91,34 +91,28 @@ def verdict(step: TrainStep, ref: Reference, base: probes.Probe | None, base_nam
 
     # 3. The allowed scale: eager at this precision (emulated below fp32), and the base at the same arithmetic and shape.
     with clock("scale"):
-        eager = scales.eager_at(spec, ref)
-    same = (base is not None and base_name is not None and base.errors is not None
-            and (base.shape, base.precision) == (mine.shape, mine.precision))
-    below = [(base_name, e) for e in base.errors] if same and base and base.errors and base_name else [None, None]
+        e = scales.eager_at(spec, ref)
+    eager = ((e[0], e[1]), (e[0], e[2])) if e else (None, None)
+    same = base is not None and base.errors is not None and (base.shape, base.precision) == (mine.shape, mine.precision)
+    below = ((base_name or "", base.errors[0]), (base_name or "", base.errors[1])) if same and base and base.errors \
+        else (None, None)
 
-    # 4. Judge.
-    eq = judge(mine.errors[0], (eager[0], eager[1]) if eager else None, below[0], spec.precision, tol, truth.fp64)
-    at_probe = judge(mine.errors[1], (eager[0], eager[2]) if eager else None, below[1], spec.precision, tol,
-                     truth.fp64, truth.curve_spread)
+    # 4. Judge; a curve that would fail asks for eager fp32 re-rounded, which can only widen its allowance.
+    eq = judge(mine.errors[0], eager[0], below[0], spec.precision, tol, truth.fp64)
+    at_probe = judge(mine.errors[1], eager[1], below[1], spec.precision, tol, truth.fp64, truth.curve_spread)
     if at_probe.curve is not None and over(at_probe.curve) > 1 and truth.curve_spread is None:
-        with clock("curve spread"):  # eager fp32 re-rounded: it can only widen the curve's allowance
+        with clock("curve spread"):
             spread = scales.spread(spec, ref)
-        at_probe = judge(mine.errors[1], (eager[0], eager[2]) if eager else None, below[1], spec.precision, tol,
-                         truth.fp64, spread)
+        at_probe = judge(mine.errors[1], eager[1], below[1], spec.precision, tol, truth.fp64, spread)
     eq.kinks, at_probe.kinks = scales.census(spec, ref, "trained"), scales.census(spec, ref, "probe")
-    equivalence = _equivalence(spec, ref, trained, eq)
-    differential = _differential(spec, at_probe, base_name if same else None)
+    equivalence, differential = _equivalence(spec, ref, trained, eq), _differential(spec, at_probe, same, base_name)
 
     # 5. The loss band, or tokens to AdamW's loss for a rung that changes the update.
+    band = curves.loss_band(curve, ref.curve, settings.loss_band) if curve else curves.no_loss_band(spec)
     target = None
-    if spec.same_update:
-        assert curve is not None
-        band = curves.loss_band(curve, ref.curve, settings.loss_band)
-    else:
-        band = curves.no_loss_band(spec)
+    if curve is None:
         with clock("tokens to a target"):
-            adamw, batches = scales.adamw(spec)
-            target = curves.tokens_to_target(step, adamw, batches)
+            target = curves.tokens_to_target(step, *scales.adamw(spec))
 
     # 6. Causality.
     with clock("causality"):
@@ -161,11 +155,11 @@ def _equivalence(spec: StepSpec, ref: Reference, trained: tuple, fp64: Fp64) -> 
         passed=fp64.passed, detail="" if fp64.passed else "equivalence: " + fp64.detail)
 
 
-def _differential(spec: StepSpec, d: Fp64, base: str | None) -> Differential:
+def _differential(spec: StepSpec, d: Fp64, same: bool, base: str | None) -> Differential:
     """The differential record: the rung at the probe weights, its distance from the truth judged against eager's
-    at its precision and, where it has the same precision and shape, the base's."""
+    at its precision and, where it has the same precision and shape (`same`), the base's."""
     return Differential(
-        base=base, precision=spec.precision, rule="fp64" if d.truth == "fp64" else "eager fp32", fp64=d,
+        base=base if same else None, precision=spec.precision, rule="fp64" if d.truth == "fp64" else "eager fp32", fp64=d,
         logits_rel=d.logits.rung if d.logits else None, logits_allowed=d.logits.allowed if d.logits else None,
         grad_worst=d.grad.name if d.grad else None, grad_rel=d.grad.rung if d.grad else None,
         grad_allowed=d.grad.allowed if d.grad else None, k=d.k, floor=d.floor,
