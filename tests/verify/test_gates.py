@@ -98,3 +98,25 @@ def test_an_explanation_that_cannot_run_keeps_the_verdict_and_says_why(tiny, mon
                           ref.probe, "eager", lambda m: None)
     assert not gate.passed and not gate.differential.passed
     assert gate.explanation is not None and "no hooks here" in gate.explanation.summary
+
+
+def test_the_gate_lines_say_what_the_reference_and_each_step_cost(tiny):
+    """`speedladder gates` and report.html read the costs back from the record: the reference this gate built,
+    phase by phase, and the rule's steps."""
+    from speedladder.records import RungResult
+    from speedladder.report.gates import cost_notes, gate_lines
+    from speedladder.workload import new_results
+
+    gates = Gates(tiny, Progress(quiet=True))
+    sdpa = dataclasses.replace(tiny.base_spec, transforms=("sdpa",))
+    gate, _ = gates.check(tiny.step(sdpa), None, None, None, lambda m: None)
+    lines = gate_lines("sdpa", gate)
+    built = next(line for line in lines if "built the eager fp32 reference" in line)
+    assert f"B={tiny.cfg.batch_size}" in built and "eager fp32 curve" in built and "float64 curve" in built
+    assert any(line.strip().startswith("its steps: outputs") for line in lines), lines
+    r = RungResult(name="sdpa", rung="sdpa", role="rung", reason="", kind="speed", built_on=None, spec=sdpa,
+                   precision="fp32", requirement={}, status="ok", gate=gate)
+    saved = new_results(tiny)
+    saved.rungs = [r]
+    notes = cost_notes(saved)
+    assert any("sdpa's gate built the eager fp32 reference" in n for n in notes), notes
