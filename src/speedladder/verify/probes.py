@@ -81,19 +81,21 @@ def accumulate(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | N
 
 
 def outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
-            rows: int, micro: int | None = None,
-            keep: torch.dtype = torch.float32) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+            rows: int, micro: int | None = None, keep: torch.dtype = torch.float32,
+            grads: bool = True) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
     """Logits of the first `rows` sequences (real vocabulary), loss and gradients of one batch at given weights;
     with `micro`, accumulated over micro-batches of that many sequences (accumulate). They are kept on the host in
-    `keep` (fp32; the fp64 reference keeps float64)."""
+    `keep` (fp32; the fp64 reference keeps float64); `grads` False: the gradients stay where they are (none
+    returned), for a check that reads the logits alone."""
     step.reset(weights)
     x, y = (t.to(step.device) for t in batch)
     logits, loss = accumulate(step, x, y, micro, rows)
     # A padded vocabulary is compared on the real one: its first rows and logits.
-    grads = host_copy({n: step.reference_part(n, p.grad) for n, p in step.params.items() if p.grad is not None}, keep)
+    kept = host_copy({n: step.reference_part(n, p.grad) for n, p in step.params.items()
+                      if p.grad is not None}, keep) if grads else {}
     if logits is None:  # a forward that returns a loss only (models/base.py): loss and gradients are compared
         logits = torch.empty(rows, x.shape[1], 0)
-    return logits[:rows, :, :step.vocab_size].detach().to(keep).cpu(), float(loss.detach()), grads
+    return logits[:rows, :, :step.vocab_size].detach().to(keep).cpu(), float(loss.detach()), kept
 
 
 def host_copy(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -128,11 +130,11 @@ def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[to
     t = x.shape[1] // 2
     changed = x.clone()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % vocab
-    a, _, _ = outputs(step, weights, (x, y), rows)
+    a, _, _ = outputs(step, weights, (x, y), rows, grads=False)
     if a.numel() == 0:
         return not_applicable(Causality, "the forward returns a loss only: no logits per position to probe")
-    again, _, _ = outputs(step, weights, (x, y), rows)
-    b, _, _ = outputs(step, weights, (changed, y), rows)
+    again, _, _ = outputs(step, weights, (x, y), rows, grads=False)
+    b, _, _ = outputs(step, weights, (changed, y), rows, grads=False)
     noise = float((a - again).abs().max())
     past = float((a[:, :t + 1] - b[:, :t + 1]).abs().max())
     future = float((a[:, t + 1:] - b[:, t + 1:]).abs().max())

@@ -114,8 +114,9 @@ def probe_rows(batch: Batch, vocab: int) -> int:
     return max(1, min(batch_size, _PROBE_LOGITS // (seq_len * vocab)))
 
 
-def _trained(step: TrainStep) -> dict[str, torch.Tensor]:
-    return probes.host_copy(dict(step.params), torch.float32)
+def _on_host(weights: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Weights kept on the host, in pinned memory where they go back to a GPU at every check (a fast copy)."""
+    return {n: w.pin_memory() for n, w in weights.items()} if device.type == "cuda" else weights
 
 
 def _truth_of(step64: TrainStep, ref: Reference, refine: Refinements, clock: Phases) -> Truth:
@@ -170,8 +171,8 @@ def build(step: TrainStep, make64: Callable[[], TrainStep] | None, batches: list
     clock = Phases()
     with clock("eager fp32 curve"):
         curve = curves.loss_curve(step, batches)
-        weights = _trained(step)
-    at_probe_w = probes.amplified(weights)
+        weights = _on_host(probes.host_copy(dict(step.params), torch.float32), step.device)
+    at_probe_w = _on_host(probes.amplified(weights), step.device)
     rows = probe_rows(batches[0], step.vocab_size)
     named = {"trained": weights, "probe": at_probe_w}
 
