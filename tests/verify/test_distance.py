@@ -16,7 +16,8 @@ def _outputs(grads: dict[str, torch.Tensor], loss: float = 2.0):
 
 
 def test_a_vanishing_gradient_is_measured_against_the_models_mean_gradient_not_its_own_zero():
-    truth = _outputs({"w": torch.full((100,), 1.0, dtype=torch.float64), "key.bias": torch.zeros(4, dtype=torch.float64)})
+    truth = _outputs({"w": torch.full((100,), 1.0, dtype=torch.float64),
+                      "key.bias": torch.zeros(4, dtype=torch.float64)})
     noise = _outputs({"w": torch.full((100,), 1.0), "key.bias": torch.full((4,), 1e-7)})
     e = errors(noise, truth)
     rms = Truth.grad_rms(truth)

@@ -75,7 +75,8 @@ class Kinks:
 
 @dataclass
 class Fp64(Check):
-    """A rung's error judged against fp64 truth: per quantity, rung <= k x max(eager, base) + floor (verify/distance.py)."""
+    """A rung's error judged against the truth: per quantity, rung <= k x max(eager, base) + floor
+    (verify/distance.py)."""
 
     k: float | None = None
     floor: float | None = None

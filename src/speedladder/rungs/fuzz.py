@@ -11,9 +11,9 @@ gradient, at scale 1.
 
 Like a kernel on a processor, it is deterministic: the table is read from its start again at each call of the
 whole model, so the same batch at the same weights gives the same result twice, and a position's rounding does not
-depend on the tokens after it (a fuzz that drew new noise on every run would be a nondeterministic rung, and the causality
-probe could not tell its noise from a leak). Declared as a speed rung, it is the clean control every gate must pass
-(docs/examples/rounding_fuzz.py, tests/verify/test_reference.py).
+depend on the tokens after it (a fuzz that drew new noise on every run would be a nondeterministic rung, and the
+causality probe could not tell its noise from a leak). Declared as a speed rung, it is the clean control every gate
+must pass (docs/examples/rounding_fuzz.py, tests/verify/test_reference.py).
 """
 
 from __future__ import annotations

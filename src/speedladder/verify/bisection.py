@@ -5,13 +5,13 @@ A gate says that a rung's gradient of wpe.weight is 8e-4 from fp64; a user wants
 made it so. This is the "bisect to the op at fault" that one does by hand with per-module activations (torchtitan's
 numerics debugging) or with dynamo's minifier: here it runs by itself when a gate fails.
 
-- The float64 model, eager at the rung's precision (emulated, emulated_precision.py) and the rung's own model (uncompiled,
-  with its transforms and autocast) each run one forward and backward at the failing check's weights, on its probe
-  batch, with hooks on every module: each module's output, and the gradient it passes back to its input.
+- The float64 model, eager at the rung's precision (emulated, emulated_precision.py) and the rung's own model
+  (uncompiled, with its transforms and autocast) each run one forward and backward at the failing check's weights,
+  on its probe batch, with hooks on every module's output: the output, and the gradient that arrives at it.
 - A module leaves the rounding band where its output's (or its input gradient's) distance from fp64 exceeds
   k x eager's there + the precision's floor, the gates' own rule (tolerance.py). The first in forward order is
-  named; if no output leaves, the first in backward order whose output's gradient does. Module names are matched with the plain model's
-  (a wrapper such as checkpointing's `block` is looked through).
+  named; if no output leaves, the first in backward order whose output's gradient does. Module names are matched
+  with the plain model's (a wrapper such as checkpointing's `block` is looked through).
 - A compiled rung whose uncompiled model stays in the band everywhere is said to diverge inside torch.compile.
 - For a causality failure: the first module whose output at the positions before the change moves.
 """
@@ -146,7 +146,7 @@ class Leaving:
     """The first module whose output or input gradient leaves the rounding band."""
 
     module: str
-    where: str  # "output" or "gradient"
+    where: str  # "output" or "output's gradient"
     rung: float
     eager: float
     allowed: float

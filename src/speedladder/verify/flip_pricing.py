@@ -24,8 +24,8 @@ from speedladder.verify.probes import host_copy
 
 aten = torch.ops.aten
 
-# The backward ops that apply a flippable kink's mask (kink_census.FLIPPABLE): a flip there changes the input's gradient at
-# that element by (slope change) x the gradient arriving, and nothing in the forward.
+# The backward ops that apply a flippable kink's mask (kink_census.FLIPPABLE): a flip there changes the input's gradient
+# at that element by (slope change) x the gradient arriving, and nothing in the forward.
 _MASKS = {aten.threshold_backward, aten.hardtanh_backward, aten.leaky_relu_backward}
 # Random-sign flips of every remaining element at once: E||sum s_i d_i||^2 = sum ||d_i||^2, the square of what one
 # flip of the largest could move a gradient by, and of what a random part of them flipping moves it by on average.

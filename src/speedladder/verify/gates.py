@@ -258,8 +258,9 @@ class Gates:
         if spec.precision != "fp32":
             eager, p = reference_spec(spec), precision_spec(spec)
             micro = self.micro_batch(eager.batch_size)
-            at = self.scales.get((dataclasses.replace(eager, batch_size=micro), dataclasses.replace(p, batch_size=micro))
-                                 if micro else (eager, p))
+            key = ((dataclasses.replace(eager, batch_size=micro), dataclasses.replace(p, batch_size=micro)) if micro
+                   else (eager, p))
+            at = self.scales.get(key)
             out.near_at_precision = at.near.get(weights) if at else None
         return out
 

@@ -89,7 +89,7 @@ def verdict(step: TrainStep, ref: Reference, base: probes.Probe | None, base_nam
     mine.errors = (errors(trained, truth.trained, flips=truth.flips.get("trained")),
                    errors((p_logits, p_loss, p_grads), truth.probe, curve, truth.curve, flips=truth.flips.get("probe")))
 
-    # 3. The allowed scale: eager at this precision (emulated below fp32), and the base at the same arithmetic and shape.
+    # 3. The allowed scale: eager at this precision (emulated below fp32), the base at the same arithmetic and shape.
     with clock("scale"):
         e = scales.eager_at(spec, ref)
     eager = ((e[0], e[1]), (e[0], e[2])) if e else (None, None)
@@ -159,7 +159,8 @@ def _differential(spec: StepSpec, d: Fp64, same: bool, base: str | None) -> Diff
     """The differential record: the rung at the probe weights, its distance from the truth judged against eager's
     at its precision and, where it has the same precision and shape (`same`), the base's."""
     return Differential(
-        base=base if same else None, precision=spec.precision, rule="fp64" if d.truth == "fp64" else "eager fp32", fp64=d,
+        base=base if same else None, precision=spec.precision, fp64=d,
+        rule="fp64" if d.truth == "fp64" else "eager fp32",
         logits_rel=d.logits.rung if d.logits else None, logits_allowed=d.logits.allowed if d.logits else None,
         grad_worst=d.grad.name if d.grad else None, grad_rel=d.grad.rung if d.grad else None,
         grad_allowed=d.grad.allowed if d.grad else None, k=d.k, floor=d.floor,
