@@ -12,6 +12,7 @@ from conftest import Described
 from speedladder.config.ladders import FULL_LADDER
 from speedladder.config.presets import PRESETS
 from speedladder.gpt import GPT, GPTConfig
+from speedladder.progress import Progress
 from speedladder.rungs import (
     RUNGS,
     Capability,
@@ -26,7 +27,8 @@ from speedladder.rungs import (
 )
 from speedladder.rungs.optim import Muon, MuonAdamW, orthogonalize
 from speedladder.step import TrainStep
-from speedladder.verify import correctness
+from speedladder.verify import curves
+from speedladder.verify.gates import Gates
 
 CPU = Env("cpu", None, batch_multiplier=4)
 H100 = Env("cuda", (9, 0), batch_multiplier=4)
@@ -34,9 +36,19 @@ A100 = Env("cuda", (8, 0), batch_multiplier=4)
 
 
 @pytest.fixture(scope="module")
-def ref(tiny):
+def gates(tiny):
+    return Gates(tiny, Progress(quiet=True))
+
+
+@pytest.fixture(scope="module")
+def ref(tiny, gates):
     """Eager fp32 at the tiny shape: the reference every new rung's gate is checked against."""
-    return correctness.reference(tiny.step(tiny.base_spec), tiny.gate_batches(tiny.base_spec, 20))
+    return gates.reference(tiny.base_spec)
+
+
+def equivalence(gates, step, ref):
+    """The rung's equivalence check, as its gate records it."""
+    return gates.check(step, ref, ref.probe, "eager", lambda m: None)[0].equivalence
 
 
 def test_full_ladder_specs_on_a_gpu():
@@ -107,13 +119,13 @@ def test_padded_vocabulary_gives_the_same_loss_and_logits(vocab, tied):
 
 
 @pytest.mark.parametrize("names", [("sdpa",), ("fused-adamw",), ("pad-vocab",), ("sdpa", "fused-adamw", "pad-vocab")])
-def test_new_rungs_pass_their_gates_against_eager_fp32(tiny, ref, names):
+def test_new_rungs_pass_their_gates_against_eager_fp32(tiny, gates, ref, names):
     spec = compose(names, tiny.base_spec, tiny.env)
     step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
-    eq = correctness.equivalence(step, ref)
+    eq = equivalence(gates, step, ref)
     assert eq.passed, eq.detail
     assert eq.precision == "fp32" and eq.logits_rel_err < 1e-5
-    band = correctness.loss_band(correctness.loss_curve(step, ref.batches), ref.curve, 0.02)
+    band = curves.loss_band(curves.loss_curve(step, ref.batches), ref.curve, 0.02)
     assert band.passed and band.max_rel_diff < 1e-5  # the same update rule: the same curve
     if "pad-vocab" in names:
         # Reset and gradients map the padded parameters back to the reference names and shapes.
@@ -133,12 +145,12 @@ def test_fused_adamw_is_fused_on_cpu_and_cuda_foreach_elsewhere(tiny):
     assert step.optimizer.defaults["fused"] is True and step.optimizer.defaults["lr"] == tiny.cfg.run.lr
 
 
-def test_a_gate_catches_a_padded_head_that_leaks_probability(tiny, ref, monkeypatch):
+def test_a_gate_catches_a_padded_head_that_leaks_probability(tiny, gates, ref, monkeypatch):
     """The padded-vocabulary gate can fail: unmasked padding rows change the softmax."""
     monkeypatch.setattr(PaddedHead, "forward", lambda self, x: torch.nn.functional.linear(x, self.weight))
     step = TrainStep(compose(("pad-vocab",), tiny.base_spec, tiny.env), tiny.cfg.model, tiny.init, tiny.device,
                      tiny.cfg.run.lr)
-    eq = correctness.equivalence(step, ref)
+    eq = equivalence(gates, step, ref)
     assert not eq.passed and "loss" in eq.detail
 
 
@@ -175,15 +187,15 @@ def test_muon_updates_hidden_matrices_and_leaves_the_rest_to_adamw(tiny):
     assert s.min() > 0.6 and s.max() < 1.2
 
 
-def test_muon_gate_has_no_loss_band_but_a_tokens_to_target_comparison(tiny, ref):
+def test_muon_gate_has_no_loss_band_but_a_tokens_to_target_comparison(tiny, gates, ref):
     spec = compose(("muon",), tiny.base_spec, tiny.env)
     assert not spec.same_update and compose(("fused-adamw",), tiny.base_spec, tiny.env).same_update
     step = TrainStep(spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
-    assert correctness.equivalence(step, ref).passed  # same weights, same batch: the same forward and backward
-    band = correctness.no_loss_band(spec)
+    assert equivalence(gates, step, ref).passed  # same weights, same batch: the same forward and backward
+    band = curves.no_loss_band(spec)
     assert not band.applies and band.passed and "not applicable" in band.detail
     adamw = TrainStep(tiny.base_spec, tiny.cfg.model, tiny.init, tiny.device, tiny.cfg.run.lr)
-    t = correctness.tokens_to_target(step, adamw, ref.batches)
+    t = curves.tokens_to_target(step, adamw, ref.batches)
     assert t.steps == 20 and t.window == 2 and len(t.losses) == len(t.adamw_losses) == 20
     assert t.adamw_losses == pytest.approx(ref.curve, rel=1e-6)  # AdamW over the same batches: eager's curve
     assert t.target_loss == pytest.approx(sum(ref.curve[-2:]) / 2)
@@ -192,9 +204,9 @@ def test_muon_gate_has_no_loss_band_but_a_tokens_to_target_comparison(tiny, ref)
 
 
 def test_tokens_to_a_target_loss():
-    assert correctness.tokens_to([4.0, 3.0, 2.0, 1.0], 2.5, 2, 10) == 30  # mean(3, 2) first <= 2.5 at step 3
-    assert correctness.tokens_to([4.0, 3.0], 1.0, 1, 10) is None
-    assert correctness.tokens_to([1.0], 1.0, 1, 7) == 7
+    assert curves.tokens_to([4.0, 3.0, 2.0, 1.0], 2.5, 2, 10) == 30  # mean(3, 2) first <= 2.5 at step 3
+    assert curves.tokens_to([4.0, 3.0], 1.0, 1, 10) is None
+    assert curves.tokens_to([1.0], 1.0, 1, 7) == 7
 
 
 def _wide(**shape) -> GPTConfig:

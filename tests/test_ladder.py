@@ -18,7 +18,7 @@ from speedladder.measure import judging, peakflops, timer
 from speedladder.records import to_dict
 from speedladder.rungs import RUNGS, Requirement, Rung, RungError, StepSpec
 from speedladder.step import TrainStep
-from speedladder.verify import correctness
+from speedladder.verify import rule
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--loss-steps", "8", "--learns-steps", "60",
         "--no-profile", "--no-process-peak"]
@@ -317,6 +317,30 @@ def test_ctrl_c_keeps_the_results_so_far(tmp_path, monkeypatch, capsys):
     assert "interrupted" in captured.err and "eager" in captured.out
 
 
+def test_a_cut_during_the_gates_keeps_the_rungs_speed(tmp_path, monkeypatch):
+    """A rung is timed, and its speed saved, before its reference is built: a cap (SIGINT) that falls while the
+    reference is made keeps the speed, and the gate says it was cut (the H200's batch and ckpt rungs were never
+    measured while the reference came first)."""
+    from speedladder.verify import reference
+
+    on_disk = []
+
+    def cut(*args, **kwargs):
+        on_disk.append(saved(tmp_path))  # what results.json held when the reference began
+        raise KeyboardInterrupt
+    monkeypatch.setattr(reference, "build", cut)
+    rc = main(["run", *FAST, "--rungs", "eager,bf16", "--quiet", "--out", str(tmp_path)])
+    assert rc == 130
+    (before,) = on_disk
+    assert by_name(before)["eager"]["tokens_per_s"]["median"] > 0 and by_name(before)["eager"]["status"] == "ok"
+    res = saved(tmp_path)
+    eager = by_name(res)["eager"]
+    assert res["status"] == "interrupted" and [r["name"] for r in res["rungs"]] == ["eager"]
+    assert eager["status"] == "ok" and eager["tokens_per_s"] == by_name(before)["eager"]["tokens_per_s"]
+    assert eager["gate"]["cut"] and not eager["gate"]["passed"]
+    assert "stopped during its gates" in eager["gate"]["detail"]
+
+
 def test_a_batch_that_outgrows_the_corpus_is_skipped(tmp_path):
     text = tmp_path / "short.txt"
     text.write_text("the quick brown fox jumps over the lazy dog " * 8)  # 352 characters
@@ -344,14 +368,14 @@ def test_a_rung_whose_spec_cannot_be_made_is_an_error_saved_without_a_spec(tmp_p
 
 @pytest.mark.slow
 def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monkeypatch):
-    real = correctness.equivalence
+    real = rule.verdict
 
-    def equivalence(step, ref, *args):
+    def verdict(step, ref, *args):
         if step.spec.autocast == "bf16":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
         return real(step, ref, *args)
 
-    monkeypatch.setattr(correctness, "equivalence", equivalence)
+    monkeypatch.setattr(rule, "verdict", verdict)
     assert main(["run", *FAST, "--rungs", "eager,bf16", "--quiet", "--out", str(tmp_path)]) == 0
     res = saved(tmp_path)
     bf16 = by_name(res)["bf16"]

@@ -1,6 +1,6 @@
 """A control rung that changes nothing but rounding: every module's output, every gradient it passes back and every
-parameter's gradient times (1 + u), u = FUZZ_SCALE x the unit roundoff of the tensor's format x N(0, 1), drawn
-afresh on each call from a generator seeded with FUZZ_SEED. It computes the same function as the rung below it, so
+parameter's gradient times (1 + u), u uniform within FUZZ_SCALE x the unit roundoff of the tensor's format, drawn
+afresh on each call from a table seeded with FUZZ_SEED. It computes the same function as the rung below it, so
 every gate must pass it, at every seed, on your model too (docs/measurement.md, rule 12)."""
 
 import os

@@ -120,7 +120,7 @@ class TrainStep:
         self.init = init
         built: nn.Module = self.source.build(device)  # dropout off: two runs of one step compute the same
         built.load_state_dict(init)
-        if dtype is not None:  # float64: the gates' reference every rung's error is measured from (truth.py)
+        if dtype is not None:  # float64: the gates' reference every rung's error is measured from (verify/distance.py)
             built = built.to(dtype)
         # Parameters by their reference names, taken before any transform renames modules.
         self.params = dict(built.named_parameters())

@@ -26,11 +26,10 @@ from speedladder.measure import autotune, compiletime, judging, load, peakflops
 from speedladder.profile import child, explain
 from speedladder.profile.predict import chain
 from speedladder.progress import Progress
-from speedladder.records import LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
+from speedladder.records import Gate, LearnsCheck, Prediction, ProfileSummary, Results, Role, RungResult, from_dict
 from speedladder.records.timing import TimingRecord
 from speedladder.rungs import RUNGS, Rung, RungError, StepSpec
 from speedladder.step import TrainStep, matmul_precision
-from speedladder.verify import correctness
 from speedladder.verify.gates import Gates
 from speedladder.verify.probes import Probe
 from speedladder.workload import (
@@ -117,7 +116,11 @@ class Ladder:
             with autotune.to_log(self.run_dir / autotune.LOG, say):  # max-autotune's tables in a file, one line here
                 self._measure(r, spec, base, say)
         except KeyboardInterrupt:
-            r.status, r.detail = "interrupted", "stopped by Ctrl-C during this rung"
+            if r.ok:  # timed, its speed saved: only its gates were cut
+                r.gate = Gate(passed=False, cut=True, detail="not verified: the run stopped during its gates (Ctrl-C "
+                                                              "or a cap); its speed was measured")
+            else:
+                r.status, r.detail = "interrupted", "stopped by Ctrl-C during this rung"
             raise
         except Exception as e:  # noqa: BLE001 -- an OOM or a failing technique ends this rung only, recorded
             r.status, r.detail = ("oom" if is_oom(e) else "error"), str(e) if isinstance(e, RungError) else one_line(e)
@@ -125,17 +128,15 @@ class Ladder:
         finally:
             free_device_memory(self.work.device)
             r.wall_s = time.perf_counter() - started
-        self._derive(r, base)
         self.save()
         return r
 
     def _measure(self, r: RungResult, spec: StepSpec, base: RungResult | None, say: Callable[[str], None]) -> None:
+        """Time the rung beside its base and save its speed; then (a rung not stopped short) its gates, whose
+        reference is built only now: a cut during the gates keeps the speed (docs/measurement.md, rule 16)."""
         w = self.work
-        base_spec = base.spec if base is not None else None
         with matmul_precision(spec):
-            # Made before the rung's step is built (its memory is handed back first); for a rung that may stop short,
-            # only once it has not (_gate).
-            ref = None if self.gates.is_reference(spec) or self._short_below(r, base) else self.gates.reference(spec)
+            base_spec = base.spec if base is not None else None
             m, step = measure_spec(w, spec, say, base=base_spec, meter=self.meter,
                                    compile_estimate_s=self.compile_times.estimate(spec),
                                    short_below=self._short_below(r, base))
@@ -160,22 +161,27 @@ class Ladder:
             r.status = "ok"
             if m.timing.short:
                 r.verdict = judging.SHORT  # its detail once its x prev is known (_derive)
-            else:
-                self._gate(r, spec, step, ref, base, say)
-        t = m.tokens_per_s
-        say(f"{t.median:,.0f} tokens/s (min {t.min:,.0f}, max {t.max:,.0f})"
-            + (f", {r.verdict} against {base.name} re-timed beside it" if base is not None else "")
-            + ("; not gated" if r.gate is None else
-               "; gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}")))
+            self._derive(r, base)
+            self.save()  # the speed is on disk before any reference is built
+            t = m.tokens_per_s
+            say(f"{t.median:,.0f} tokens/s (min {t.min:,.0f}, max {t.max:,.0f})"
+                + (f", {r.verdict} against {base.name} re-timed beside it" if base is not None else ""))
+            if not m.timing.short:
+                self._gate(r, step, base, say)
+        say("not gated" if r.gate is None else "gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}"))
 
-    def _gate(self, r: RungResult, spec: StepSpec, step: TrainStep, ref: correctness.Reference | str | None,
-              base: RungResult | None, say: Callable[[str], None]) -> None:
-        """The rung's gates against eager fp32 (ref, made here if not yet) and the rung it built on; a failure
-        explains itself."""
-        if ref is None and not self.gates.is_reference(spec):
-            ref = self.gates.reference(spec)
-        r.gate, probe = self.gates.check(step, ref, self.probes.get(base.name) if base else None,
-                                         base.name if base else None, say)
+    def _gate(self, r: RungResult, step: TrainStep, base: RungResult | None, say: Callable[[str], None]) -> None:
+        """The rung's gates against eager fp32 (its shape's reference, made now if not yet) and the rung it built on;
+        a failure explains itself. The references' models go after it."""
+        spec = step.spec
+        baseline = self.results.baseline
+        eager_ms = (baseline.step_ms * spec.tokens_per_step / self.work.base_spec.tokens_per_step
+                    if baseline is not None and baseline.step_ms is not None else r.step_ms)
+        try:
+            r.gate, probe = self.gates.check(step, None, self.probes.get(base.name) if base else None,
+                                             base.name if base else None, say, step_ms=eager_ms)
+        finally:
+            self.gates.release()
         if r.gate.explanation is not None:
             r.gate.explanation.command = regate.command(self.run_dir, r.name)
             say(f"why: {r.gate.explanation.summary}")
@@ -371,7 +377,10 @@ class Ladder:
             self.learning = r.name
             with say.task(f"{self.work.cfg.run.gates.learns_steps} steps{eager}",
                           estimate_s=self._learns_estimate(r, spec)):
-                check = self.gates.learns(spec, say)
+                try:
+                    check = self.gates.learns(spec, say)
+                except Exception as e:  # noqa: BLE001 -- a learns-check that cannot run fails its rung, recorded
+                    check = LearnsCheck(passed=False, detail=one_line(e))
             self.learning = None
             check.rung = r.name
             self.results.learns_check = check

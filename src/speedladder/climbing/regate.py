@@ -3,7 +3,7 @@
 The saved run's configuration rebuilds the workload (its model, corpus, seed and rung files, checked against their
 recorded hashes); the rungs below the named one are gated again in order, as the ladder gated them, so that it is
 judged against the same base; then the named rung's gates run, with the explanation of a failure
-(verify/bisect.py). Nothing is timed and nothing in the run folder is changed.
+(verify/bisection.py). Nothing is timed and nothing in the run folder is changed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from speedladder.records import Gate, Results, to_dict
 from speedladder.rungs import StepSpec
 from speedladder.step import matmul_precision
 from speedladder.verify.gates import Gates
-from speedladder.workload import free_device_memory, prepare
+from speedladder.workload import prepare
 
 
 def command(run_dir: str | Path, rung: str) -> str:
@@ -56,10 +56,10 @@ def regate(run_dir: str | Path, name: str, device: str | None = None, progress: 
     for rung, spec in chain:
         say = (progress or Progress()).scoped(rung)
         with matmul_precision(spec):
-            ref = None if gates.is_reference(spec) else gates.reference(spec)
             step = work.step(spec)
-            gate, mine = gates.check(step, ref, probe, base_name, say)
-        free_device_memory(work.device)
+            gate, mine = gates.check(step, None, probe, base_name, say)
+        del step
+        gates.release()
         if rung != name and not gate.passed:
             say(f"the rung below, {rung}, fails its gate here: {gate.detail}")
         probe, base_name = mine, rung

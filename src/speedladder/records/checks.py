@@ -38,7 +38,7 @@ class Check:
 
 @dataclass
 class Distance:
-    """One quantity's distance from the fp64 reference (truth.py), each relative to its scale: eager's at the rung's
+    """One quantity's distance from the truth (verify/distance.py), each relative to its scale: eager's at the rung's
     precision, the rung it built on (same precision and shape; None otherwise), the rung's own, and what it may be."""
 
     name: str = ""
@@ -53,7 +53,7 @@ class Distance:
 
 @dataclass
 class Kinks:
-    """Where the function has kinks and ties near one check's probe (verify/kinks.py): elements within rounding
+    """Where the function has kinks and ties near one check's probe (verify/kink_census.py): elements within rounding
     of a ReLU's zero, a clamp's bound, a tie of max or top-k, a comparison's threshold. 0 is a census that found
     none; `ran` False says why none was taken (the gate then judges as if there were none, and says so)."""
 
@@ -69,13 +69,14 @@ class Kinks:
     rows: list[list[int]] = field(default_factory=list)  # [gate batch, row] per probe row; [] for gate batch 0
     precision: str = "fp32"  # the check's precision
     near_at_precision: int | None = None  # within eager's band at a lower precision: crossed by eager there too
-    priced: int = 0  # of `near`, the elements whose flips were priced in fp64 and allowed for (kinks.flip_allowance)
+    priced: int = 0  # of `near`, the elements whose flips were priced in fp64 and allowed for (verify/flip_pricing.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Fp64(Check):
-    """A rung's error judged against fp64 truth: per quantity, rung <= k x max(eager, base) + floor (truth.py)."""
+    """A rung's error judged against the truth: per quantity, rung <= k x max(eager, base) + floor
+    (verify/distance.py)."""
 
     k: float | None = None
     floor: float | None = None
@@ -86,6 +87,9 @@ class Fp64(Check):
     curve: Distance | None = None  # the loss curve over the gate batches (the differential's only)
     tensors: int = 0  # gradient tensors judged
     kinks: Kinks | None = None  # the census at this check's weights and probe; None in files from before it
+    # What the distances are measured from: "fp64", or "eager fp32" where float64 could not run (the verdict's
+    # status: the allowance then grows by what eager fp32's own error may be; verify/tolerance.py).
+    truth: str = "fp64"
 
 
 @dataclass
@@ -105,9 +109,9 @@ class Equivalence(Check):
     grad_rel_err: float | None = None  # the worst parameter's gradient, relative to its norm
     grad_worst: str | None = None
     logits: str | None = None  # why the logits were not compared, when they were not
-    # "fp64": judged by `fp64` (the rung's distance from fp64 against eager's); "table": by the per-precision
-    # tolerances above, against eager fp32, where fp64 could not run (`fp64_why`). The tolerances' figures are
-    # kept either way.
+    # The truth `fp64` measured from: "fp64", or "eager fp32" where float64 could not run (`fp64_why`). Files
+    # before the one rule say "table": judged by a fixed per-precision table against eager fp32 (the tolerance
+    # fields above, None since).
     rule: str = "table"
     fp64: Fp64 | None = None
     fp64_why: str = ""
@@ -167,9 +171,9 @@ class Differential(Check):
     floor: float | None = None
     curve_rel: float | None = None
     curve_allowed: float | None = None
-    # "fp64": the rung's distance from fp64 at the probe weights against eager's at its precision and the base's
-    # (logits_rel, grad_rel and curve_rel are then distances from fp64); "base": against the base itself, allowed
-    # k x the base's distance from eager fp32 + floor, where fp64 could not run.
+    # The truth `fp64` measured from at the probe weights: "fp64", or "eager fp32" where float64 could not run
+    # (logits_rel, grad_rel and curve_rel are distances from it). Files before the one rule say "base": against
+    # the base itself, allowed k x the base's distance from eager fp32 + floor.
     rule: str = "base"
     fp64: Fp64 | None = None
 
@@ -207,13 +211,30 @@ class LearnsCheck(Check):
 
 
 @dataclass
+class ReferenceCost:
+    """What building eager fp32's reference at one batch shape cost, phase by phase (docs/measurement.md, rule 16;
+    verify/reference.py names the phases)."""
+
+    batch_size: int = 0
+    seq_len: int = 0
+    micro: int | None = None  # its curve accumulated over micro-batches of this many sequences
+    steps: int = 0  # its loss curve's steps
+    seconds: dict[str, float] = field(default_factory=dict)  # by phase, in the order they ran
+    total_s: float = 0.0
+    # At a batch m times the workload's: the batch whose reference its outputs, census and truth are (its probe
+    # rolled m ways); None where they are its own.
+    function_at: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Explanation:
-    """Why a gate failed, found after it failed (verify/bisect.py): where the difference from fp64 begins, whether
+    """Why a gate failed, found after it failed (verify/bisection.py): where the difference from fp64 begins, whether
     it looks like a change of function or a flip at a kink, and the command that re-runs the gates alone."""
 
     check: str = ""  # the check it explains: equivalence, differential, causality
     module: str | None = None  # the first module whose output or input gradient leaves the rounding band
-    where: str = ""  # "output" or "gradient" (or "past positions" for causality)
+    where: str = ""  # "output" or "output's gradient" ("gradient" before; "past positions" for causality)
     rung: float | None = None  # that module's distance from fp64
     eager: float | None = None  # eager's there, at the rung's precision
     allowed: float | None = None

@@ -13,6 +13,7 @@ from speedladder.records.checks import (
     Equivalence,
     Explanation,
     LossBand,
+    ReferenceCost,
     Role,
     TokensToTarget,
 )
@@ -33,7 +34,11 @@ class Gate:
     tokens_to_target: TokensToTarget | None = None  # a rung that changes the update: tokens to AdamW's loss
     causality: Causality | None = None  # the future tokens changed: the past logits must not move
     differential: Differential | None = None  # against the rung it built on, at the same precision
-    explanation: Explanation | None = None  # a failed gate's: where the divergence starts (verify/bisect.py)
+    explanation: Explanation | None = None  # a failed gate's: where the divergence starts (verify/bisection.py)
+    # The run stopped (Ctrl-C, a cap) during this rung's gates, after it was timed: its speed stands, unverified.
+    cut: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)  # what this gate's steps cost (verify/rule.py), by step
+    references: list[ReferenceCost] = field(default_factory=list)  # the references this gate built, and their cost
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -1,9 +1,10 @@
-"""The gates in detail, for report.html: every check of every rung, and for the fp64 rule the three distances
-(eager's at the rung's precision, the base's, the rung's) beside what was allowed. Read from saved results."""
+"""The gates in detail, for report.html: every check of every rung, the rule's three distances (eager's at the rung's
+precision, the base's, the rung's) from the truth beside what was allowed, what each reference and each gate cost.
+Read from saved results."""
 
 from __future__ import annotations
 
-from speedladder.records import Fp64, Gate, Kinks, Results, RungResult
+from speedladder.records import Fp64, Gate, Kinks, ReferenceCost, Results, RungResult
 from speedladder.report.common import scale_label
 from speedladder.report.htmlkit import esc, missing, notes, table
 
@@ -20,7 +21,7 @@ def _rows(r: RungResult, check: str, f: Fp64, device: str | None = None) -> list
         what = f"gradient of {d.name} (worst of {f.tensors})" if d is f.grad else d.name
         ok = d.rung is not None and d.allowed is not None and d.rung <= d.allowed
         out.append([r.name, check, what, "yes" if ok else "NO", _num(d.rung), _num(d.allowed), _num(d.eager),
-                    _num(d.base), scale_label(f.scale, device)])
+                    _num(d.base), scale_label(f.scale, device), f.truth])
     return out
 
 
@@ -45,6 +46,8 @@ def _other(r: RungResult) -> list[str]:
     if g is None:
         return []
     out = []
+    if g.cut:
+        return [f"{r.name}: {g.detail}"]
     if g.reference:
         out.append(f"{r.name}: the reference; causality " + ("passed" if g.passed else f"FAILED: {g.detail}"))
     for name in ("equivalence", "loss_band", "causality", "differential", "tokens_to_target"):
@@ -52,7 +55,7 @@ def _other(r: RungResult) -> list[str]:
         if c is None or g.reference:
             continue
         rule = getattr(c, "rule", "")
-        if rule == "fp64":
+        if getattr(c, "fp64", None) is not None:  # in the table above
             continue
         state = "not applicable" if not c.applies else "passed" if c.passed else "FAILED"
         why = c.detail or (getattr(c, "fp64_why", "") if rule == "table" else "")
@@ -68,15 +71,17 @@ def gates_html(results: Results) -> str:
     parts = []
     if rows:
         # What passed and by how much first, the scale it was judged on last: read at 900 px without scrolling.
-        parts.append(table(["rung", "check", "quantity", "passed", "rung to fp64", "allowed", "eager to fp64",
-                            "base to fp64", "scale"], rows, left=("rung", "check", "quantity", "scale", "passed"),
-                           short=("check", "quantity", "scale")))
+        parts.append(table(["rung", "check", "quantity", "passed", "rung's distance", "allowed", "eager's distance",
+                            "base's distance", "scale", "measured from"], rows,
+                           left=("rung", "check", "quantity", "scale", "measured from", "passed"),
+                           short=("check", "quantity", "scale", "measured from")))
         k = next(c.k for r in results.rungs for c in _fp64s(r) if c.k is not None)
         parts.append(f"<p>{esc(_rule_line(k))}</p>")
     else:
-        parts.append(missing("no check went by the fp64 rule here (fp64 could not run: see the checks below)."))
+        parts.append(missing("no check was judged by distances here (see the checks below)."))
     parts.append(notes(line for r in results.rungs for line in _other(r)))
     parts.append(notes(census_notes(results)))
+    parts.append(notes(cost_notes(results)))
     return "\n".join(parts)
 
 
@@ -88,13 +93,36 @@ def _fp64s(r: RungResult) -> list[Fp64]:
 
 
 def _rule_line(k: float) -> str:
-    return (f"each distance is relative to the fp64 reference's own norm (a gradient that vanishes: the norm the "
-            f"model's mean gradient gives a tensor its size); allowed = {k:g} × the larger of eager's (at the rung's "
-            "precision) and the base's (same precision and shape) + a floor at that precision; the loss curve's "
-            "multiplier is larger, as a curve carries every step's rounding (docs/measurement.md, rule 12).")
+    return (f"each distance is relative to the truth's own norm (a gradient that vanishes: the norm the model's mean "
+            f"gradient gives a tensor its size); the truth is eager in fp64, or eager fp32 where fp64 could not run "
+            f"(its own error then allowed for); allowed = {k:g} × the larger of eager's (at the rung's precision) and "
+            "the base's (same precision and shape) + a floor at that precision; the loss curve's multiplier is larger, "
+            "as a curve carries every step's rounding (docs/measurement.md, rule 12).")
 
 
+def _seconds(seconds: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
 
+
+def reference_line(c: ReferenceCost) -> str:
+    """What one reference cost, phase by phase."""
+    at = (f", its outputs, census and truth those of B={c.function_at}'s reference" if c.function_at else "")
+    micro = f", accumulated over micro-batches of {c.micro}" if c.micro else ""
+    return (f"eager fp32 reference at B={c.batch_size}, T={c.seq_len} ({c.steps} curve steps{micro}{at}): "
+            f"{c.total_s:.2f} s — {_seconds(c.seconds)}")
+
+
+def cost_notes(results: Results) -> list[str]:
+    """What each reference and each rung's gate cost (docs/measurement.md, rule 16)."""
+    out = []
+    for r in results.rungs:
+        g = r.gate
+        if g is None:
+            continue
+        out += [f"{r.name}'s gate built the {reference_line(c)}" for c in g.references]
+        if g.seconds:
+            out.append(f"{r.name}: its gate's steps {_seconds(g.seconds)}")
+    return out
 
 
 def census_line(check: str, k: Kinks | None) -> str:
@@ -120,6 +148,9 @@ def gate_lines(name: str, g: Gate, run_dir: str | None = None) -> list[str]:
     for label, c in (("equivalence", g.equivalence), ("differential", g.differential)):
         if c is not None and c.fp64 is not None:
             out.append("  " + census_line(label, c.fp64.kinks))
+    out += [f"  built the {reference_line(c)}" for c in g.references]
+    if g.seconds:
+        out.append(f"  its steps: {_seconds(g.seconds)}")
     e = g.explanation
     if e is not None:
         out.append(f"  why: {e.summary}")

@@ -1,3 +1,4 @@
-"""The checks a rung must pass: which apply (`gates`), the step against eager fp32 (`correctness`), probes at
-probe weights (`probes`), the fp64 truth (`truth`), the kinks a rounding can flip (`kinks`, `flips`), lower
-precision emulated in fp32 (`emulate`) and a failed gate's explanation (`bisect`)."""
+"""Is a rung the same function? One rule (`rule`), read top to bottom, against eager fp32's reference (`reference`)
+kept per shape by the run's `gates`; its arithmetic (`distance`, `tolerance`), what it runs a step on (`probes`,
+`curves`), and its refinements, each behind a switch: `kink_census`, `flip_pricing`, `emulated_precision`,
+`bisection`."""

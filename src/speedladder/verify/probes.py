@@ -1,24 +1,12 @@
-"""Checks that can fail at any precision: a causality probe, and each rung against the rung it built on.
+"""What the gates run a step on: the probe weights, a step's outputs there (logits, loss, gradients on the host),
+and the causality probe (docs/measurement.md, rule 7).
 
-Comparing a bf16 rung with eager fp32 allows bf16's whole rounding error, and a
-real bug (attention that sees the future, a wrong scale) can hide inside it. So
-two more checks run on every rung (docs/measurement.md, rule 7):
-
-- Causality: change the tokens after position t; the logits at positions up to
-  t must not move beyond the rung's own noise (running the same batch twice)
-  and a floor at its precision.
-- Differential: the rung against the rung it built on, at the same precision,
-  on the same weights and batch. The tolerance is measured, not assumed: a
-  correct rung re-rounds at the base's precision, so it may differ from the
-  base by at most DIFF_K times the distance the base itself has from eager fp32
-  (plus a floor at that precision). A wrong function moves by the size of the
-  logits, tens of times that.
-
-Both run at *probe weights*: the reference's trained weights with every matrix
-scaled by PROBE_AMPLIFY. Near initialization the attention scores are close to
-zero and the softmax is nearly uniform, so a wrong mask or scale barely moves
-the output; scaled weights make attention selective, and a correct transform
-computes the same function at any weights.
+- Probe weights: the reference's trained weights with every matrix scaled by PROBE_AMPLIFY. Near initialization the
+  attention scores are close to zero and the softmax is nearly uniform, so a wrong mask or scale barely moves the
+  output; scaled weights make attention selective, and a correct transform computes the same function at any
+  weights.
+- Causality: change the tokens after position t; the logits up to t must not move beyond the rung's own noise
+  (running the same batch twice) and a floor at its precision (tolerance.py).
 """
 
 from __future__ import annotations
@@ -28,19 +16,12 @@ from dataclasses import dataclass
 
 import torch
 
-from speedladder.records.checks import Causality, Differential, not_applicable
+from speedladder.records.checks import Causality, not_applicable
 from speedladder.step import TrainStep
-from speedladder.verify.truth import Errors
+from speedladder.verify.distance import Errors
+from speedladder.verify.tolerance import TOLERANCES
 
 PROBE_AMPLIFY = 3.0  # matrices x3: attention scores ~x9, softmax selective (a wrong scale moved gradients ~10x)
-DIFF_K = 4.0  # a correct rung differs from its base by ~1x the base's own distance from fp32 (measured: 0.7-1.1x)
-CAUSAL_NOISE_K = 4.0  # the past may move at most this many times the rung's own run-to-run noise ...
-# ... or this fraction of the logits' RMS, by precision. fp8 is bf16's: the fp8 rung's rowwise recipe scales each
-# token's row on its own, so no scale sees the future (a per-tensor scale would, and this floor would catch it).
-# fp16 rounds to tf32's 10-bit mantissa (2^-11 unit roundoff, 8x finer than bf16's): tf32's floor.
-CAUSAL_FLOOR = {"fp32": 1e-6, "tf32": 1e-5, "fp16": 1e-5, "bf16": 1e-4, "fp8": 1e-4}
-# The smallest relative difference the differential check always allows, by precision: rounding-level.
-DIFF_FLOOR = {"fp32": 1e-4, "tf32": 2e-3, "fp16": 2e-3, "bf16": 2e-3, "fp8": 2e-2}
 
 
 @dataclass
@@ -53,9 +34,12 @@ class Probe:
     precision: str = "fp32"
     shape: tuple[int, int] = (0, 0)
     loss: float = math.nan
-    # Its distances from the fp64 reference at the trained and at the probe weights (truth.py), once judged: the
-    # scale a rung built on it may use. None where fp64 did not run.
+    # Its distances from the truth at the trained and at the probe weights (distance.py), once judged: the scale a
+    # rung built on it may use.
     errors: tuple[Errors, Errors] | None = None
+    # Eager fp32's own at its shape (the reference, or a batch rung on eager): its distances are the reference's at
+    # that shape, filled in when a rung built on it is judged there.
+    eager: bool = False
 
 
 def amplified(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -97,20 +81,34 @@ def accumulate(step: TrainStep, x: torch.Tensor, y: torch.Tensor, micro: int | N
 
 
 def outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor],
-            rows: int, micro: int | None = None,
-            keep: torch.dtype = torch.float32) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+            rows: int, micro: int | None = None, keep: torch.dtype = torch.float32,
+            grads: bool = True) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
     """Logits of the first `rows` sequences (real vocabulary), loss and gradients of one batch at given weights;
     with `micro`, accumulated over micro-batches of that many sequences (accumulate). They are kept on the host in
-    `keep` (fp32; the fp64 reference keeps float64)."""
+    `keep` (fp32; the fp64 reference keeps float64); `grads` False: the gradients stay where they are (none
+    returned), for a check that reads the logits alone."""
     step.reset(weights)
     x, y = (t.to(step.device) for t in batch)
     logits, loss = accumulate(step, x, y, micro, rows)
     # A padded vocabulary is compared on the real one: its first rows and logits.
-    grads = {n: step.reference_part(n, p.grad).detach().to(keep).cpu()
-             for n, p in step.params.items() if p.grad is not None}
+    kept = host_copy({n: step.reference_part(n, p.grad) for n, p in step.params.items()
+                      if p.grad is not None}, keep) if grads else {}
     if logits is None:  # a forward that returns a loss only (models/base.py): loss and gradients are compared
         logits = torch.empty(rows, x.shape[1], 0)
-    return logits[:rows, :, :step.vocab_size].detach().to(keep).cpu(), float(loss.detach()), grads
+    return logits[:rows, :, :step.vocab_size].detach().to(keep).cpu(), float(loss.detach()), kept
+
+
+def host_copy(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Tensors copied to the host in `dtype` in one transfer (one flat buffer, its views by name): no copy and no
+    sync per tensor."""
+    if not tensors:
+        return {}
+    flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors.values()]).cpu()
+    out, at = {}, 0
+    for n, t in tensors.items():
+        out[n] = flat[at:at + t.numel()].view(t.shape)
+        at += t.numel()
+    return out
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -132,16 +130,16 @@ def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[to
     t = x.shape[1] // 2
     changed = x.clone()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % vocab
-    a, _, _ = outputs(step, weights, (x, y), rows)
+    a, _, _ = outputs(step, weights, (x, y), rows, grads=False)
     if a.numel() == 0:
         return not_applicable(Causality, "the forward returns a loss only: no logits per position to probe")
-    again, _, _ = outputs(step, weights, (x, y), rows)
-    b, _, _ = outputs(step, weights, (changed, y), rows)
+    again, _, _ = outputs(step, weights, (x, y), rows, grads=False)
+    b, _, _ = outputs(step, weights, (changed, y), rows, grads=False)
     noise = float((a - again).abs().max())
     past = float((a[:, :t + 1] - b[:, :t + 1]).abs().max())
     future = float((a[:, t + 1:] - b[:, t + 1:]).abs().max())
-    precision = step.spec.precision
-    allowed = max(CAUSAL_NOISE_K * noise, CAUSAL_FLOOR[precision] * float(a.pow(2).mean().sqrt()))
+    tol = TOLERANCES[step.spec.precision]
+    allowed = max(tol.causal_noise_k * noise, tol.causal_floor * float(a.pow(2).mean().sqrt()))
     passed = past <= allowed and future > allowed  # the probe must move the future, or it tested nothing
     detail = "" if passed else (
         f"causality: changing tokens after position {t} moved the logits before it by {past:.2e} "
@@ -150,33 +148,3 @@ def causality(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[to
     return Causality(position=t, past_max_abs=past, future_max_abs=future, noise_max_abs=noise, allowed=allowed,
                      passed=passed, detail=detail,
                      how=f"tokens after {t} changed; logits up to {t} compared, at weights x{PROBE_AMPLIFY:g}")
-
-
-def differential(rung: Probe, base: Probe, eager: Probe, base_name: str) -> Differential:
-    """The rung against the rung it built on (same precision and shape): within DIFF_K x the base's own
-    distance from eager fp32 at the probe weights, plus a floor at that precision."""
-    floor = DIFF_FLOOR[rung.precision]
-    noise_logits = rel(base.logits, eager.logits)
-    _, noise_grad = worst_grad(base.grads, eager.grads)
-    d_logits = rel(rung.logits, base.logits)
-    grad_name, d_grad = worst_grad(rung.grads, base.grads)
-    allowed_logits, allowed_grad = DIFF_K * noise_logits + floor, DIFF_K * noise_grad + floor
-    out = Differential(base=base_name, precision=rung.precision, logits_rel=d_logits, logits_allowed=allowed_logits,
-                       grad_worst=grad_name, grad_rel=d_grad, grad_allowed=allowed_grad,
-                       base_logits_rel_to_fp32=noise_logits, base_grad_rel_to_fp32=noise_grad, k=DIFF_K, floor=floor)
-    problems = []
-    if not d_logits <= allowed_logits:
-        problems.append(f"logits differ from {base_name}'s by {d_logits:.2e} relative (allowed {allowed_logits:.2e})")
-    if not d_grad <= allowed_grad:
-        problems.append(f"gradient of {grad_name} differs from {base_name}'s by {d_grad:.2e} relative "
-                        f"(allowed {allowed_grad:.2e})")
-    if rung.curve is not None and base.curve is not None:
-        d_curve = max(abs(a - b) / abs(b) for a, b in zip(rung.curve, base.curve))
-        noise_curve = max(abs(a - b) / abs(b) for a, b in zip(base.curve, eager.curve or base.curve))
-        allowed_curve = DIFF_K * noise_curve + floor
-        out.curve_rel, out.curve_allowed = d_curve, allowed_curve
-        if not d_curve <= allowed_curve:
-            problems.append(f"loss curve strays {d_curve:.2%} from {base_name}'s (allowed {allowed_curve:.2%})")
-    out.passed = not problems
-    out.detail = "differential: " + "; ".join(problems) if problems else ""
-    return out

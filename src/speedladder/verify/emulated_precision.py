@@ -1,4 +1,5 @@
-"""Eager fp32 with a lower precision's rounding emulated: the scale a precision rung is judged on (rule 12).
+"""Eager fp32 with a lower precision's rounding emulated: the scale a precision rung is judged on (rule 12; the
+`emulated_precision` refinement).
 
 A rung that changes the precision cannot be judged against eager at that precision built by the same path as
 the rung: a bug in autocast's handling would then set its own allowance (a bf16 rung whose step dropped one

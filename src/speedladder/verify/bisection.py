@@ -1,16 +1,17 @@
-"""A failed gate explains itself: where the difference from float64 begins (docs/measurement.md, rule 12).
+"""A failed gate explains itself: where the difference from float64 begins (docs/measurement.md, rule 12; the
+`bisection` refinement).
 
 A gate says that a rung's gradient of wpe.weight is 8e-4 from fp64; a user wants to know which part of the model
 made it so. This is the "bisect to the op at fault" that one does by hand with per-module activations (torchtitan's
 numerics debugging) or with dynamo's minifier: here it runs by itself when a gate fails.
 
-- The float64 model, eager at the rung's precision (emulated, emulate.py) and the rung's own model (uncompiled,
-  with its transforms and autocast) each run one forward and backward at the failing check's weights, on its probe
-  batch, with hooks on every module: each module's output, and the gradient it passes back to its input.
+- The float64 model, eager at the rung's precision (emulated, emulated_precision.py) and the rung's own model
+  (uncompiled, with its transforms and autocast) each run one forward and backward at the failing check's weights,
+  on its probe batch, with hooks on every module's output: the output, and the gradient that arrives at it.
 - A module leaves the rounding band where its output's (or its input gradient's) distance from fp64 exceeds
-  FP64_K x eager's there + the precision's floor, the gates' own rule. The first in forward order is named; if no
-  output leaves, the first in backward order whose gradient does. Module names are matched with the plain model's
-  (a wrapper such as checkpointing's `block` is looked through).
+  k x eager's there + the precision's floor, the gates' own rule (tolerance.py). The first in forward order is
+  named; if no output leaves, the first in backward order whose output's gradient does. Module names are matched
+  with the plain model's (a wrapper such as checkpointing's `block` is looked through).
 - A compiled rung whose uncompiled model stays in the band everywhere is said to diverge inside torch.compile.
 - For a causality failure: the first module whose output at the positions before the change moves.
 """
@@ -18,8 +19,7 @@ numerics debugging) or with dynamo's minifier: here it runs by itself when a gat
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +29,11 @@ from torch import nn
 
 from speedladder.records import Distance, Explanation, Fp64, Gate
 from speedladder.step import TrainStep, matmul_precision
-from speedladder.verify import correctness, probes, truth
-from speedladder.verify.emulate import Arithmetic
-from speedladder.verify.truth import FP64_FLOOR, FP64_K
+from speedladder.verify import probes
+from speedladder.verify.distance import errors, judge
+from speedladder.verify.emulated_precision import Arithmetic
+from speedladder.verify.reference import Reference
+from speedladder.verify.tolerance import TOLERANCES
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Context = AbstractContextManager[Any]
@@ -64,24 +66,30 @@ def _kept(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Trace:
-    """One run's module outputs and input gradients by module name (a second call: name#2), in the order they
-    came."""
+    """One run's module outputs and the gradients that arrived at them, by module name (a second call: name#2), in
+    the order they came."""
 
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    grads_ran: bool = True  # False: backward hooks could not be set on this model (outputs only)
 
 
 @contextmanager
 def _hooked(model: nn.Module, trace: Trace, backward: bool = True) -> Iterator[None]:
+    """Each module's first floating output kept as it is made, and (`backward`) the gradient that arrives at it, by a
+    hook on the output tensor itself: no module backward hook, which in-place ops and tuple outputs refuse."""
     calls: dict[str, int] = {}
+    back: dict[str, int] = {}
     handles = []
 
     def key(name: str, seen: dict[str, int]) -> str:
         seen[name] = seen.get(name, 0) + 1
         return name if seen[name] == 1 else f"{name}#{seen[name]}"
 
-    back: dict[str, int] = {}
+    def keep_grad(name: str) -> Callable[[torch.Tensor], None]:
+        def keep(g: torch.Tensor) -> None:
+            trace.grads[key(name, back)] = _kept(g)
+        return keep
+
     for name, module in model.named_modules():
         if not name:
             continue
@@ -90,15 +98,10 @@ def _hooked(model: nn.Module, trace: Trace, backward: bool = True) -> Iterator[N
             t = _first(out)
             if t is not None:
                 trace.outputs[key(name, calls)] = _kept(t)
-
-        def bwd(_m: nn.Module, grad_in: Any, _grad_out: Any, name: str = name) -> None:
-            t = _first(grad_in)
-            if t is not None:
-                trace.grads[key(name, back)] = _kept(t)
+                if backward and t.requires_grad:
+                    t.register_hook(keep_grad(name))
 
         handles.append(module.register_forward_hook(fwd))
-        if backward:
-            handles.append(module.register_full_backward_hook(bwd))
     try:
         yield
     finally:
@@ -112,19 +115,8 @@ def trace(step: TrainStep, weights: dict[str, torch.Tensor], batch: Batch,
     step.reset(weights)
     x, y = (t.to(step.device) for t in batch)
     out = Trace()
-    for backward in (True, False):
-        try:
-            with warnings.catch_warnings(), arithmetic or nullcontext(), _hooked(step.model, out, backward):
-                # An embedding's input is token ids: its backward hook fires without input gradients, and says so.
-                warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                step.forward_backward(x, y, compiled=False)
-            out.grads_ran = backward
-            return out
-        except Exception:
-            step.reset(weights)
-            out = Trace()
-            if not backward:
-                raise
+    with arithmetic or nullcontext(), _hooked(step.model, out):
+        step.forward_backward(x, y, compiled=False)
     return out
 
 
@@ -154,24 +146,24 @@ class Leaving:
     """The first module whose output or input gradient leaves the rounding band."""
 
     module: str
-    where: str  # "output" or "gradient"
+    where: str  # "output" or "output's gradient"
     rung: float
     eager: float
     allowed: float
 
 
 def first_leaving(rung: Trace, eager: Trace, truth: Trace, precision: str) -> Leaving | None:
-    """The first module in forward order whose output leaves FP64_K x eager's distance + the floor; else the first
-    in backward order whose input gradient does; None when every module stays in the band."""
-    floor = FP64_FLOOR[precision]
+    """The first module in forward order whose output leaves k x eager's distance + the floor; else the first in
+    backward order whose output's gradient does; None when every module stays in the band."""
+    tol = TOLERANCES[precision]
     for where, mine, theirs, true in (("output", rung.outputs, eager.outputs, truth.outputs),
-                                      ("gradient", rung.grads, eager.grads, truth.grads)):
+                                      ("output's gradient", rung.grads, eager.grads, truth.grads)):
         for name, t in mine.items():
             plain = _plain(name, true)
             if plain is None or plain not in theirs:
                 continue
             r, e = _rel(t, true[plain]), _rel(theirs[plain], true[plain])
-            allowed = FP64_K * e + floor
+            allowed = tol.k * e + tol.floor
             if not r <= allowed:
                 return Leaving(plain, where, r, e, allowed)
     return None
@@ -205,7 +197,7 @@ def _within(d: Distance | None) -> bool:
     return d is None or (d.rung is not None and d.allowed is not None and d.rung <= d.allowed)
 
 
-def explain(step: TrainStep, ref: correctness.Reference, gate: Gate, plain: TrainStep, step64: TrainStep | None,
+def explain(step: TrainStep, ref: Reference, gate: Gate, plain: TrainStep, step64: TrainStep | None,
             emulated: Arithmetic) -> Explanation:
     """Why a gate failed: for causality, the first module whose past moves; for equivalence or the differential
     check, the first module that leaves the rounding band (first_leaving), or the update when only the loss curve
@@ -264,7 +256,7 @@ def explain(step: TrainStep, ref: correctness.Reference, gate: Gate, plain: Trai
 
 
 def second_probe(step: TrainStep, plain: TrainStep, step64: TrainStep, emulated: Arithmetic,
-                 ref: correctness.Reference, weights: dict[str, torch.Tensor], first: Fp64) -> tuple[str, str]:
+                 ref: Reference, weights: dict[str, torch.Tensor], first: Fp64) -> tuple[str, str]:
     """The same outputs judged at the last gate batch: a wrong function is wrong there too; a flip at a kink
     happens at one probe. ("function" | "kink" | "probe", what it showed.)"""
     batch, rows = ref.batches[-1], ref.probe_rows
@@ -274,8 +266,8 @@ def second_probe(step: TrainStep, plain: TrainStep, step64: TrainStep, emulated:
             eager = probes.outputs(plain, weights, batch, rows)
     with matmul_precision(step.spec):
         mine = probes.outputs(step, weights, batch, rows)
-    judged = truth.judge(truth.errors(mine, truth64), ("eager", truth.errors(eager, truth64)), None,
-                         step.spec.precision)
+    precision = step.spec.precision
+    judged = judge(errors(mine, truth64), ("eager", errors(eager, truth64)), None, precision, TOLERANCES[precision])
     where = f"gate batch {len(ref.batches) - 1}, the same weights"
     if not judged.passed:
         return "function", f"{where}: fails too ({judged.detail})"

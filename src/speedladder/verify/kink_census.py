@@ -1,5 +1,5 @@
-"""Where the function has kinks and ties, and a probe batch where no rounding can cross one (docs/measurement.md,
-rule 12).
+"""The kink census: where the function has kinks and ties, and a probe batch where no rounding can cross one
+(docs/measurement.md, rule 12; the `kink_census` refinement).
 
 ReLU's gradient jumps from 0 to 1 at 0; max, clamp, abs, a comparison, top-k and sort each have such points. An
 input within rounding of one may land on either side in a rung that only re-rounds, and a gradient then moves by
@@ -9,21 +9,22 @@ side a correct rung's rounding lands on, so it probes where no element lies with
 
 - The census runs a forward under a TorchDispatchMode over aten ops, which sees every kink and tie of any model
   (ours, a Hugging Face model, a user's): for each such op, the signed distance of its input from the kink
-  (KINK_OPS), once in float64 and once at eager's precision. The two runs execute the same ops; they are paired
-  by op and occurrence.
+  (KINK_OPS), once at eager's precision (kept where it was computed) and once in float64, paired by op and
+  occurrence as the float64 run goes; only the indices of the elements within the band leave the device.
 - An element lies within the rounding band when its float64 distance is at most BAND_K times the RMS of eager's
   own deviation from float64 at that op's input. A constant input (a causal mask compared with 0) deviates by
   nothing and never counts.
-- Sequences are independent in a causal language model, so the probe batch is assembled from the rows (whole
-  sequences) of the gate batches in which no element lies in the band, at the trained and at the probe weights
-  alike, keeping the first batch's clean rows where they were. The assembled batch is counted again: a model
-  whose rows are not independent would show it, and the record says so.
+- Sequences are independent in a causal language model, so the probe batch keeps the first gate batch's rows
+  (whole sequences) in which no element lies in the band, at the trained and at the probe weights alike, and puts
+  clean rows of the second gate batch in the others' places: one census of the candidates, never a sequence
+  twice. Rows that find no clean replacement stay, and their kinks are priced (flip_pricing.py). The assembled
+  batch is counted again: a model whose rows are not independent would show it, and the record says so.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,9 +132,21 @@ def distances(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[
 
 @dataclass
 class _Seen:
-    """The distances of every kink op one forward ran, in order, on the host in float64."""
+    """One forward's kink ops in order: eager's run keeps each op's distances where they were computed; the float64
+    run, given eager's, keeps per op the near elements' flat indices (on the device) and its input's layout."""
 
     ops: list[tuple[str, list[torch.Tensor]]] = field(default_factory=list)
+    against: list[tuple[str, list[torch.Tensor]]] | None = None  # eager's, for the float64 run to pair with
+    # The float64 run's: per op, its name, per distance tensor its shape and the mask of near elements.
+    near: list[tuple[str, list[tuple[torch.Size, torch.Tensor]]]] = field(default_factory=list)
+    why: str = ""  # why the two runs could not be paired
+
+
+def _near(d64: torch.Tensor, dl: torch.Tensor) -> torch.Tensor:
+    """The elements of d64 within BAND_K x the RMS of eager's deviation from it; none where eager deviates by
+    nothing (a constant, computed alike at every precision: rounding moves nothing there). No host sync."""
+    band = BAND_K * (dl.double() - d64).pow(2).mean().sqrt()
+    return (d64.abs() <= band) & (band > 0)
 
 
 class _Census(TorchDispatchMode):
@@ -147,17 +160,41 @@ class _Census(TorchDispatchMode):
         with torch.no_grad():
             d = distances(func, args, kwargs)  # before the op: an in-place one overwrites its input
             if d is not None:
-                self.seen.ops.append((func.overloadpacket.__name__, [t.detach().double().cpu() for t in d]))
+                _take(self.seen, func.overloadpacket.__name__, d)
         return func(*args, **kwargs)
 
 
+def _take(seen: _Seen, name: str, d: list[torch.Tensor]) -> None:
+    """One kink op's distances: kept (eager's run), or paired with eager's and reduced to the near elements."""
+    if seen.against is None:  # eager's run: a copy (relu's distance is its input, which relu_ overwrites)
+        seen.ops.append((name, [t.detach().clone() for t in d]))
+        return
+    at = len(seen.near)
+    if seen.why:
+        return
+    if at >= len(seen.against) or seen.against[at][0] != name:
+        seen.why = (f"the float64 run met {name} where eager met "
+                    f"{seen.against[at][0] if at < len(seen.against) else 'no more kink ops'}: not the same "
+                    "sequence, the census cannot pair them")
+        return
+    mine = seen.against[at][1]
+    for d64, dl in zip(d, mine):
+        if d64.shape != dl.shape:
+            seen.why = (f"{name}'s input has shape {tuple(d64.shape)} in float64 and {tuple(dl.shape)} in eager: "
+                        "the census cannot pair them")
+            return
+    seen.near.append((name, [(d64.shape, _near(d64.detach(), dl)) for d64, dl in zip(d, mine)]))
+
+
 def record(step: TrainStep, weights: dict[str, torch.Tensor], batch: Batch,
-           arithmetic: Callable[[], AbstractContextManager[Any]] = nullcontext) -> _Seen:
-    """The kink distances of one forward of `step` at the weights, on the batch, under `arithmetic` (the
-    precision's emulation, for eager at a lower precision)."""
+           arithmetic: Callable[[], AbstractContextManager[Any]] = nullcontext,
+           against: _Seen | None = None) -> _Seen:
+    """One forward of `step` at the weights, on the batch, under `arithmetic` (the precision's emulation, for eager
+    at a lower precision), under the census: eager's distances, or (given eager's, `against`) the float64 run's near
+    elements."""
     step.reset(weights)
     x, y = (t.to(step.device) for t in batch)
-    seen = _Seen()
+    seen = _Seen(against=against.ops if against is not None else None)
     with torch.no_grad(), arithmetic(), _Census(seen):
         step.forward(x, y)
     return seen
@@ -183,10 +220,10 @@ class Count:
     rows: set[int] = field(default_factory=set)  # the batch rows holding an element within the band
     unplaced: int = 0  # near elements whose row the layout does not tell
     why: str = ""  # why the two runs could not be paired ("" when they were)
-    # The near elements of the ops whose value is continuous at the kink (relu, threshold, hardtanh, leaky_relu),
-    # by (first row of the micro-batch, the op's place among the kink ops): a flip there moves the backward alone,
-    # and flips.flip_allowance can price it.
-    flippable: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
+    # The near elements of the ops whose value is continuous at the kink (relu, threshold, hardtanh, leaky_relu), by
+    # the op's place among the kink ops, as flat indices on the device: a flip there moves the backward alone, and
+    # flip_pricing can price it.
+    flippable: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @property
     def unpriced(self) -> int:
@@ -194,70 +231,56 @@ class Count:
         return self.near - sum(t.numel() for t in self.flippable.values())
 
 
-def count(truth: _Seen, eager: _Seen, rows: int) -> Count:
-    """Pair the two runs' kink ops by op and occurrence; count the float64 elements within BAND_K times eager's
-    RMS deviation of their kink."""
-    names = [n for n, _ in truth.ops]
-    if names != [n for n, _ in eager.ops]:
-        return Count(why=f"the float64 run met {len(names)} kink ops and eager {len(eager.ops)}, not the same "
-                         "sequence: the census cannot pair them")
-    out = Count(ops=len(names))
-    for place, ((name, d64s), (_, dls)) in enumerate(zip(truth.ops, eager.ops)):
-        for d64, dl in zip(d64s, dls):
-            out.elements += d64.numel()
-            if d64.shape != dl.shape:
-                return Count(why=f"{name}'s input has shape {tuple(d64.shape)} in float64 and {tuple(dl.shape)} in "
-                                 "eager: the census cannot pair them")
-            band = BAND_K * float((dl - d64).pow(2).mean().sqrt())
-            if band == 0.0:
-                continue  # a constant, computed alike at every precision: rounding moves nothing there
-            near = (d64.abs() <= band).flatten().nonzero().flatten()
-            if near.numel() == 0:
-                continue
-            out.near += near.numel()
-            out.by_op[name] = out.by_op.get(name, 0) + near.numel()
-            if name in FLIPPABLE:
-                before = out.flippable.get((0, place))
-                out.flippable[(0, place)] = near if before is None else torch.cat([before, near]).unique()
-            row = _row_of(d64.shape, rows)
-            if row is None:
-                out.unplaced += near.numel()
-            else:
-                out.rows.update(int(r) for r in row(near).unique())
+def _counted(seen: _Seen, rows: int) -> Count:
+    """The float64 run's near elements counted: one host sync for every op's count, indices only where some lie."""
+    if seen.why:
+        return Count(why=seen.why)
+    if len(seen.near) != len(seen.against or []):
+        return Count(why=f"the float64 run met {len(seen.near)} kink ops and eager {len(seen.against or [])}, not the "
+                         "same sequence: the census cannot pair them")
+    out = Count(ops=len(seen.near))
+    masks = [(place, name, shape, mask) for place, (name, parts) in enumerate(seen.near) for shape, mask in parts]
+    out.elements = sum(math.prod(shape) for _, _, shape, _ in masks)
+    sums = torch.stack([m.sum() for *_, m in masks]).tolist() if masks else []
+    for (place, name, shape, mask), n in zip(masks, sums):
+        if not n:
+            continue
+        near = mask.flatten().nonzero().flatten()
+        out.near += int(n)
+        out.by_op[name] = out.by_op.get(name, 0) + int(n)
+        if name in FLIPPABLE:
+            before = out.flippable.get(place)
+            out.flippable[place] = near if before is None else torch.cat([before, near]).unique()
+        row = _row_of(shape, rows)
+        if row is None:
+            out.unplaced += int(n)
+        else:
+            out.rows.update(row(near).unique().tolist())
     return out
 
 
-def chunks(batch: Batch, micro: int | None) -> Iterator[tuple[int, Batch]]:
-    """A batch in micro-batches of `micro` rows (the reference's accumulation), each with its first row."""
-    x, y = batch
-    step = micro or x.shape[0]
-    for i in range(0, x.shape[0], step):
-        yield i, (x[i:i + step], y[i:i + step])
+def count(truth: _Seen, eager: _Seen, rows: int) -> Count:
+    """Two recorded runs paired by op and occurrence: the float64 elements within BAND_K times eager's RMS deviation
+    of their kink (for runs recorded apart; census() pairs them as the float64 run goes)."""
+    if [n for n, _ in truth.ops] != [n for n, _ in eager.ops]:
+        return Count(why=f"the float64 run met {len(truth.ops)} kink ops and eager {len(eager.ops)}, not the same "
+                         "sequence: the census cannot pair them")
+    seen = _Seen(against=eager.ops)
+    for name, d64s in truth.ops:
+        _take(seen, name, d64s)
+    return _counted(seen, rows)
 
 
 def census(truth: TrainStep, eager: TrainStep, weights: dict[str, torch.Tensor], batch: Batch,
-           micro: int | None = None,
            arithmetic: Callable[[], AbstractContextManager[Any]] = nullcontext) -> Count:
     """Elements within rounding of a kink in one batch at the given weights, with eager (under `arithmetic`)
-    measuring the band; micro-batch by micro-batch, as the reference runs."""
-    total = Count()
-    for first, part in chunks(batch, micro):
-        c = count(record(truth, weights, part), record(eager, weights, part, arithmetic), part[0].shape[0])
-        if c.why:
-            return c
-        total.ops += c.ops
-        total.elements += c.elements
-        total.near += c.near
-        total.unplaced += c.unplaced
-        total.rows.update(first + r for r in c.rows)
-        total.flippable.update({(first, place): t for (_, place), t in c.flippable.items()})
-        for k, v in c.by_op.items():
-            total.by_op[k] = total.by_op.get(k, 0) + v
-    return total
+    measuring the band: eager's forward, then the float64 one paired with it."""
+    mine = record(eager, weights, batch, arithmetic)
+    return _counted(record(truth, weights, batch, against=mine), batch[0].shape[0])
 
 
 BAND = f"{BAND_K:g} x eager's RMS deviation from float64 at each kink op's input"
-# The ops whose value is continuous at the kink: a flip there moves the backward alone, and flips.py can price it.
+# The ops whose value is continuous at the kink: a flip there moves the backward alone, and flip_pricing can price it.
 FLIPPABLE = {"relu", "relu_", "threshold", "threshold_", "hardtanh", "hardtanh_", "leaky_relu", "leaky_relu_"}
 
 
@@ -270,16 +293,16 @@ Chosen = tuple[Batch, dict[str, Kinks], dict[str, Count]]
 
 
 def choose_probe(truth: TrainStep, eager: TrainStep, weights: dict[str, dict[str, torch.Tensor]],
-                 batches: list[Batch], micro: int | None = None) -> Chosen:
+                 batches: list[Batch]) -> Chosen:
     """The probe batch: the first gate batch's rows where no element lies within rounding of a kink at any of the
-    named weights (the trained and the probe weights), the others replaced by clean rows of the next gate batches;
-    the census at each weights that chose it, and the count at the probe (what flip_allowance prices when the
-    probe could not be made clean)."""
-    first = {k: census(truth, eager, w, batches[0], micro) for k, w in weights.items()}
+    named weights (the trained and the probe weights), the others replaced by clean rows of the second gate batch
+    (one census of candidates; never a sequence twice); the census at each weights that chose it, and the count at
+    the probe (what flip_pricing prices where the probe could not be made clean)."""
+    first = {k: census(truth, eager, w, batches[0]) for k, w in weights.items()}
     broken = next((c.why for c in first.values() if c.why), "")
     if broken:
         return batches[0], {k: Kinks(ran=False, detail=broken, band=BAND) for k in weights}, {}
-    dirty = set().union(*(c.rows for c in first.values()))
+    dirty = sorted(set().union(*(c.rows for c in first.values())))
     unplaced = sum(c.unplaced for c in first.values())
     size = batches[0][0].shape[0]
 
@@ -291,33 +314,31 @@ def choose_probe(truth: TrainStep, eager: TrainStep, weights: dict[str, dict[str
     if unplaced:
         return stay(f"{unplaced} of the elements within rounding of a kink lie in tensors whose layout does not say "
                     "which sequence they belong to: the probe could not be moved")
-    clean: list[tuple[int, int]] = []
-    for j, batch in enumerate(batches[1:], start=1):
-        if len(clean) >= len(dirty):
-            break
-        counts = [census(truth, eager, w, batch, micro) for w in weights.values()]
-        if any(c.why or c.unplaced for c in counts):
-            continue
-        taken = set().union(*(c.rows for c in counts))
-        clean += [(j, r) for r in range(size) if r not in taken]
-    clean += [(0, r) for r in range(size) if r not in dirty]  # repeated if need be: a clean sequence twice is clean
+    clean: list[int] = []
+    if len(batches) > 1:
+        counts = [census(truth, eager, w, batches[1]) for w in weights.values()]
+        if not any(c.why or c.unplaced for c in counts):
+            taken = set().union(*(c.rows for c in counts))
+            clean = [r for r in range(size) if r not in taken]
     if not clean:
-        return stay(f"no sequence of the {len(batches)} gate batches is clear of kinks: the probe stays on the first")
-    # The first batch's clean rows keep their places; each dirty one takes the next clean row of a later batch.
+        return stay(f"no sequence of {'gate batch 1' if len(batches) > 1 else 'another gate batch (there is one)'} is "
+                    "clear of kinks: the probe stays on gate batch 0, its kinks priced where they can be")
+    # The first batch's clean rows keep their places; each dirty one takes the next clean row of gate batch 1, as far
+    # as they go (a sequence is never used twice: the rest stay, and their kinks are priced).
     chosen = [(0, r) for r in range(size)]
-    for i, r in enumerate(sorted(dirty)):
-        chosen[r] = clean[i % len(clean)]
+    for r, c in zip(dirty, clean):
+        chosen[r] = (1, c)
     x = torch.stack([batches[j][0][r] for j, r in chosen])
     y = torch.stack([batches[j][1][r] for j, r in chosen])
-    later = sorted({j for j, _ in chosen if j})
-    probe = (f"gate batch 0 with {len(dirty)} of its {size} sequences replaced by clean ones of gate batch"
-             f"{'es' if len(later) > 1 else ''} {', '.join(map(str, later))}" if later else
-             f"the {size - len(dirty)} clean sequences of gate batch 0, repeated")
+    moved = min(len(dirty), len(clean))
+    probe = (f"gate batch 0 with {moved} of its {size} sequences replaced by clean ones of gate batch 1"
+             + (f" ({len(dirty) - moved} more had none to take their place)" if moved < len(dirty) else ""))
     out, counts_at = {}, {}
     for k, w in weights.items():
-        again = census(truth, eager, w, (x, y), micro)
-        why = "" if not again.near else (f"{again.near} elements still lie within rounding of a kink in the "
-                                         "assembled batch: this model's sequences are not independent")
+        again = census(truth, eager, w, (x, y))
+        why = "" if not again.near else (
+            f"{again.near} elements still lie within rounding of a kink in the assembled batch" + (
+                "" if moved < len(dirty) else ": this model's sequences are not independent"))
         out[k] = _record(again if not again.why else first[k], first[k], probe, [[j, r] for j, r in chosen], why)
         counts_at[k] = again if not again.why else Count()
     return (x, y), out, counts_at
