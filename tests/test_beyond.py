@@ -422,13 +422,13 @@ def test_the_tensorwise_rung_is_judged_on_its_own_recipes_scale_and_fails_causal
 
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
 def test_the_gates_emulate_each_fp8_recipe_as_torchao_computes_it(recipe):
-    """The scale an fp8 rung is judged on is eager fp32 with its recipe's casts emulated (verify/emulate.py), never
+    """The scale an fp8 rung is judged on is eager fp32 with its recipe's casts emulated (verify/emulated_precision.py), never
     torchao's code: it agrees with torchao's own emulation of the same recipe (output and both gradients, within
     fp32's rounding: 2.4e-7 at most here, 2026-12-04), and the other recipe's casts are 5-7% away."""
     pytest.importorskip("torchao.float8")
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    from speedladder.verify.emulate import Float8Linear
+    from speedladder.verify.emulated_precision import Float8Linear
 
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(64, 96))

@@ -88,7 +88,10 @@ def live_tensor_bytes(leave_out: Iterable[torch.Tensor] = ()) -> int:
     for o in gc.get_objects():
         if issubclass(type(o), torch.Tensor):  # type(): isinstance would read every object's __class__
             storage = o.untyped_storage()
-            key = (str(o.device), storage.data_ptr())
+            try:
+                key = (str(o.device), storage.data_ptr())
+            except RuntimeError:  # a fake or functional tensor a compile left behind: it holds no memory
+                continue
             if key not in left:
                 held[key] = storage.nbytes()
     return sum(held.values())
