@@ -99,3 +99,31 @@ def test_a_gaming_candidate_is_caught_and_named(planted, why, tmp_path):
     assert report.check(got) == []
     assert (rc, got["decision"]) == (1, "revert") and got["why"].startswith(why), got["why"]
     assert got["seeds"]["used"] == 0
+
+
+def _state(pid: int) -> str:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2]
+
+
+@pytest.mark.slow  # two worker processes
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc (Linux)")
+def test_the_workers_are_stopped_whenever_they_are_not_answering(tmp_path):
+    """Between two requests a worker's process group is stopped: nothing of a side runs off the clock."""
+    from speedladder.cli import build_parser
+    from speedladder.cli.gen import to_settings
+    from speedladder.judge.referee import Referee
+    from speedladder.judge.remote import Evaluator
+    from speedladder.progress import Progress
+
+    ns, _ = build_parser().parse_known_args(["judge", str(PLANTED / "noop.py"), *TINY, "--out", str(tmp_path)])
+    ref = Referee(to_settings(ns), ns.candidate, Progress(quiet=True))
+    work = ref._prepare()
+    try:
+        ref._start(work, Evaluator(work))
+        assert [_state(w.proc.pid) for w in ref.workers] == ["T", "T"]
+        assert ref.workers[1].request("check") == {"problems": []}
+        assert [_state(w.proc.pid) for w in ref.workers] == ["T", "T"]
+    finally:
+        ref._close()
+    assert all(w.proc.poll() is not None for w in ref.workers)

@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from speedladder.workload import Workload
 
 MODULE = "speedladder.judge.worker"
 SHM = Path("/dev/shm")
+STOP_WAIT_S = 1.0  # a stop is delivered within microseconds; past this the worker is taken as stopped anyway
 
 
 class SideFailed(RuntimeError):
@@ -151,8 +153,19 @@ class Worker:
         return got
 
     def stop(self) -> None:
+        """The process group stopped, and the worker seen stopped (Linux: its state in /proc) before this returns."""
         self._signal(signal.SIGSTOP)
         self.stopped = True
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                text = stat.read_text()
+            except OSError:  # not Linux, or it ended
+                return
+            if text[text.rindex(")") + 2] in "TtZX":
+                return
+            time.sleep(0.0002)
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """One request and its answer: the worker continued for it, stopped after it."""

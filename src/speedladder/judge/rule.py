@@ -1,17 +1,17 @@
 """The sequential rule: after each seed from the third, keep, revert or race another seed.
 
 Per seed, d = log(the candidate's time to the target) - log(its base's), with a censored run's bounds (stats.paired:
-`low` and `high` per seed, equal where both runs reached). Each look reads three one-sided t-tests on the mean of d:
+`low` and `high` per seed, equal where both runs reached). Each look reads one-sided t-tests on the mean of d:
 
-- keep (a win): faster, on the upper bounds, at p < false_keep / looks;
-- revert (a loss): slower, on the lower bounds, at p < false_keep / looks;
-- revert (noise): the gain falls short of min_gain, on the lower bounds, at p < false_revert / looks.
+- keep (why "win"): faster, on the upper bounds, at p < false_keep / looks;
+- revert: the gain falls short of min_gain, on the lower bounds, at p < false_revert / looks; why "loss" when it is
+  also slower at that level, else "noise".
 
-None of them: another seed, or undecided when the seeds or the budget run out. Each error rate is split evenly
-over the looks (Bonferroni), so whatever look stops the race, a candidate no faster than its base is kept with
-probability at most false_keep, and one at least min_gain faster is reverted as noise at most false_revert of the
-time (under the t-test's own model: independent, normal log ratios). The interval is the one the keep and loss
-tests read: its lower end above 1 is a keep, its upper end below 1 a loss.
+Neither: another seed, or undecided when the seeds or the budget run out. Each error rate is split evenly over the
+looks (Bonferroni), so whatever look stops the race, a candidate no faster than its base is kept with probability at
+most false_keep, and one at least min_gain faster is reverted at most false_revert of the time (under the t-test's
+own model: independent, normal log ratios). The interval is the one the keep test reads, at 1 - 2 false_keep /
+looks: its lower end above 1 is a keep.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ class Look:
     decision: str | None
     why: str | None  # "win", "loss" or "noise" when decided
     p_win: float  # faster than the base (one-sided, on the censoring-safe bounds)
-    p_loss: float  # slower
+    p_loss: float  # slower (it names a revert "loss" below level_revert)
     p_short: float  # the gain falls short of min_gain
-    level_keep: float  # false_keep / looks: what p_win and p_loss are held to
+    level_keep: float  # false_keep / looks: what p_win is held to
     level_revert: float  # false_revert / looks: what p_short is held to
     speedup: float | None  # the base's time over the candidate's, the geometric mean over seeds (a bound: `bound`)
     bound: str | None  # None: exact; "at least" or "at most" where a censored run bounds it
@@ -79,9 +79,7 @@ def look(low: Sequence[float], high: Sequence[float], cfg: JudgeConfig) -> Look:
     if n >= FIRST_LOOK:
         if p_win < level_keep:
             decision, why = KEEP, "win"
-        elif p_loss < level_keep:
-            decision, why = REVERT, "loss"
         elif p_short < level_revert:
-            decision, why = REVERT, "noise"
+            decision, why = REVERT, "loss" if p_loss < level_revert else "noise"
     return Look(n, decision, why, p_win, p_loss, p_short, level_keep, level_revert, speedup, bound, interval,
                 1 - 2 * level_keep)
