@@ -34,10 +34,11 @@ class JudgeConfig:
     false_keep: float = option(0.01, help="the false-keep rate the rule holds: a candidate no faster than its base "
                                           "is kept at most this often (split evenly over the looks)", metavar="P",
                                group=Group.JUDGE)
-    false_revert: float = option(0.05, help="a candidate at least --min-gain faster is reverted as noise at most this "
-                                            "often (split evenly over the looks)", metavar="P", group=Group.JUDGE)
+    false_revert: float = option(0.05, help="a candidate at least --min-gain faster is reverted at most this often "
+                                            "(split evenly over the looks)", metavar="P", group=Group.JUDGE)
     min_gain: float = option(0.10, help="the smallest gain in time to the target worth keeping: a candidate "
-                                        "shown to fall short of it is reverted as noise", metavar="F",
+                                        "shown to fall short of it is reverted (a loss when shown slower, else "
+                                        "noise)", metavar="F",
                              group=Group.JUDGE)
     worker_timeout_s: float = option(600.0, help="seconds a worker may take to answer one request (its build and "
                                                  "gates, or one stretch of steps) before it is stopped: an error",
