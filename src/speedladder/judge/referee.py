@@ -372,6 +372,8 @@ class Referee:
             self._close()
         judgement = self._judgement(outcome)
         if self.race is not None:
+            sec = self.race.section
+            sec.seeds = sec.seeds[:judgement.seeds.used if judgement.seeds else 0]  # the seeds raced, not the most
             self.race.results.status = "complete"
             self.race.save()
             path = self.race.run_dir / JUDGE_FILE
@@ -389,6 +391,8 @@ class Referee:
         return Outcome(rule.REVERT, f"error: {e}", "the candidate's code raised in its worker")
 
     def _close(self) -> None:
+        for worker in self.workers:
+            worker.bye()
         for worker in self.workers:
             worker.close()
         for buffer in self.buffers:

@@ -112,6 +112,7 @@ class Worker:
         self._reader = threading.Thread(target=self._forward, args=(quiet,), daemon=True)
         self._reader.start()
         self.stopped = False
+        self.said_bye = False
         self._send(hello)
 
     def _forward(self, quiet: bool) -> None:
@@ -190,12 +191,18 @@ class Worker:
                 total += (int(rest[11]) + int(rest[12])) * tick
         return total
 
-    def close(self) -> None:
-        """The worker ended: asked to, then killed if it does not."""
+    def bye(self) -> None:
+        """Asked to end (close waits for it): continued, told, not waited for."""
         self._signal(signal.SIGCONT)
-        with contextlib.suppress(Exception):  # it is ended below whatever it did
-            if self.proc.poll() is None:
+        with contextlib.suppress(Exception):  # close ends it whatever happens here
+            if self.proc.poll() is None and not self.said_bye:
+                self.said_bye = True
                 self._send({"op": "bye"})
+
+    def close(self) -> None:
+        """The worker ended: asked to, then killed if it has not ended within 10 s."""
+        self.bye()
+        with contextlib.suppress(Exception):
             self.proc.wait(timeout=10)
         self._signal(signal.SIGKILL)
         self.proc.wait()
