@@ -362,6 +362,11 @@ class Referee:
         """The whole decision. Bad input (found here or by a worker) raises UsageError: nothing is judged."""
         try:
             outcome = self._run()
+        except KeyboardInterrupt:
+            if self.race is not None:  # what was raced is kept, said to be interrupted
+                self.race.results.status = "interrupted"
+                self.race.save()
+            raise
         except SideError as e:
             if e.usage and not e.problems:
                 from speedladder.errors import UsageError
