@@ -21,27 +21,34 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import speedladder.data
 from speedladder.config import codec
 from speedladder.config.commands import CONFIG_FILE, Settings
 from speedladder.config.commands import write as write_settings
 from speedladder.config.judge import FIRST_LOOK
 from speedladder.judge import record as rec
 from speedladder.judge import rule, sides
-from speedladder.judge.remote import Buffer, Evaluator, RemoteStep, SideFailed, Worker, WorkerMeter
+from speedladder.judge.remote import (
+    Buffer,
+    Evaluator,
+    JudgeRace,
+    RemoteStep,
+    SideFailed,
+    Worker,
+    WorkerMeter,
+    copy_tokens,
+    protected_paths,
+)
 from speedladder.judge.wire import WireError
 from speedladder.judge.worker import Hello
 from speedladder.measure import stats
 from speedladder.meta import __version__
 from speedladder.progress import Progress
-from speedladder.racing import Race, ruler
-from speedladder.racing.runs import Going, Prepared, Stepper
+from speedladder.racing import ruler
+from speedladder.racing.runs import Prepared
 from speedladder.racing.verdicts import changes_learning, judge, pairs, time_of
 from speedladder.records import Gate, RaceEntry, from_dict
 from speedladder.results import new_run_dir
@@ -56,43 +63,6 @@ class Outcome:
     decision: str
     why: str
     detail: str
-
-
-class JudgeRace(Race):
-    """A race whose sides live in worker processes: batches drawn on the host and sent a stretch at a time, no
-    warm step off the clock, the target set on the base."""
-
-    base_step: Stepper | None = None
-
-    def _warm(self, step: Stepper, init: dict[str, torch.Tensor]) -> float:
-        return 0.0 if isinstance(step, RemoteStep) else super()._warm(step, init)
-
-    def _stream(self, step: Stepper, seed: int) -> Any:
-        return self.work.stream(step.spec, seed=seed, device=torch.device("cpu"))
-
-    def _steps(self, g: Going, n: int) -> torch.Tensor | float:
-        if not isinstance(g.step, RemoteStep):
-            return super()._steps(g, n)
-        tps = g.step.spec.tokens_per_step
-        export = g.tokens + n * tps >= g.next_eval or (g.max_steps is not None and g.steps + n >= g.max_steps)
-        return g.step.train([next(g.stream) for _ in range(n)], export)
-
-    def _eager_step(self) -> Stepper:
-        return self.base_step if self.base_step is not None else super()._eager_step()
-
-
-def _copy(tokens: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
-    """The training split as a copy of its own: a slice would carry the whole corpus's storage, val split and all."""
-    return tokens.clone() if isinstance(tokens, torch.Tensor) else np.array(tokens)
-
-
-def protected_paths(work: Workload) -> list[str]:
-    """What a worker may not open: the embedded corpora, the data and val files, this process under /proc."""
-    paths = [str(Path(speedladder.data.__file__).parent / "data"), f"/proc/{os.getpid()}"]
-    for p in (work.cfg.data, work.cfg.run.val_data):
-        if p and Path(p).exists():
-            paths.append(str(Path(p).resolve()))
-    return paths
 
 
 def _look_dict(look: rule.Look) -> dict[str, Any]:
@@ -149,7 +119,7 @@ class Referee:
         return work
 
     def _hello(self, work: Workload, side: sides.Side, buffer: Buffer, gate: bool) -> Hello:
-        train = dataclasses.replace(work.corpus, tokens=_copy(work.corpus.tokens))
+        train = dataclasses.replace(work.corpus, tokens=copy_tokens(work.corpus.tokens))
         return Hello(run=side.run, declared_from=side.declared_from, vocab=work.corpus.vocab_size or None,
                      device=str(work.device), train=train, schedule=work.schedule, buffer=buffer.path,
                      layout=buffer.layout, protected=protected_paths(work), gate=gate, quiet=self.s.quiet)

@@ -26,12 +26,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+import speedladder.data
 from speedladder import subproc
 from speedladder.judge.wire import WireError, read_answer, send_request
 from speedladder.judge.worker import Hello, Layout
 from speedladder.measure import load
+from speedladder.racing import Race
+from speedladder.racing.runs import Going, Stepper
 from speedladder.rungs import StepSpec
 from speedladder.step import TrainStep, matmul_precision
 from speedladder.workload import Workload
@@ -257,3 +261,40 @@ class WorkerMeter(load.Meter):
         reading, others = super().snapshot()
         ours = {w.proc.pid for w in self.workers}
         return reading, {pid: v for pid, v in others.items() if pid not in ours}
+
+
+def copy_tokens(tokens: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
+    """The training split as a copy of its own: a slice would carry the whole corpus's storage, val split and all."""
+    return tokens.clone() if isinstance(tokens, torch.Tensor) else np.array(tokens)
+
+
+class JudgeRace(Race):
+    """A race whose sides live in worker processes: batches drawn on the host and sent a stretch at a time, no
+    warm step off the clock, the target set on the base."""
+
+    base_step: Stepper | None = None
+
+    def _warm(self, step: Stepper, init: dict[str, torch.Tensor]) -> float:
+        return 0.0 if isinstance(step, RemoteStep) else super()._warm(step, init)
+
+    def _stream(self, step: Stepper, seed: int) -> Any:
+        return self.work.stream(step.spec, seed=seed, device=torch.device("cpu"))
+
+    def _steps(self, g: Going, n: int) -> torch.Tensor | float:
+        if not isinstance(g.step, RemoteStep):
+            return super()._steps(g, n)
+        tps = g.step.spec.tokens_per_step
+        export = g.tokens + n * tps >= g.next_eval or (g.max_steps is not None and g.steps + n >= g.max_steps)
+        return g.step.train([next(g.stream) for _ in range(n)], export)
+
+    def _eager_step(self) -> Stepper:
+        return self.base_step if self.base_step is not None else super()._eager_step()
+
+
+def protected_paths(work: Workload) -> list[str]:
+    """What a worker may not open: the embedded corpora, the data and val files, this process under /proc."""
+    paths = [str(Path(speedladder.data.__file__).parent / "data"), f"/proc/{os.getpid()}"]
+    for p in (work.cfg.data, work.cfg.run.val_data):
+        if p and Path(p).exists():
+            paths.append(str(Path(p).resolve()))
+    return paths
