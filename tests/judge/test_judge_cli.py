@@ -122,6 +122,9 @@ def test_the_workers_are_stopped_whenever_they_are_not_answering(tmp_path):
     try:
         ref._start(work, Evaluator(work))
         assert [_state(w.proc.pid) for w in ref.workers] == ["T", "T"]
+        for w in ref.workers:  # both allocators alike, whatever each did before the race
+            environ = Path(f"/proc/{w.proc.pid}/environ").read_bytes().split(b"\0")
+            assert b"MALLOC_MMAP_THRESHOLD_=33554432" in environ
         assert ref.workers[1].request("check") == {"problems": []}
         assert [_state(w.proc.pid) for w in ref.workers] == ["T", "T"]
     finally:
