@@ -90,7 +90,7 @@ def test_the_interval_is_the_one_the_keep_and_loss_tests_read():
         assert lo is not None and hi is not None and lo <= (look.speedup or 0) <= hi
         assert (look.decision == rule.KEEP) == (lo > 1)
         if look.why == "loss":
-            assert look.speedup is not None and look.speedup < 1 and look.p_loss < look.level_revert
+            assert look.speedup is not None and look.speedup < 1 / (1 + CFG.min_gain)
 
 
 def test_the_rule_refuses_rates_it_cannot_hold():

@@ -4,8 +4,9 @@ Per seed, d = log(the candidate's time to the target) - log(its base's), with a 
 `low` and `high` per seed, equal where both runs reached). Each look reads one-sided t-tests on the mean of d:
 
 - keep (why "win"): faster, on the upper bounds, at p < false_keep / looks;
-- revert: the gain falls short of min_gain, on the lower bounds, at p < false_revert / looks; why "loss" when it is
-  also slower at that level, else "noise".
+- revert: the gain falls short of min_gain, on the lower bounds, at p < false_revert / looks; why "loss" when its
+  estimate is slower by at least that much (a speedup below 1 / (1 + min_gain)), else "noise": a name for the
+  revert, not a second decision.
 
 Neither: another seed, or undecided when the seeds or the budget run out. Each error rate is split evenly over the
 looks (Bonferroni), so whatever look stops the race, a candidate no faster than its base is kept with probability at
@@ -35,7 +36,7 @@ class Look:
     decision: str | None
     why: str | None  # "win", "loss" or "noise" when decided
     p_win: float  # faster than the base (one-sided, on the censoring-safe bounds)
-    p_loss: float  # slower (it names a revert "loss" below level_revert)
+    p_loss: float  # slower
     p_short: float  # the gain falls short of min_gain
     level_keep: float  # false_keep / looks: what p_win is held to
     level_revert: float  # false_revert / looks: what p_short is held to
@@ -80,6 +81,7 @@ def look(low: Sequence[float], high: Sequence[float], cfg: JudgeConfig) -> Look:
         if p_win < level_keep:
             decision, why = KEEP, "win"
         elif p_short < level_revert:
-            decision, why = REVERT, "loss" if p_loss < level_revert else "noise"
+            slower = speedup is not None and speedup < 1 / (1 + cfg.min_gain)
+            decision, why = REVERT, "loss" if slower else "noise"
     return Look(n, decision, why, p_win, p_loss, p_short, level_keep, level_revert, speedup, bound, interval,
                 1 - 2 * level_keep)
