@@ -131,11 +131,15 @@ class Referee:
             self.buffers.append(buffer)
             self.workers.append(Worker(which, self._hello(work, side, buffer, which == "candidate"),
                                        self.cfg.worker_timeout_s, self.s.quiet))
-        for which, worker in zip(("base", "candidate"), self.workers):
-            try:
-                self.metas.append(worker.answer())
-            except (SideFailed, WireError) as e:
-                raise SideError(which, e) from None
+        try:
+            for which, worker in zip(("base", "candidate"), self.workers):
+                try:
+                    self.metas.append(worker.answer())
+                except (SideFailed, WireError) as e:
+                    raise SideError(which, e) from None
+        finally:
+            for buffer in self.buffers:  # both sides have it mapped, or never will: no file is left behind
+                buffer.close()
 
     def _ask(self, which: str, op: str) -> dict[str, Any]:
         worker = self.workers[0 if which == "base" else 1]

@@ -84,6 +84,7 @@ class Buffer:
                 view.copy_(weights[name])
 
     def close(self) -> None:
+        """The file unlinked: the memory stays mapped in every process that mapped it, until it ends."""
         Path(self.path).unlink(missing_ok=True)
 
 
