@@ -102,14 +102,14 @@ def test_report_redraws_from_the_saved_file_alone(tmp_path, capsys):
     # A flag that cannot change what the command does: one line naming the flag, the command and whose it is.
     (["profile"], ["--stack-all"], "--stack-all does not apply to profile (a flag of run, race)"),
     (["profile"], ["--batch-lr-scale", "sqrt"], ("--batch-lr-scale does not apply to profile (a flag of run, tune, "
-                                                 "race, train, sweep)")),
+                                                 "race, train, sweep, judge)")),
     (["profile"], ["--window-steps", "3"], "--window-steps does not apply to profile"),
     (["predict"], ["--stack-all"], "--stack-all does not apply to predict"),
     (["predict"], ["--batch-lr-scale=sqrt"], "--batch-lr-scale does not apply to predict"),
     (["predict"], ["--ladder", "full"], "--ladder does not apply to predict"),
     (["ddp"], ["--beside", "ckpt"], "--beside does not apply to ddp"),
     (["tune"], ["--rung-file", "x.py"], "--rung-file does not apply to tune"),
-    (["run"], ["--val-sequences", "8"], "--val-sequences does not apply to run (a flag of tune, race, train)"),
+    (["run"], ["--val-sequences", "8"], "--val-sequences does not apply to run (a flag of tune, race, train, judge)"),
     (["report", "x"], ["--rungs", "eager"], "--rungs does not apply to report"),
     (["compare", "x", "y"], ["--quiet"], "--quiet does not apply to compare"),
     # A spelling that now belongs to another command names this command's own.

@@ -52,7 +52,7 @@ def test_every_flags_help_says_the_dataclass_default_and_no_flag_changes_a_defau
                 seen += 1
         # Nothing given: every value is the dataclass's (argparse's own defaults never reach the Settings).
         assert to_settings(build_parser().parse_args([name] + (["x", "y"] if name == "compare" else
-                                                              ["x"] if name == "report" else
+                                                              ["x"] if name in ("report", "judge") else
                                                               ["x", "y"] if name == "gates" else []))) == Settings()
     assert seen > 150
     assert shown_default(dataclasses.fields(TimingConfig)[1]) == "5"
@@ -69,7 +69,7 @@ def test_flag_spellings_users_have_keep_working():
                 "--log-every", "--sample-tokens", "--eval-every", "--time-cap", "--combos", "--config"):
         assert old in flags, old
     assert {c.name for c in ALL} == {"run", "profile", "tune", "race", "train", "report", "predict", "ddp",
-                                    "compare", "check", "gates", "sweep"}
+                                    "compare", "check", "gates", "sweep", "judge"}
 
 
 def test_flags_override_the_config_file_which_overrides_the_defaults(tmp_path):

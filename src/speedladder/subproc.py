@@ -1,5 +1,5 @@
-"""Fresh Python processes that import this same speedladder: the profiler's, the memory probe's, torchrun's ranks
-and `check`'s re-run.
+"""Fresh Python processes that import this same speedladder: the profiler's, the memory probe's, torchrun's ranks,
+`check`'s re-run and a judge's workers.
 
 Each gets this package's source folder first on PYTHONPATH (an editable install, a source tree or a wheel:
 the child runs the code the parent runs), and PYTHONSAFEPATH=1 (Python 3.11+), which keeps the working
@@ -7,8 +7,9 @@ directory off the child's sys.path: `python -m` would otherwise put it first, an
 `torch.py` or a stray folder named like a module (`z3/`) beside their data would shadow the real one. On
 Python 3.10 the variable is ignored and the working directory stays on the path.
 
-`run_module` is the one way a parent asks a child for an answer: a pickled request in, a JSON answer out,
-and the child's last line of stderr as the error when it fails. `serve` is the child's side.
+`run_module` is the one way a parent asks a child for one answer: a pickled request in, a JSON answer out,
+and the child's last line of stderr as the error when it fails. `serve` is the child's side. `start` starts one
+that stays, for many requests (judge/remote.py holds the conversation).
 """
 
 from __future__ import annotations
@@ -59,3 +60,11 @@ def serve(argv: list[str], answer_of: Callable[..., object]) -> int:
     req, answer = argv
     Path(answer).write_text(json.dumps(answer_of(*pickle.loads(Path(req).read_bytes()))))
     return 0
+
+
+def start(module: str, **env: str) -> subprocess.Popen[bytes]:
+    """`python -m module` in a fresh process that stays to answer requests (a judge's worker): its stdin, stdout and
+    stderr pipes of ours, in a session of its own, so that it and anything it starts are stopped, resumed and ended
+    together (os.killpg)."""
+    return subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=child_env(**env), start_new_session=True)

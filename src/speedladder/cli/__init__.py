@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from speedladder.cli import check, commands, compare, gates, parallel, race, sweep
+from speedladder.cli import check, commands, compare, gates, judge, parallel, race, sweep
 from speedladder.cli.gen import Command, Parser, add_command, refusal, to_settings
 from speedladder.errors import UsageError
 from speedladder.meta import __version__
@@ -13,7 +13,7 @@ from speedladder.parallel.launch import JobFailed
 from speedladder.rungs.load import load as load_rungs
 
 ALL: tuple[Command, ...] = (*commands.COMMANDS[:3], *race.COMMANDS, *commands.COMMANDS[3:], *parallel.COMMANDS,
-                            *compare.COMMANDS, *check.COMMANDS, *gates.COMMANDS, *sweep.COMMANDS)
+                            *compare.COMMANDS, *check.COMMANDS, *gates.COMMANDS, *sweep.COMMANDS, *judge.COMMANDS)
 
 
 def build_parser() -> Parser:
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         s = to_settings(ns)
-        load_rungs(s.run.rung_files, s.run.rung_hashes)  # a user's rungs, before any name is checked
+        if ns._command.loads_rungs:
+            load_rungs(s.run.rung_files, s.run.rung_hashes)  # a user's rungs, before any name is checked
         return ns._command.run(s, ns)
     except UsageError as e:
         print(f"speedladder: error: {e}", file=sys.stderr)

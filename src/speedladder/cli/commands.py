@@ -268,7 +268,7 @@ COMMANDS = (
             "windows and gates, and name the fastest that passes every gate and the learns-check. Writes "
             "DIR/<timestamp>/results.json and winner.toml (`run --config` measures it, `train --config` trains it, "
             "speedladder.apply puts it in your own loop).",
-            (*CLIMB, Group.VAL_SET, Group.TUNE, Group.RACE_RULE), cmd_tune),
+            (*CLIMB, Group.VAL_SET, Group.TUNE, Group.RACE_RULE, Group.RACE_TARGET), cmd_tune),
     Command("train", "train one configuration, log its loss and val loss, sample text, save a checkpoint",
             "Train a configuration for --steps steps, logging loss, step time and tokens/s every --log-every steps "
             "and the val loss every --eval-every, then print a sample of generated text. DIR/<timestamp>/checkpoint.pt "

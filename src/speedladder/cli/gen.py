@@ -47,6 +47,9 @@ class Command:
     groups: tuple[Group, ...]  # the flag groups (a field's option(group=...)) this command takes
     run: Callable[[Settings, argparse.Namespace], int]
     inputs: Callable[[argparse.ArgumentParser], None] | None = None  # arguments that are not configuration
+    # Whether the rung files a config file names are imported in this process before the command runs: judge's
+    # are imported by its workers alone.
+    loads_rungs: bool = True
 
 
 def leaves(cls: type = Settings, path: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:

@@ -98,5 +98,5 @@ COMMANDS = (
             "DIR/<timestamp>/results.json, config.toml, waterfall.png (tokens/s beside × faster to the target) and "
             "report.html.",
             (Group.MODEL, Group.RUNG_FILES, Group.LEARNING, Group.RECIPE, Group.VAL_SET, Group.BATCH, Group.WARMUP,
-             Group.MAX_WARMUP, Group.MUON, Group.RACE, Group.RACE_RULE, Group.OUTPUT, Group.QUIET), cmd_race),
+             Group.MAX_WARMUP, Group.MUON, Group.RACE, Group.RACE_RULE, Group.RACE_TARGET, Group.OUTPUT, Group.QUIET), cmd_race),
 )

@@ -73,6 +73,8 @@ class Group(str, Enum):
     TUNE = "tune"
     RACE = "race"
     RACE_RULE = "race-rule"
+    RACE_TARGET = "race-target"
+    JUDGE = "judge"
     TRAIN = "train"
     SWEEP = "sweep"
     CHECK = "check"

@@ -2,7 +2,8 @@
 
 A config file (`--config FILE.toml`, and the `config.toml` every run writes beside results.json) is a Settings:
 a `[run]` table (config.RunConfig, with `[run.timing]`, `[run.gates]`, ...) and a table per command
-(`[race]`, `[tune]`, `[train]`, `[sweep]`, `[parallel]`, `[check]`, `[compare]`). Flags override the file.
+(`[race]`, `[tune]`, `[train]`, `[sweep]`, `[parallel]`, `[check]`, `[compare]`, `[judge]`). Flags override the
+file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from speedladder.config import codec
 from speedladder.config.codec import Group, at_least, int_list, option, positive, rungs_option
+from speedladder.config.judge import JudgeConfig
 from speedladder.config.ladders import one_precision
 from speedladder.config.parallel import ParallelConfig
 from speedladder.config.resolved import RESOLVED_EXTRAS
@@ -143,27 +145,27 @@ class RaceConfig:
                         group=Group.RACE_RULE)
     target_loss: float | None = option(None, help="the val loss to reach",
                                        shown="calibrated, eager fp32's val loss after --calibrate-steps steps on a "
-                                             "seed of its own", metavar="L", group=Group.RACE_RULE)
+                                             "seed of its own", metavar="L", group=Group.RACE_TARGET)
     target_from: str | None = option(None, help="take the target of that saved race, so that both are measured on "
                                                 "one ruler (its val set and eval cadence must be this race's)",
-                                     shown="none", metavar="RUN_DIR", group=Group.RACE_RULE)
+                                     shown="none", metavar="RUN_DIR", group=Group.RACE_TARGET)
     calibrate_steps: int = option(200, help="the calibration's steps (and, with --target-loss, what the time cap is "
-                                            "priced from)", metavar="N", group=Group.RACE_RULE)
+                                            "priced from)", metavar="N", group=Group.RACE_TARGET)
     eval_every: int = option(20, help="val loss every N base steps' worth of tokens (the clock stops meanwhile); "
                                       "the crossing is interpolated between evaluations", metavar="N",
-                             flag="--eval-every-base-steps", was="--eval-every", group=Group.RACE_RULE)
+                             flag="--eval-every-base-steps", was="--eval-every", group=Group.RACE_TARGET)
     time_cap_s: float | None = option(None, help="seconds of training after which any run that has not reached "
                                                  "the target stops (did not reach)",
                                       shown="for a base, twice --cap-factor times eager fp32's --calibrate-steps steps",
                                       metavar="S",
-                                      flag="--time-cap", group=Group.RACE_RULE)
+                                      flag="--time-cap", group=Group.RACE_TARGET)
     cap_factor: float = option(2.0, help="a run that needs more than this multiple of its base's time in the same "
                                          "seed stops there, a censored loss; a base stops at twice this multiple of "
-                                         "eager fp32's --calibrate-steps steps", metavar="F", group=Group.RACE_RULE)
+                                         "eager fp32's --calibrate-steps steps", metavar="F", group=Group.RACE_TARGET)
     budget_steps: int | None = option(None, help="modded-nanogpt's criterion: the val loss after this many base "
                                                  "steps' worth of tokens, tested below the target (one-sample "
                                                  "t-test); each run trains at least that far; 0: off",
-                                      shown="--calibrate-steps", metavar="N", group=Group.RACE_RULE)
+                                      shown="--calibrate-steps", metavar="N", group=Group.RACE_TARGET)
     # modded-nanogpt's threshold: a record must be below the target at p < 0.01.
     alpha: float = option(0.01, help="win or loss only at p below this, one-sided each way (a paired t-test by seed "
                                      "on log times)", metavar="P", group=Group.RACE_RULE)
@@ -293,6 +295,7 @@ class Settings:
     parallel: ParallelConfig = option(factory=ParallelConfig, help="predict and ddp")
     check: CheckConfig = option(factory=CheckConfig, help="check")
     compare: CompareConfig = option(factory=CompareConfig, help="compare")
+    judge: JudgeConfig = option(factory=JudgeConfig, help="judge")
     quiet: bool = option(False, help="no progress lines on stderr", group=Group.QUIET)
     wide: bool = option(False, help="print every column of the rung table at its full width in a terminal; to a "
                                     "file or a pipe the compact table is printed and this is ignored (report.html "

@@ -42,7 +42,7 @@ from speedladder.errors import is_oom, one_line
 from speedladder.measure import devicemem, load, timer
 from speedladder.progress import Progress, task_of
 from speedladder.racing.ruler import val_hash
-from speedladder.racing.runs import Clock, Going, Prepared, Runs, WallClock, rotated, rung_cap
+from speedladder.racing.runs import Clock, Going, Prepared, Runs, Stepper, WallClock, rotated, rung_cap
 from speedladder.racing.verdicts import builds_upon, built_upon_line, capped_out, changes_learning, judge
 from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
 from speedladder.records.race import RaceRole
@@ -207,7 +207,7 @@ class Race(Runs):
 
     # -- the target and the cap -----------------------------------------------------------------
 
-    def _eager_step(self) -> TrainStep:
+    def _eager_step(self) -> Stepper:
         """Eager fp32 at the workload's shape: the prepared baseline when it is one, else built here."""
         base = self.work.base_spec
         found = next((p.step for p in self.prepared if p.spec == base and p.step is not None), None)
@@ -241,7 +241,7 @@ class Race(Runs):
             f"base's time in the same seed, a base at {sec.time_cap_s:.1f} s of training ({sec.cap_from})")
         self.save()
 
-    def _steps_seconds(self, step: TrainStep, seed: int, steps: int) -> float:
+    def _steps_seconds(self, step: Stepper, seed: int, steps: int) -> float:
         """What `steps` steps take on the clock, priced from a short stretch (for the cap when the target is given)."""
         n = max(1, min(steps, 2 * self.cfg.eval_every))
         run = self.train_to(step, seed, -math.inf, None, max_steps=n)
@@ -306,34 +306,47 @@ class Race(Runs):
                         stopped.cap_s = og.cap_s
                         end(other_position, other, stopped)
 
-    def _stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
-        """Every configuration trained from every seed, the order rotated from seed to seed; saved after each run."""
+    def open_stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
+        """A new stage of these configurations, each judged against `base` (race_seed runs its seeds)."""
         sec = self.section
         stage = RaceStage(index=len(sec.stages) + 1, names=[p.entry.name for p in configs], base=base.entry.name)
         sec.stages.append(stage)
         for p in configs:
             if p.entry.stage is None:
                 p.entry.stage = stage.index
+        return stage
+
+    def race_seed(self, stage: RaceStage, configs: list[Prepared], base: Prepared, i: int) -> bool:
+        """The stage's i-th seed, its order rotated by i; False, with nothing run, once every rung is decided. A rung
+        stopped at cap_factor x its base in each of its first two seeds is a loss, and decided."""
+        seed = self.section.seeds[i]
+        going = [p for p in configs if p.entry.name not in stage.decided]
+        if all(p is base for p in going) and len(configs) > 1:
+            return False  # every rung decided: nothing left to race its base against
+        order = rotated(going, i)
+        stage.orders.append([p.entry.name for p in order])
+        first = self.snapshot()  # the other processes' CPU so far, to name them if a run shares the machine
+        self._seed(stage, order, base, seed)
+        self.note_load([r for p in going for r in p.entry.runs if (r.stage, r.seed) == (stage.index, seed)], first)
+        for p in going:
+            if p is not base and capped_out(p.entry, base.entry, self.cfg.cap_factor):
+                stage.decided.append(p.entry.name)
+                self.progress.scoped(f"race {p.entry.name}")(
+                    f"stopped at {self.cfg.cap_factor:g}x {base.entry.name}'s time in each of its first "
+                    f"{i + 1} seeds: a loss; its other seeds are not run")
+        return True
+
+    def _stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
+        """Every configuration trained from every seed, the order rotated from seed to seed; saved after each run."""
+        stage = self.open_stage(configs, base)
         # Shown seed by seed, with no ticker thread: the runs' clocked stretches are timed work.
         with self.progress.scoped(f"race stage {stage.index}").task(
-                f"{', '.join(stage.names)}, {len(sec.seeds)} seeds", total=len(sec.seeds), tick=False) as shown:
-            for i, seed in enumerate(sec.seeds):
-                going = [p for p in configs if p.entry.name not in stage.decided]
-                if all(p is base for p in going) and len(configs) > 1:
-                    break  # every rung decided: nothing left to race its base against
-                order = rotated(going, i)
-                stage.orders.append([p.entry.name for p in order])
-                first = self.snapshot()  # the other processes' CPU so far, to name them if a run shares the machine
-                self._seed(stage, order, base, seed)
-                self.note_load([r for p in going for r in p.entry.runs if (r.stage, r.seed) == (stage.index, seed)],
-                               first)
+                f"{', '.join(stage.names)}, {len(self.section.seeds)} seeds", total=len(self.section.seeds),
+                tick=False) as shown:
+            for i, seed in enumerate(self.section.seeds):
+                if not self.race_seed(stage, configs, base, i):
+                    break
                 shown.advance(note=f"seed {seed} done")
-                for p in going:  # a rung stopped at cap_factor x its base in each of its first two seeds is a loss
-                    if p is not base and capped_out(p.entry, base.entry, self.cfg.cap_factor):
-                        stage.decided.append(p.entry.name)
-                        self.progress.scoped(f"race {p.entry.name}")(
-                            f"stopped at {self.cfg.cap_factor:g}x {base.entry.name}'s time in each of its first "
-                            f"{i + 1} seeds: a loss; its other seeds are not run")
         return stage
 
     def _run_ladder(self, names: tuple[str, ...]) -> None:

@@ -16,7 +16,7 @@ from speedladder.measure import counters, devicemem, load
 from speedladder.racing.verdicts import at_tokens
 from speedladder.records import MachineLoad, RaceEntry, RaceRun, RaceSection
 from speedladder.rungs import StepSpec
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.step import matmul_precision
 from speedladder.workload import Workload
 
 _WARM_SEED = 1 << 20  # the stream of the untimed step before each run: no race seed draws from it
@@ -25,13 +25,27 @@ _WARM_SEED = 1 << 20  # the stream of the untimed step before each run: no race 
 STRETCH_S = 1.0
 
 
+class Stepper(Protocol):
+    """What a run trains: a TrainStep in this process, or a step that lives in another (`speedladder judge`'s
+    worker), reset, called and evaluated the same way."""
+
+    @property
+    def spec(self) -> StepSpec: ...
+
+    def reset(self, weights: dict[str, torch.Tensor] | None = None, updates: int = 0) -> None: ...
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor: ...
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, chunk: int) -> torch.Tensor: ...
+
+
 @dataclass
 class Prepared:
     """A configuration ready to race: its record, its spec and its built (compiled, warmed-up) step."""
 
     entry: RaceEntry
     spec: StepSpec
-    step: TrainStep | None
+    step: Stepper | None
 
 
 class Clock(Protocol):
@@ -101,7 +115,7 @@ class Going:
     """A run in progress: where it is, and when it would stop. `cap_s` may be set while it runs (a rung's cap, once
     its base's time in the same seed is known)."""
 
-    step: TrainStep
+    step: Stepper
     run: RaceRun
     stream: Iterator
     target: float
@@ -112,7 +126,7 @@ class Going:
     tokens: int = 0
     clock: float = 0.0
     next_eval: int = 0
-    loss: torch.Tensor | None = None
+    loss: torch.Tensor | float | None = None  # the last step's (a float from a step in another process)
     reached: bool = False
     done: bool = False
     step_hint_s: float = 0.0  # the untimed warm step's wall time: the step time before any is measured
@@ -142,10 +156,21 @@ class Runs:
             self._inits[seed] = models.initial_state(self.work.model, seed)
         return self._inits[seed]
 
-    def _evaluate(self, step: TrainStep) -> float:
+    def _evaluate(self, step: Stepper) -> float:
         return float(step.evaluate(self.val_x, self.val_y, self.work.cfg.batch_size))
 
-    def _warm(self, step: TrainStep, init: dict[str, torch.Tensor]) -> float:
+    def _stream(self, step: Stepper, seed: int) -> Iterator:
+        """A run's batches: the seed's order at the step's shape."""
+        return self.work.stream(step.spec, seed=seed)
+
+    def _steps(self, g: Going, n: int) -> torch.Tensor | float:
+        """n training steps of a run, on the clock (advance starts and stops it); the last step's loss."""
+        loss: torch.Tensor | float = 0.0
+        for _ in range(n):
+            loss = g.step(*next(g.stream))
+        return loss
+
+    def _warm(self, step: Stepper, init: dict[str, torch.Tensor]) -> float:
         """One untimed step on a stream no run draws from, then the weights and optimizer back: after memory was
         handed back to the system (devicemem.return_host_memory, before it), the pages the steps use are faulted in
         here, not on the clock. Its wall time (an overestimate of a step's) sizes the run's first stretch."""
@@ -157,13 +182,13 @@ class Runs:
         step.reset(init)
         return wall
 
-    def begin(self, step: TrainStep, seed: int, target: float, cap_s: float | None = None,
+    def begin(self, step: Stepper, seed: int, target: float, cap_s: float | None = None,
               max_steps: int | None = None, budget_tokens: int | None = None) -> Going:
         """A run from a seed's initial weights and batch order, warmed up off the clock and evaluated at step 0."""
         init = self._init(seed)
         step.reset(init)
         hint = self._warm(step, init)
-        g = Going(step, RaceRun(seed=seed, stopped=""), self.work.stream(step.spec, seed=seed), target, cap_s,
+        g = Going(step, RaceRun(seed=seed, stopped=""), self._stream(step, seed), target, cap_s,
                   max_steps, budget_tokens, next_eval=self.section.eval_tokens, step_hint_s=hint or 0.0)
         with matmul_precision(step.spec):
             self._check(g, self._point(g.run, step, None, 0, 0, 0.0))
@@ -184,8 +209,7 @@ class Runs:
             c0 = counters.compile_count()
             before = self.meter.read() if self.meter is not None else None
             self.clock.start()
-            for _ in range(n):
-                g.loss = g.step(*next(g.stream))
+            g.loss = self._steps(g, n)
             g.clock += self.clock.stop(n, spec)
             if self.meter is not None and before is not None:
                 other = self.meter.between(before, self.meter.read())
@@ -249,7 +273,7 @@ class Runs:
         if first is not None and any(r.shared for r in read):
             self.machine.name(self.meter.busiest(first, self.meter.snapshot()))
 
-    def train_to(self, step: TrainStep, seed: int, target: float, cap_s: float | None,
+    def train_to(self, step: Stepper, seed: int, target: float, cap_s: float | None,
                  max_steps: int | None = None, say: Callable[[str], None] = lambda m: None,
                  budget_tokens: int | None = None) -> RaceRun:
         """One run alone: until the val loss is at or below `target` and `budget_tokens` are trained; or until the
@@ -260,7 +284,7 @@ class Runs:
             self.advance(g)
         return self.finish(g, say)
 
-    def _point(self, run: RaceRun, step: TrainStep, loss: torch.Tensor | None, steps: int, tokens: int,
+    def _point(self, run: RaceRun, step: Stepper, loss: torch.Tensor | float | None, steps: int, tokens: int,
                clock: float) -> float:
         """Evaluate (the clock is stopped) and add the point to the run's curve; the val loss."""
         t0 = time.perf_counter()
