@@ -497,3 +497,22 @@ def test_an_interrupted_waterfall_names_what_it_never_reached_and_its_best_so_fa
     texts = [t.get_text() for t in ax.texts]
     assert texts.count("not reached") == 2 and "interrupted" in texts and "★ best so far" in texts
     assert "1.94× prev\n4.91× cum" in texts  # sdpa's own gain, and the chain's
+
+
+@pytest.mark.parametrize("cores, most, steal, level, words", [
+    (16, 0.34, None, "ok", "alone"),  # a third of one core of sixteen says nothing
+    (16, 0.34, 2.0, "warn", "the hypervisor stole up to 2.00 cores"),  # steal said apart, at the same threshold
+    (16, 0.34, 0.5, "ok", "alone"),
+    (2, 0.30, None, "warn", "others used up to 0.30 of 2 cores in 1 of 10 windows"),  # on 2 cores it matters
+])
+def test_the_trust_lines_machine_item_holds_load_and_steal_to_a_share_of_the_cores(cores, most, steal, level, words):
+    from speedladder.measure import load
+    from speedladder.records import MachineLoad
+    from speedladder.report import trust
+
+    m = MachineLoad(cores=cores, shared_cores=load.shared_cores(cores), before=0.1, windows=10, most=most,
+                    shared_windows=int(most >= load.shared_cores(cores)), steal_most=steal)
+    res = make([])
+    res.machine = m
+    item = trust._machine(res)
+    assert item is not None and item.level == level and words in item.text, item

@@ -91,13 +91,16 @@ def _machine(results: Results) -> Item | None:
     if m is None:
         return None
     most = max(m.most, m.before or 0.0)
+    # The hypervisor's steal slows every core of ours alike and is no process here: said apart, at the same threshold.
+    steal = max(m.steal_most or 0.0, m.steal_before or 0.0)
+    stolen = f"; the hypervisor stole up to {steal:.2f} cores" if steal >= machine.threshold(m) else ""
     if machine.worth_saying(m):
         during = f" in {m.shared_windows} of {m.windows} windows" if m.shared_windows else ""
         during += f" in {m.shared_runs} of {m.runs} race runs" if m.shared_runs else ""
-        return Item("machine", f"others used up to {most:.2f} of {m.cores} cores{during or ' before the first window'}",
-                    WARN)
-    return Item("machine", "alone" if m.alone else f"others at most {most:.2f} of {m.cores} cores "
-                                                    f"(under {machine.threshold(m):.2f})", OK)
+        return Item("machine", f"others used up to {most:.2f} of {m.cores} cores{during or ' before the first window'}"
+                    + stolen, WARN)
+    text = "alone" if m.alone else f"others at most {most:.2f} of {m.cores} cores (under {machine.threshold(m):.2f})"
+    return Item("machine", text + stolen, WARN if stolen else OK)
 
 
 def items(results: Results) -> list[Item]:
