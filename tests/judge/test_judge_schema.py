@@ -33,7 +33,7 @@ def judgement() -> record.Judgement:
         speed=record.Speed(46000.0, 46500.0, 0.99, 0.42, 0.66, 0.64), target=2.4, target_from="the base's",
         seeds=record.Seeds(3, 8, [0, 1, 2], [{"seeds": 3, "p_win": look.p_win, "p_loss": look.p_loss,
                                               "p_short": look.p_short, "speedup": look.speedup, "decision": "keep"}]),
-        rule=record.Rule(0.01, 0.05, 0.1, 3, 8, 6, 0.01 / 6, 0.05 / 6, 600.0), gate=None,
+        rule=record.Rule(0.01, 0.05, 0.1, 0.03, 3, 8, 6, 0.01 / 6, 0.05 / 6, 600.0), gate=None,
         cost=record.Cost(12.0, 4.0, 0.1, 1.0, 0.7, 6.0), run_dir="runs/x", speedladder="0.1.0", torch="2.13.0",
         loadavg=1.0)
 

@@ -29,8 +29,8 @@ COMMANDS = (
             "Gate the candidate in a worker process of its own (its code never runs in this one), then race it against "
             "the base to a target val loss, seed by seed, the two runs of a seed taking turns, the clock, the data "
             "and the evaluation all here. After each seed from the third a sequential rule reads the paired test on "
-            "log times: keep when faster at p < --false-keep over the looks, revert when slower or short of "
-            "--min-gain, else another seed; undecided when the seeds or --budget-s end first. Prints one JSON object "
+            "log times: keep when faster by more than --keep-floor at p < --false-keep over the looks, revert when "
+            "slower or short of --min-gain, else another seed; undecided when the seeds or --budget-s end first. Prints one JSON object "
             "on stdout (the schema ships as speedladder/judge/schema.json; docs/judge.md), progress on stderr. Exit "
             "status: 0 keep, 1 revert, 3 undecided, 2 bad input (nothing judged).",
             (Group.MODEL, Group.LEARNING, Group.RECIPE, Group.VAL_SET, Group.BATCH, Group.WARMUP, Group.MAX_WARMUP,

@@ -31,8 +31,9 @@ class JudgeConfig:
     max_seeds: int = option(8, help="seeds at most: the rule looks at the paired test after each seed from the "
                                     f"{FIRST_LOOK}rd, and says undecided if none of them decides",
                             metavar="N", group=Group.JUDGE)
-    false_keep: float = option(0.01, help="the false-keep rate the rule holds: a candidate no faster than its base "
-                                          "is kept at most this often (split evenly over the looks)", metavar="P",
+    false_keep: float = option(0.01, help="the false-keep rate the rule holds: a candidate no more than --keep-floor "
+                                          "faster than its base is kept at most this often (split evenly over the "
+                                          "looks)", metavar="P",
                                group=Group.JUDGE)
     false_revert: float = option(0.05, help="a candidate at least --min-gain faster is reverted at most this often "
                                             "(split evenly over the looks)", metavar="P", group=Group.JUDGE)
@@ -40,6 +41,10 @@ class JudgeConfig:
                                         "shown to fall short of it is reverted (a loss when shown slower, else "
                                         "noise)", metavar="F",
                              group=Group.JUDGE)
+    keep_floor: float = option(0.03, help="the gain a keep must be shown to exceed: every seed runs in the same two "
+                                          "worker processes, so a bias between them is the same in each seed and "
+                                          "the seeds' spread cannot see it (docs/judge.md#the-rule)", metavar="F",
+                               group=Group.JUDGE)
     worker_timeout_s: float = option(600.0, help="seconds a worker may take to answer one request (its build and "
                                                  "gates, or one stretch of steps) before it is stopped: an error",
                                      metavar="S", group=Group.JUDGE)
@@ -48,6 +53,9 @@ class JudgeConfig:
         positive("--budget-s", self.budget_s)
         positive("--worker-timeout-s", self.worker_timeout_s)
         positive("--min-gain", self.min_gain)
+        if not 0 <= self.keep_floor < self.min_gain:
+            raise UsageError(f"--keep-floor is a gain between 0 and --min-gain ({self.min_gain:g}), got "
+                             f"{self.keep_floor:g}")
         at_least("--max-seeds", self.max_seeds, FIRST_LOOK)
         for name, p in (("--false-keep", self.false_keep), ("--false-revert", self.false_revert)):
             if not 0 < p < 0.5:

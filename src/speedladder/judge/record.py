@@ -73,6 +73,7 @@ class Rule:
     false_keep: float
     false_revert: float
     min_gain: float
+    keep_floor: float  # the gain a keep must be shown to exceed
     first_look: int
     max_seeds: int
     looks: int

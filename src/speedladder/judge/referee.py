@@ -393,8 +393,8 @@ class Referee:
                           candidate=self._side(self.cand, 1), base=self._side(self.base, 0), gate=self.gate,
                           gamed=list(self.gamed), speedladder=__version__, torch=torch.__version__,
                           loadavg=self.loadavg)
-        j.rule = rec.Rule(cfg.false_keep, cfg.false_revert, cfg.min_gain, FIRST_LOOK, cfg.max_seeds, cfg.looks,
-                          cfg.false_keep / cfg.looks, cfg.false_revert / cfg.looks, cfg.budget_s)
+        j.rule = rec.Rule(cfg.false_keep, cfg.false_revert, cfg.min_gain, cfg.keep_floor, FIRST_LOOK, cfg.max_seeds,
+                          cfg.looks, cfg.false_keep / cfg.looks, cfg.false_revert / cfg.looks, cfg.budget_s)
         if self.race is not None:
             sec = self.race.section
             base, cand = (p.entry for p in self.race.prepared)

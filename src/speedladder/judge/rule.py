@@ -3,16 +3,19 @@
 Per seed, d = log(the candidate's time to the target) - log(its base's), with a censored run's bounds (stats.paired:
 `low` and `high` per seed, equal where both runs reached). Each look reads one-sided t-tests on the mean of d:
 
-- keep (why "win"): faster, on the upper bounds, at p < false_keep / looks;
+- keep (why "win"): faster by more than keep_floor, on the upper bounds, at p < false_keep / looks;
 - revert: the gain falls short of min_gain, on the lower bounds, at p < false_revert / looks; why "loss" when its
   estimate is slower by at least that much (a speedup below 1 / (1 + min_gain)), else "noise": a name for the
   revert, not a second decision.
 
 Neither: another seed, or undecided when the seeds or the budget run out. Each error rate is split evenly over the
-looks (Bonferroni), so whatever look stops the race, a candidate no faster than its base is kept with probability at
-most false_keep, and one at least min_gain faster is reverted at most false_revert of the time (under the t-test's
-own model: independent, normal log ratios). The interval is the one the keep test reads, at 1 - 2 false_keep /
-looks: its lower end above 1 is a keep.
+looks (Bonferroni), so whatever look stops the race, a candidate no more than keep_floor faster than its base is
+kept with probability at most false_keep, and one at least min_gain faster is reverted at most false_revert of the
+time (under the t-test's own model: independent, normal log ratios). The floor is there because the model misses one
+thing: every seed of a judgement runs in the same two worker processes, so a bias between them (their memory
+layout, where the scheduler put them) is the same in every seed, and the seeds' spread cannot see it
+(docs/judge.md#the-rule). The interval is the one the keep test reads, at 1 - 2 false_keep / looks: its lower end
+above 1 + keep_floor is a keep.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class Look:
     seeds: int
     decision: str | None
     why: str | None  # "win", "loss" or "noise" when decided
-    p_win: float  # faster than the base (one-sided, on the censoring-safe bounds)
+    p_win: float  # faster than the base by more than keep_floor (one-sided, on the censoring-safe bounds)
     p_loss: float  # slower
     p_short: float  # the gain falls short of min_gain
     level_keep: float  # false_keep / looks: what p_win is held to
@@ -60,7 +63,7 @@ def look(low: Sequence[float], high: Sequence[float], cfg: JudgeConfig) -> Look:
     """The rule at one look, from the per-seed bounds of the log time ratio (candidate over base)."""
     n = len(low)
     level_keep, level_revert = cfg.false_keep / cfg.looks, cfg.false_revert / cfg.looks
-    p_win = stats.one_sided(high, "less")
+    p_win = stats.one_sided([hi + math.log1p(cfg.keep_floor) for hi in high], "less")
     p_loss = stats.one_sided(low, "greater")
     p_short = stats.one_sided([lo + math.log1p(cfg.min_gain) for lo in low], "greater")
     exact = all(lo == hi for lo, hi in zip(low, high))
