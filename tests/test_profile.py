@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -55,9 +56,13 @@ def test_categories_add_to_100_percent_and_match_the_step(tiny_profile):
     # On a CPU the categories are operator time plus the gaps between operators: they add to each step's wall time.
     for step in tiny_profile["per_step"]:
         assert sum(step["ms"].values()) == pytest.approx(step["wall_ms"], rel=0.02)
-    # The median step is made of each category's median: its sum lies among the steps' wall times.
+    # The median step is made of each category's median, so it is no longer than the longest step. It can be shorter
+    # than the shortest one: on a shared machine a preemption lands in another category each step, and the medians
+    # leave each out (CI at load 3.5: 4.5 ms of medians among steps of 8.6-8.7 ms).
+    for name, c in cats.items():
+        assert c["ms"] == pytest.approx(statistics.median(s["ms"][name] for s in tiny_profile["per_step"])), name
     walls = [step["wall_ms"] for step in tiny_profile["per_step"]]
-    assert min(walls) * 0.98 <= sum(c["ms"] for c in cats.values()) <= max(walls) * 1.02
+    assert sum(c["ms"] for c in cats.values()) <= max(walls) * 1.02
     assert "CPU operator time" in tiny_profile["time_basis"]
     assert tiny_profile["regime"] in categories.REGIMES and tiny_profile["evidence"]
     assert tiny_profile["op_floor_us"] > 0 and tiny_profile["ops_per_step"] > 50
