@@ -10,8 +10,8 @@ import torch
 from conftest import Described
 
 from speedladder.config.ladders import FULL_LADDER
-from speedladder.config.presets import PRESETS
-from speedladder.gpt import GPT, GPTConfig
+from speedladder.models.gpt import GPT, GPTConfig
+from speedladder.models.presets import PRESETS
 from speedladder.progress import Progress
 from speedladder.rungs import (
     RUNGS,
@@ -19,14 +19,14 @@ from speedladder.rungs import (
     Env,
     PaddedHead,
     SDPAttention,
-    StepSpec,
     compose,
     pad_vocab,
     padded_vocab,
     use_sdpa,
 )
-from speedladder.rungs.optim import Muon, MuonAdamW, orthogonalize
-from speedladder.step import TrainStep
+from speedladder.spec import StepSpec
+from speedladder.step.muon import Muon, MuonAdamW, orthogonalize
+from speedladder.step.train_step import TrainStep
 from speedladder.verify import curves
 from speedladder.verify.gates import Gates
 
@@ -292,7 +292,7 @@ def test_the_fp8_rungs_compile_and_keep_their_base_mode():
 @pytest.mark.parametrize("shape", [(64, 96), (96, 64)])
 def test_our_muon_fallback_matches_torchs_muon(shape):
     """The fallback (for torch < 2.9) and torch.optim.Muon, which the muon rung uses here, make the same updates."""
-    from speedladder.rungs.optim import NS_COEFFICIENTS
+    from speedladder.step.muon import NS_COEFFICIENTS
 
     torch.manual_seed(0)
     start = torch.randn(shape)
@@ -326,9 +326,9 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
     GPT-2 124M the tensorwise recipe converts qkv and the MLP's first Linear in each block: 6 x 12 x (768 x 2304 +
     768 x 3072) = 297,271,296 of its 855,166,464 FLOPs a token (35%)."""
     pytest.importorskip("torchao.float8")
-    from speedladder.climbing.ladder import Ladder
     from speedladder.config.run import RunConfig
-    from speedladder.workload import prepare
+    from speedladder.ladder.climb import Ladder
+    from speedladder.step.workload import prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu", peak_tflops={"fp8": 1978.9, "bf16": 989.4}))
     ladder = Ladder(work, tmp_path)
@@ -355,7 +355,7 @@ def test_the_fp8_rungs_mfu_is_taken_against_the_peak_blended_by_its_flop_share(t
 def test_the_processor_names_why_bf16_is_emulated_whatever_caused_it(monkeypatch, hardware, env, native, why):
     """What the processor has and what the environment caps, read from stand-ins for torch's probes: each cause on
     any processor, so the wording of one is not tested only where it happens to hold."""
-    from speedladder.measure import processor
+    from speedladder import processor
 
     bf16, amx = hardware
     monkeypatch.setattr(processor, "_probe", lambda name: bf16 if "bf16" in name else amx)
@@ -373,22 +373,22 @@ def test_the_processor_names_why_bf16_is_emulated_whatever_caused_it(monkeypatch
 def test_muon_iterates_in_bf16_only_where_bf16_is_native(monkeypatch):
     """torch.optim.Muon always iterates in bf16; on a CPU whose oneDNN is capped below AVX-512 BF16 (as on an AVX2
     processor) bf16 is emulated, so the rung takes our Muon in fp32, and results.json says which it took."""
-    from speedladder import results
-    from speedladder.measure import processor
-    from speedladder.rungs.optim import muon_optimizer, ns_dtype_for
+    from speedladder import processor
+    from speedladder.records import storage
+    from speedladder.step.muon import muon_optimizer
 
     p = torch.nn.Parameter(torch.randn(8, 8))
     # Capped here, or an AVX2 processor of its own: either way bf16 is not native, and the reason says it is emulated
     # (the wording of each cause: test_the_processor_names_why_bf16_is_emulated_whatever_caused_it).
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert processor.cpu().bf16_native is False and "emulated" in processor.cpu().why
-    assert ns_dtype_for(torch.device('cpu'))[0] == torch.float32
+    assert processor.ns_dtype_for(torch.device('cpu'))[0] == torch.float32
     opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
     assert type(opt) is Muon and opt.ns_dtype == torch.float32
-    env = results.environment(torch.device('cpu'))
+    env = storage.environment(torch.device('cpu'))
     assert env.bf16_native is False and "fp32" in (env.muon or "")
     monkeypatch.setattr(processor, "bf16_native", lambda device: True)  # a processor with AVX-512 BF16 or AMX
-    assert ns_dtype_for(torch.device('cpu'))[0] == torch.bfloat16
+    assert processor.ns_dtype_for(torch.device('cpu'))[0] == torch.bfloat16
     opt = muon_optimizer([p], lr=0.02, momentum=0.95, nesterov=True, ns_steps=5)
     assert (type(opt) is torch.optim.Muon) if hasattr(torch.optim, "Muon") else opt.ns_dtype == torch.bfloat16
 
@@ -459,9 +459,9 @@ def test_the_ladder_skips_fp8_at_d2l_512_with_the_shapes_and_builds_nothing(tmp_
     """The climb on an H100-like device with torchao and Triton at hand: the fp8 rung at d2l-512 is recorded as
     skipped with torchao's rule and the block Linears' shapes, and no step is built for it."""
     pytest.importorskip("torchao.float8")
-    from speedladder.climbing.ladder import Ladder
     from speedladder.config.run import RunConfig
-    from speedladder.workload import prepare
+    from speedladder.ladder.climb import Ladder
+    from speedladder.step.workload import prepare
 
     work = prepare(RunConfig(preset="d2l-512", device="cpu"))
     work.env = dataclasses.replace(work.env, device_type="cuda", cuda_capability=(9, 0))

@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import TINY, load_dict
 
-from speedladder import results
-from speedladder.cli import check, main
-from speedladder.config.commands import DRIFT_LIMIT
+from speedladder.cli import cmd_check, main
 from speedladder.config.ladders import FULL_LADDER
 from speedladder.config.resolved import resolve
+from speedladder.config.settings import DRIFT_LIMIT
+from speedladder.records import storage
 from speedladder.report import compare
 from speedladder.rungs import RUNGS
 
@@ -51,7 +51,7 @@ def scale_speed(saved: dict, factor: float, names: set[str] | None = None) -> di
 
 def doctored(saved: dict, folder: Path) -> Path:
     folder.mkdir(parents=True)
-    results.save(saved, folder)
+    storage.save(saved, folder)
     return folder
 
 
@@ -126,7 +126,7 @@ def test_check_passes_against_itself(runs, capsys):
     assert main(["check", "--baseline", str(a), "--against", str(a), "--tolerance", "0.2"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     # On a busy host the fixture's tiny windows may drift; a warning then names each side, and only then.
-    typed = results.load(a)
+    typed = storage.load(a)
     warned = compare.drift_warnings([typed, typed], ["the baseline", "the new run"], DRIFT_LIMIT)
     assert lines[:-1] == [f"check: {w}" for w in warned]
     assert lines[-1].startswith("check: no regression")
@@ -146,7 +146,7 @@ def test_check_fails_against_a_baseline_30_percent_faster(runs, tmp_path, capsys
     # steps on a shared machine can fall far below the rest and widen one rung's range past that. At least one
     # rung must be left to regress, or the check could not fail.
     assert expected
-    found, _ = check.regressions(json.loads((fast / "results.json").read_text()), saved, 0.05)
+    found, _ = cmd_check.regressions(json.loads((fast / "results.json").read_text()), saved, 0.05)
     assert {r.rung for r in found} == expected and {r.kind for r in found} == {"speed"}
     for r in found:
         base_min = saved_rung(saved, r.rung)["tokens_per_s"]["min"] / 0.7
@@ -162,7 +162,7 @@ def test_check_fails_when_a_gate_that_passed_fails(runs, tmp_path, capsys):
     saved_rung(failed, "bf16")["gate"].update(passed=False, detail="logits differ")
     bad = doctored(failed, tmp_path / "bad")
     assert main(["check", "--baseline", str(a), "--against", str(bad), "--tolerance", "0.2"]) == 1
-    found, _ = check.regressions(load_dict(a), failed, 0.2)
+    found, _ = cmd_check.regressions(load_dict(a), failed, 0.2)
     assert [(r.rung, r.kind) for r in found] == [("bf16", "gate")]
     assert sum(ln.startswith("check: regression: bf16") for ln in capsys.readouterr().out.splitlines()) == 1
 
@@ -172,7 +172,7 @@ def test_check_fails_when_a_gate_that_passed_fails(runs, tmp_path, capsys):
     (lambda d: (d / "results.json").write_text("{not json"), []),
     (lambda d: (d / "results.json").write_text(json.dumps({"schema": "other"})), []),
     (lambda d: shutil.copy(EXAMPLE, d / "results.json"), ["--tolerance", "1.5"]),
-    (lambda d: (d / "results.json").write_text(json.dumps({"schema": results.SCHEMA, "rungs": []})), []),
+    (lambda d: (d / "results.json").write_text(json.dumps({"schema": storage.SCHEMA, "rungs": []})), []),
 ])
 def test_bad_baseline_is_one_line_and_exit_2(make, args, tmp_path, capsys):
     base = tmp_path / "base"
@@ -187,15 +187,16 @@ def test_bad_baseline_is_one_line_and_exit_2(make, args, tmp_path, capsys):
 @pytest.mark.slow
 def test_the_rerun_resolves_to_the_saved_config(runs, tmp_path):
     """What check runs again is the saved config through the codec, and its config file reads back the same."""
-    from speedladder.config import codec, commands
+    from speedladder import codec
+    from speedladder.config import settings
 
     a, _ = runs
     saved = load_dict(a)
     for config in (saved["config"], {**saved["config"], "ladder": "full", "rungs": list(FULL_LADDER),
                                      "beside": ["ckpt"]}):
-        command, again = check.rerun_settings({**saved, "config": config})
-        path = commands.write(tmp_path / "config.toml", again, "check", ("run", "race"))
-        read = codec.from_data(commands.Settings, commands.read(path))
+        command, again = cmd_check.rerun_settings({**saved, "config": config})
+        path = settings.write(tmp_path / "config.toml", again, "check", ("run", "race"))
+        read = codec.from_data(settings.Settings, settings.read(path))
         assert command == "run" and read == again
         resolved = resolve(read.run, torch.device("cpu"), tuple(RUNGS)).with_vocab(config["model"]["vocab_size"])
         assert json.loads(json.dumps(codec.to_data(resolved, json=True))) == config
@@ -210,6 +211,6 @@ def test_check_reruns_the_baseline_here(runs, tmp_path, capsys):
     assert {k: v for k, v in new["config"].items() if k != "out"} == \
            {k: v for k, v in saved["config"].items() if k != "out"}
     assert [r["name"] for r in new["rungs"]] == [r["name"] for r in saved["rungs"]]
-    found, _ = check.regressions(saved, new, 0.2)
+    found, _ = cmd_check.regressions(saved, new, 0.2)
     assert rc == (1 if found else 0)
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("check: ")

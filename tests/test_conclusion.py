@@ -13,9 +13,8 @@ import pytest
 from conftest import resolved
 from rich.console import Console
 
-from speedladder import results
 from speedladder.cli import main
-from speedladder.climbing import verdicts
+from speedladder.ladder import builds_on
 from speedladder.measure import timer
 from speedladder.measure.judging import Spread
 from speedladder.records import (
@@ -29,6 +28,7 @@ from speedladder.records import (
     Results,
     RungResult,
     SavedModel,
+    storage,
 )
 from speedladder.report import conclusion, html, summary
 from speedladder.report.text import print_report
@@ -73,7 +73,7 @@ def nothing_paid() -> Results:
                       bf16_native=False)
     profile = ProfileSummary(regime="compute-bound", regime_label="borderline (compute / memory)",
                              buckets={"compute": 0.45, "memory": 0.40, "overhead": 0.15})
-    return Results(schema=results.SCHEMA, status="complete", created="2026-12-03T00:00:00+00:00", command=["x"],
+    return Results(schema=storage.SCHEMA, status="complete", created="2026-12-03T00:00:00+00:00", command=["x"],
                    config=resolved(), environment=env, model=SavedModel(kind="speedladder"),
                    corpus=CorpusRecord(source="timemachine"), rungs=rungs, fastest="eager", profile=profile,
                    learns_check=LearnsCheck(rung="eager", passed=True))
@@ -114,7 +114,7 @@ def test_a_run_in_which_nothing_paid_says_so_why_and_two_commands(tmp_path, caps
     assert "nothing paid on this machine" in summary and "speedladder run --ladder full" in summary
     assert "speedladder race --run" not in summary and "<dt>winner</dt>" not in summary  # a winner only where it won
 
-    results.save(res, tmp_path)
+    storage.save(res, tmp_path)
     assert main(["race", "--run", str(tmp_path), "--out", str(tmp_path / "races")]) == 2
     err = capsys.readouterr().err.strip()
     assert "fastest configuration is eager: nothing there paid" in err and len(err.splitlines()) == 1
@@ -176,12 +176,12 @@ LADDER = ("compile", "ckpt", "bf16", "muon")
 
 
 def climbed(outcomes: tuple[str, ...], gates: tuple[bool, ...], status: str, learns: str) -> Results:
-    """A ladder climbed by the ladder's own rule (climbing/verdicts.py): eager, then LADDER with these outcomes and
+    """A ladder climbed by the ladder's own rule (ladder/builds_on.py): eager, then LADDER with these outcomes and
     gates (ckpt's outcome is a loss, as a memory rung's is); an interrupted run stops during bf16. The learns-check
     as it would be: passed, failed on the fastest (then passed on the next), skipped (--learns-steps 0), or for an
     interrupted run not run at all (a file from before the interrupt path recorded it) or recorded as not run."""
     eager = rung("eager", 10_000, None, None, "baseline", speedup_cum=1.0)
-    res = Results(schema=results.SCHEMA, status=status, created="2026-12-04T00:00:00+00:00", command=["x"],
+    res = Results(schema=storage.SCHEMA, status=status, created="2026-12-04T00:00:00+00:00", command=["x"],
                   config=resolved(rungs=("eager", *LADDER)), environment=Environment(device_type="cuda"),
                   model=SavedModel(kind="speedladder"), corpus=CorpusRecord(source="timemachine"), rungs=[eager])
     base = eager
@@ -198,11 +198,11 @@ def climbed(outcomes: tuple[str, ...], gates: tuple[bool, ...], status: str, lea
         r = rung(name, base.tokens_per_s.median * prev, prev, base.name, verdict, kind=kind,
                  gate=None if verdict == "short" else gate, speedup_cum=(base.speedup_cum or 1.0) * prev)
         res.rungs.append(r)
-        if verdict == "short" or (r.passed and not verdicts.pays(r)):
-            r.not_built_upon = verdicts.not_built_upon(r, base.name)
+        if verdict == "short" or (r.passed and not builds_on.pays(r)):
+            r.not_built_upon = builds_on.not_built_upon(r, base.name)
         elif r.passed:
             base = r
-    ranked = verdicts.ranked(res)
+    ranked = builds_on.ranked(res)
     if status == "interrupted":
         if learns == "recorded":
             res.learns_check = LearnsCheck(skipped=True, detail="the run stopped before the learns-check")
@@ -241,7 +241,7 @@ def test_the_conclusion_never_contradicts_its_table(status, learns):
         assert c is not None
         where = f"{outcomes} {gates}"
         by_name = {r.name: r for r in res.rungs}
-        best = res.rung(res.fastest) if res.fastest else verdicts.ranked(res)[0]
+        best = res.rung(res.fastest) if res.fastest else builds_on.ranked(res)[0]
         assert c.best == best.name, where
         chain = [n for n in res.chain(best) if n != "eager"]
         # No "did not pay" line carries a win, nor names a rung that won.
@@ -286,7 +286,7 @@ H200 = Path(__file__).resolve().parent / "data" / "h200"
 
 
 def h200(name: str) -> Results:
-    return results.load(H200 / f"{name}.json")
+    return storage.load(H200 / f"{name}.json")
 
 
 def test_the_h200_runs_cut_by_their_caps_name_their_best_so_far_and_how_to_go_on():
@@ -341,9 +341,9 @@ def test_speedladder_report_prints_the_h200_conclusions_in_100_columns(tmp_path)
     for name in ("small", "cuda", "second-gpt2"):
         folder = tmp_path / name
         folder.mkdir()
-        shutil.copy(H200 / f"{name}.json", folder / results.FILENAME)
+        shutil.copy(H200 / f"{name}.json", folder / storage.FILENAME)
         out = Console(file=io.StringIO(), width=100)
-        print_report(results.load(folder), out, folder=str(folder))
+        print_report(storage.load(folder), out, folder=str(folder))
         text = out.file.getvalue()  # type: ignore[attr-defined]
         tail = text[text.index("conclusion: "):]
         assert "did not pay: cudagraphs" not in tail and "nothing here to train" not in tail
@@ -362,7 +362,7 @@ def test_learns_steps_0_records_a_check_not_passed_and_the_run_never_says_it_lea
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     (folder,) = tmp_path.iterdir()
-    saved = json.loads((folder / results.FILENAME).read_text())
+    saved = json.loads((folder / storage.FILENAME).read_text())
     assert saved["learns_check"]["skipped"] and saved["learns_check"]["passed"] is False
     assert saved["learns_check"]["rung"] == saved["fastest"]
     assert "it learns" not in out and "learns: not checked: --learns-steps 0." in out
@@ -385,7 +385,7 @@ def test_a_run_stopped_before_the_learns_check_records_it_not_run(tmp_path, monk
                  "--loss-steps", "2", "--no-profile", "--no-process-peak", "--out", str(tmp_path)]) == 130
     out = capsys.readouterr().out
     (folder,) = tmp_path.iterdir()
-    saved = results.load(folder)
+    saved = storage.load(folder)
     lc = saved.learns_check
     assert saved.status == "interrupted" and saved.fastest is None
     assert lc is not None and lc.skipped and not lc.passed and lc.detail == "the run stopped before the learns-check"

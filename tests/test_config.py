@@ -14,17 +14,19 @@ import torch
 from conftest import only_folder
 from usermodels import write_models
 
-from speedladder import models
+from speedladder import codec
 from speedladder.cli import ALL, build_parser, main
 from speedladder.cli.gen import DEST, leaves, shown_default, to_settings
-from speedladder.climbing import tune
-from speedladder.config import codec, commands
-from speedladder.config.commands import Settings
+from speedladder.config import settings
 from speedladder.config.run import RunConfig, TimingConfig
+from speedladder.config.settings import Settings
 from speedladder.errors import UsageError
-from speedladder.gpt import GPT
-from speedladder.rungs import RUNGS, Env, StepSpec, compose
-from speedladder.workload import prepare
+from speedladder.models import user as user_models
+from speedladder.models.gpt import GPT
+from speedladder.rungs import RUNGS, Env, compose
+from speedladder.spec import StepSpec
+from speedladder.step.workload import prepare
+from speedladder.tune import search
 
 QUICK = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager", "--window-steps", "2", "--loss-steps", "2",
          "--learns-steps", "0", "--no-profile", "--no-process-peak", "--quiet"]
@@ -105,7 +107,7 @@ def test_toml_round_trips_every_kind_of_value(tmp_path):
                  quiet=True)
     s = dataclasses.replace(s, race=dataclasses.replace(s.race, combos=(("bf16",), ("bf16", "muon")),
                                                         target_loss=2.5))
-    back = codec.from_data(Settings, commands.read(commands.write(tmp_path / "s.toml", s, "a\nheader", (
+    back = codec.from_data(Settings, settings.read(settings.write(tmp_path / "s.toml", s, "a\nheader", (
         "run", "race", "quiet"))))
     assert back == s
 
@@ -133,7 +135,7 @@ def test_run_config_toml_reproduces_the_run_field_for_field_and_check_re_runs_th
         pytest.importorskip("transformers")
     assert main(["run", *QUICK, *model, "--out", str(tmp_path / "a")]) == 0
     first, saved = _one(tmp_path / "a")
-    assert main(["run", "--config", str(first / commands.CONFIG_FILE), "--out", str(tmp_path / "b")]) == 0
+    assert main(["run", "--config", str(first / settings.CONFIG_FILE), "--out", str(tmp_path / "b")]) == 0
     _second, again = _one(tmp_path / "b")
     drop = ("out",)  # the one field changed on purpose
     assert {k: v for k, v in again["config"].items() if k not in drop} == \
@@ -152,12 +154,12 @@ def test_run_config_toml_reproduces_the_run_field_for_field_and_check_re_runs_th
 
 
 def test_an_old_results_file_loads_and_its_config_reads_as_todays():
-    from speedladder import results
-    from speedladder.config.commands import run_from_results
+    from speedladder.config.settings import run_from_results
+    from speedladder.records import storage
 
     raw = json.loads((Path(__file__).parent / "data" / "results-schema1.json").read_text())["config"]  # written before the codec
     assert "timing" not in raw
-    saved = results.load(Path(__file__).parent / "data" / "results-schema1.json")
+    saved = storage.load(Path(__file__).parent / "data" / "results-schema1.json")
     timing = {k: raw[k] for k in ("steps", "windows", "warmup", "max_warmup")}
     saved_timing = codec.to_data(saved.config.run.timing)
     assert {k: saved_timing[k] for k in timing} == timing and saved.config.steps == raw["steps"]
@@ -218,7 +220,7 @@ def test_apply_takes_a_user_model_a_config_file_and_the_users_own_optimizer(made
     spec_path = str(made / "nano.py:GPT")
     work = prepare(RunConfig(preset="tiny", device="cpu", model_source=spec_path, rungs=("eager", "bf16", "ckpt",
                                                                                          "fused-adamw")))
-    s = commands.write(tmp_path / "winner.toml", Settings(run=work.cfg.run), "test", ("run",))
+    s = settings.write(tmp_path / "winner.toml", Settings(run=work.cfg.run), "test", ("run",))
     spec = compose(("bf16", "ckpt", "fused-adamw"), work.base_spec, work.env)
     stream = work.stream(spec)
     batches = [next(stream) for _ in range(5)]
@@ -236,12 +238,12 @@ def test_apply_takes_a_user_model_a_config_file_and_the_users_own_optimizer(made
     torch.testing.assert_close(theirs, ours, rtol=0.0, atol=0.0)
     assert all(type(b).__name__ == "Checkpointed" for b in model.get_submodule(work.model.blocks))  # in place
     scope = {"speedladder": __import__("speedladder"), "model": work.model.build(torch.device("cpu"))}
-    exec(tune.commands(str(tmp_path)).apply, scope)  # noqa: S102 (tune's printed line, run as pasted)
+    exec(search.commands(str(tmp_path)).apply, scope)  # noqa: S102 (tune's printed line, run as pasted)
     assert scope["spec"] == spec and isinstance(scope["optimizer"], torch.optim.AdamW)
 
 
 def test_apply_says_in_one_line_what_a_model_cannot_take(made):
-    model = models.user.load(str(made / "flat.py:Bigram"))(28)
+    model = user_models.load(str(made / "flat.py:Bigram"))(28)
     spec = StepSpec(4, 32, transforms=("activation-checkpointing",))
     with pytest.raises(UsageError, match="no repeated blocks"):
         __import__("speedladder").apply(model, spec)
@@ -255,8 +257,8 @@ def _ungrouped(cls: type) -> list[str]:
 
 
 def test_every_flag_is_in_a_group_some_command_takes():
-    from speedladder.config.codec import Group, option
-    from speedladder.config.commands import Settings
+    from speedladder.codec import Group, option
+    from speedladder.config.settings import Settings
 
     assert _ungrouped(Settings) == []
     assert {g for c in ALL for g in c.groups} == set(Group)  # and no group is left that nothing takes

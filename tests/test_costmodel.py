@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from speedladder.config.presets import PRESETS
-from speedladder.gpt import GPT
+from speedladder.models.gpt import GPT
+from speedladder.models.presets import PRESETS
 from speedladder.parallel import costmodel as cm
 
 

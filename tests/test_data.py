@@ -8,7 +8,10 @@ import socket
 import pytest
 import torch
 
-from speedladder.data import BatchStream, CharTokenizer, GPT2Tokenizer, check_fits, data_file, load_corpus, load_text
+from speedladder.data import asset
+from speedladder.data.batches import BatchStream
+from speedladder.data.corpus import check_fits, load_corpus, load_text
+from speedladder.data.tokenizers import CharTokenizer, GPT2Tokenizer
 from speedladder.errors import UsageError
 
 # From shared/data/PROVENANCE.md.
@@ -21,7 +24,7 @@ CHECKSUMS = {
 
 @pytest.mark.parametrize("name", sorted(CHECKSUMS))
 def test_shipped_files_match_their_checksums(name):
-    blob = data_file(name).read_bytes()
+    blob = asset(name).read_bytes()
     size, digest = CHECKSUMS[name]
     assert len(blob) == size
     assert hashlib.sha256(blob).hexdigest() == digest

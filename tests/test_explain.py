@@ -13,7 +13,7 @@ from speedladder.cli import main
 from speedladder.profile.categories import CATEGORIES, IDLE
 from speedladder.profile.explain import names_of, to_explain
 from speedladder.profile.predict import baseline_parts
-from speedladder.profile.sides import compare, sums
+from speedladder.profile.side_by_side import compare, sums
 from speedladder.records import (
     Environment,
     Prediction,
@@ -197,16 +197,16 @@ def test_kernel_calls_are_read_from_inductors_generated_code(tmp_path, monkeypat
 @pytest.mark.slow
 def test_a_compiled_profile_records_what_the_compiler_did_and_its_own_trace(tmp_path):
     from speedladder.config.run import RunConfig
-    from speedladder.profile import child
+    from speedladder.profile import step_profile
 
     run = RunConfig(preset="tiny", device="cpu", rungs=("eager",), profile=dataclasses.replace(
         RunConfig().profile, steps=2))
-    (b,) = child.profiles_in_child(run, [("compile",)], timeout_s=600, facts=False,
+    (b,) = step_profile.profiles_in_child(run, [("compile",)], timeout_s=600, facts=False,
                                    traces=[tmp_path / "trace-compile.json"])
     c = b["compiler"]
     assert c["graphs"] >= 1 and c["graph_breaks"] >= 0 and c["recompiles"] >= 0  # dynamo's (the backward is AOT's)
     assert c["kernel_calls"]["fused"] > 0 and c["kernel_calls"]["library"] > 0
-    assert b["trace"] == "trace-compile.json" and child.valid_trace(tmp_path / "trace-compile.json") > 0
+    assert b["trace"] == "trace-compile.json" and step_profile.valid_trace(tmp_path / "trace-compile.json") > 0
 
 
 def test_only_misses_beyond_the_limit_are_explained_and_chains_follow_the_ladder():

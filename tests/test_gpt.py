@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from speedladder.config.presets import PRESETS
-from speedladder.gpt import GPT, GPTConfig
+from speedladder.models.gpt import GPT, GPTConfig
+from speedladder.models.presets import PRESETS
 
 
 def params(name: str) -> GPT:

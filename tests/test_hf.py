@@ -13,10 +13,10 @@ from conftest import cli
 
 from speedladder.cli import main
 from speedladder.config.run import RunConfig
-from speedladder.models import count_flops
-from speedladder.rungs import StepSpec
-from speedladder.training.train import load_checkpoint
-from speedladder.workload import prepare
+from speedladder.models.definition import count_flops
+from speedladder.spec import StepSpec
+from speedladder.step.workload import prepare
+from speedladder.train.trainer import load_checkpoint
 
 if importlib.util.find_spec("transformers") is None:
     if os.environ.get("CI") == "true":  # .ci/run installs the [hf] extra: these tests must run there

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY
 
-from speedladder import results
 from speedladder.cli import main
-from speedladder.records import Results, from_dict
+from speedladder.records import Results, from_dict, storage
 from speedladder.report import conclusion
 from speedladder.report import html as html_report
 from speedladder.report.common import label
@@ -32,7 +31,7 @@ def folders(tmp_path_factory, one_thread) -> dict[str, Path]:
     assert main(["run", *TINY, "--rungs", "eager,bf16", "--out", str(base / "run")]) == 0
     example = base / "example"
     example.mkdir()
-    shutil.copy(EXAMPLE, example / results.FILENAME)
+    shutil.copy(EXAMPLE, example / storage.FILENAME)
     assert main(["report", str(example)]) == 0
     assert main(["predict", "--preset", "tiny", "--device", "cpu", "--compose", "eager", "--window-steps", "2",
                  "--bandwidth", "1", "--nprocs", "2,4", "--quiet", "--out", str(base / "predict")]) == 0
@@ -48,7 +47,7 @@ def _tune_folder(base: Path, race: Path) -> Path:
     """The saved CPU example as a tune's folder: its rungs, and a race of finalists (the tiny race's section,
     renamed) that named the winner by time, with both judges' answers."""
     saved = json.loads(EXAMPLE.read_text())
-    section = json.loads((race / results.FILENAME).read_text())["race"]
+    section = json.loads((race / storage.FILENAME).read_text())["race"]
     finalist = next(e for e in section["entries"] if e["name"] != "eager")
     finalist["name"] = "bf16"
     folder = base / "tune"
@@ -64,7 +63,7 @@ def _tune_folder(base: Path, race: Path) -> Path:
                      "time_judge": {"judge": "time", "winner": "bf16", "rungs": ["compile", "bf16"],
                                     "tokens_per_s_x": 1.46, "time_x": 1.69, "p_vs_eager": 0.0014, "p_vs_other": 0.002},
                      "race": section}
-    (folder / results.FILENAME).write_text(json.dumps(saved))
+    (folder / storage.FILENAME).write_text(json.dumps(saved))
     assert main(["report", str(folder)]) == 0
     return folder
 
@@ -112,7 +111,7 @@ def test_empty_sections_say_why(folders):
 def test_report_rewrites_it_from_the_saved_file_alone(folders, tmp_path, capsys):
     moved = tmp_path / "moved"
     moved.mkdir()
-    shutil.copy(folders["run"] / results.FILENAME, moved / results.FILENAME)
+    shutil.copy(folders["run"] / storage.FILENAME, moved / storage.FILENAME)
     assert main(["report", str(moved)]) == 0
     assert f"report: {moved / html_report.FILENAME}" in capsys.readouterr().out
     assert (moved / html_report.FILENAME).read_text() == (folders["run"] / html_report.FILENAME).read_text()
@@ -229,7 +228,7 @@ def test_the_summary_names_the_winner_and_the_lines_that_use_it(folders, name):
         assert html_report.esc(text) in box, text
     assert 'class="summary"' in box
     if name == "run":  # the tiny run's bf16 may win or not, as this machine has it: a winner only where it won
-        said = conclusion.of(results.load(folders[name]))
+        said = conclusion.of(storage.load(folders[name]))
         assert said is not None and html_report.esc(said.headline) in box
         assert ("<dt>winner</dt>" in box) == (not said.nothing_paid)
     predict = section((folders["predict"] / html_report.FILENAME).read_text(), "summary")
@@ -333,7 +332,7 @@ def h200_pages(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name in H200_PAGES:
         out[name] = base / f"{name}.html"
-        out[name].write_text(html_report.build(results.load(H200 / f"{name}.json")), encoding="utf-8")
+        out[name].write_text(html_report.build(storage.load(H200 / f"{name}.json")), encoding="utf-8")
     return out
 
 
@@ -360,7 +359,7 @@ def test_the_h200_pages_read_as_their_tables_do_at_900_and_1400_px(h200_pages):
             browser.close()
     for (name, width), d in seen.items():
         where = f"{name} at {width} px"
-        saved = results.load(H200 / f"{name}.json")
+        saved = storage.load(H200 / f"{name}.json")
         assert d["page"] <= width and d["overflow"] <= 0, where  # nothing to scroll sideways
         assert len(d["rows"]) == len(saved.rungs), where
         for row, r in zip(d["rows"], saved.rungs):
@@ -399,5 +398,5 @@ def test_the_gates_scale_is_named_for_the_device_it_ran_on():
     assert scale_label(saved, "cpu").startswith("eager at bf16 (autocast on a CPU, emulated)")
     assert scale_label("eager fp32 and eager (the rung it built on)", "cuda") == "eager fp32 and eager (the rung it " \
                                                                                 "built on)"
-    gates = section(html_report.build(results.load(H200 / "small.json")), "gates")
+    gates = section(html_report.build(storage.load(H200 / "small.json")), "gates")
     assert "eager at bf16 (autocast on CUDA, emulated)" in gates and "eager bf16 (emulated)" not in gates

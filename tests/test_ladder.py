@@ -11,14 +11,16 @@ import pytest
 import torch
 from conftest import plant
 
-from speedladder import report, results
+from speedladder import report
 from speedladder.cli import main
-from speedladder.climbing.verdicts import SHORT_BELOW
-from speedladder.measure import judging, peakflops, timer
-from speedladder.records import to_dict
-from speedladder.rungs import RUNGS, Requirement, Rung, RungError, StepSpec
-from speedladder.step import TrainStep
-from speedladder.verify import rule
+from speedladder.ladder.builds_on import SHORT_BELOW
+from speedladder.measure import judging, timer
+from speedladder.models import definition
+from speedladder.records import storage, to_dict
+from speedladder.rungs import RUNGS, Requirement, Rung, RungError
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep
+from speedladder.verify import gate_rule
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--loss-steps", "8", "--learns-steps", "60",
         "--no-profile", "--no-process-peak"]
@@ -63,7 +65,7 @@ def source_run(tmp_path_factory) -> dict:
     finally:
         timer.time_window = real
     folder = run_dir(out)
-    return {"rc": rc, "res": saved(out), "typed": results.load(folder), "folder": folder,
+    return {"rc": rc, "res": saved(out), "typed": storage.load(folder), "folder": folder,
             "out": stdout.getvalue(), "err": stderr.getvalue(), "tickers": tickers}
 
 
@@ -71,7 +73,7 @@ def source_run(tmp_path_factory) -> dict:
 def test_source_ladder_runs_every_rung(source_run):
     res = source_run["res"]
     assert source_run["rc"] == 0 and res["status"] == "complete"
-    assert res["schema"] == results.SCHEMA
+    assert res["schema"] == storage.SCHEMA
     rungs = by_name(res)
     # The batch rung's fp32 control runs only where the batch rung changed the precision (bf16 built upon).
     control = ["batch-fp32"] if rungs["batch"]["spec"]["autocast"] else []
@@ -87,7 +89,7 @@ def test_source_ladder_runs_every_rung(source_run):
         assert r["peak_basis"].startswith("measured peak, a 512×512×512 matmul") and r["peak_tflops"] > 0
         assert r["mfu"] == pytest.approx(r["tflops"] / r["peak_tflops"])
         assert short or r["gate"]["passed"], r["gate"]["detail"]
-        assert r["flops_per_token"] == peakflops.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
+        assert r["flops_per_token"] == definition.flops_per_token(res["model"]["matmul_params"], 2, 2, 16, 32)
     # Measured once per precision: every rung at a precision is taken against the same ceiling.
     by_precision: dict[str, set[float]] = {}
     for r in res["rungs"]:
@@ -258,7 +260,7 @@ def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs,
     assert "skipped" in out and "needs cuda; this device is cpu" in out
     row = next(line for line in out.splitlines() if line.startswith("wrong "))
     assert [c.strip() for c in row.split("│")][-3::2] == ["FAIL", "gate"]  # the gate, and why not built upon
-    fig = report.waterfall_figure(results.load(run_dir(tmp_path)))
+    fig = report.waterfall_figure(storage.load(run_dir(tmp_path)))
     bars = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
     assert bars["wrong"].get_hatch() == "///"  # failed: hatched
     assert bars["eager"].get_hatch() is None
@@ -268,13 +270,13 @@ def test_a_wrong_rung_fails_its_gate_and_is_never_fastest(tmp_path, extra_rungs,
 @pytest.mark.slow
 def test_results_are_saved_after_every_rung(tmp_path, monkeypatch):
     snapshots = []
-    real_save = results.save
+    real_save = storage.save
 
     def spy(res, folder):
         snapshots.append(to_dict(res))
         return real_save(res, folder)
 
-    monkeypatch.setattr(results, "save", spy)
+    monkeypatch.setattr(storage, "save", spy)
     assert main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)]) == 0
     finished = [[r["status"] for r in s["rungs"]] for s in snapshots]
     assert ["ok"] in finished and ["ok", "ok"] in finished and ["ok", "ok", "ok"] in finished
@@ -359,7 +361,7 @@ def test_a_rung_whose_spec_cannot_be_made_is_an_error_saved_without_a_spec(tmp_p
     assert main(["run", *FAST, "--learns-steps", "0", "--rungs", "eager,no-spec", "--quiet", "--out", str(tmp_path)]) == 0
     rung = by_name(saved(tmp_path))["no-spec"]
     assert rung["status"] == "error" and rung["detail"] == "no spec today" and rung["spec"] is None
-    typed = results.load(run_dir(tmp_path))
+    typed = storage.load(run_dir(tmp_path))
     assert typed.rung("no-spec").spec is None and isinstance(typed.rung("eager").spec, StepSpec)
     assert "no spec today" in capsys.readouterr().out
     assert main(["gates", str(run_dir(tmp_path)), "no-spec", "--quiet"]) == 2
@@ -368,14 +370,14 @@ def test_a_rung_whose_spec_cannot_be_made_is_an_error_saved_without_a_spec(tmp_p
 
 @pytest.mark.slow
 def test_a_gate_that_cannot_run_keeps_the_speed_but_never_passes(tmp_path, monkeypatch):
-    real = rule.verdict
+    real = gate_rule.verdict
 
     def verdict(step, ref, *args):
         if step.spec.autocast == "bf16":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
         return real(step, ref, *args)
 
-    monkeypatch.setattr(rule, "verdict", verdict)
+    monkeypatch.setattr(gate_rule, "verdict", verdict)
     assert main(["run", *FAST, "--rungs", "eager,bf16", "--quiet", "--out", str(tmp_path)]) == 0
     res = saved(tmp_path)
     bf16 = by_name(res)["bf16"]
@@ -419,7 +421,7 @@ def test_full_ladder_skips_cuda_rungs_with_reasons_and_measures_ckpt_beside_the_
                                               judging.Spread(**ckpt["base_tokens_per_s"]))
     assert f"┊ ckpt beside {top['name']}" in out and f"ckpt: measured beside {top['name']}" in out
     assert all(r["wall_s"] > 0 for r in res["rungs"] if r["status"] == "ok")
-    bars = {p.get_gid() for p in report.waterfall_figure(results.load(run_dir(tmp_path))).axes[0].patches
+    bars = {p.get_gid() for p in report.waterfall_figure(storage.load(run_dir(tmp_path))).axes[0].patches
             if p.get_gid()}
     assert "ckpt" in bars and "max-autotune" not in bars
 
@@ -479,7 +481,7 @@ def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_s
     slow, sdpa = rungs["slow"], rungs["sdpa"]
     assert slow["gate"]["passed"], slow["gate"]["detail"]  # the same function: every gate passes
     assert slow["verdict"] == "loss" and slow["speedup_prev"] < 0.5  # ~10x slower, judged beside eager
-    fig = report.waterfall_figure(results.load(run_dir(tmp_path)))
+    fig = report.waterfall_figure(storage.load(run_dir(tmp_path)))
     bars = {p.get_gid(): p for p in fig.axes[0].patches if p.get_gid()}
     assert bars["slow"].get_facecolor()[:3] == pytest.approx((0xd6 / 255, 0x27 / 255, 0x28 / 255))  # red
     if stack_all:  # the source text's pure cumulative ladder: every passing rung stacked, losses too
@@ -492,7 +494,7 @@ def test_a_loss_is_measured_and_drawn_red_and_the_next_rung_builds_on_the_best_s
         assert sdpa["speedup_cum"] == pytest.approx(sdpa["speedup_prev"])
         ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
         assert "slow\n(not built upon:\nslower)" in ticks
-        lines = report.text.notes(results.load(run_dir(tmp_path)))
+        lines = report.text.notes(storage.load(run_dir(tmp_path)))
         assert any(line.startswith("slow: not built upon — slower: a loss") and "(red on the waterfall" in line
                    for line in lines)
 
@@ -502,7 +504,7 @@ def test_noise_is_built_upon_only_above_one(tmp_path, monkeypatch, stack_all):
     """What to build on follows the best estimate (docs/measurement.md, rule 13): two rungs with the same math whose
     windows overlap their base's (noise, no claim), planted at 0.95x and 1.05x. The first is not built upon
     (slower); the second is, and the rung above it builds on it. --stack-all builds on both."""
-    from speedladder.climbing import ladder as climbing
+    from speedladder.ladder import climb as climbing
     from speedladder.measure import judging
     from speedladder.measure.timer import Window
 
@@ -542,7 +544,7 @@ def test_noise_is_built_upon_only_above_one(tmp_path, monkeypatch, stack_all):
     else:
         assert down["not_built_upon"].startswith("slower: noise, 0.95x eager re-timed beside it")
         assert up["spec"]["transforms"] == ["up"] and sdpa["spec"]["transforms"] == ["up", "sdpa"]
-        lines = report.text.notes(results.load(run_dir(tmp_path)))
+        lines = report.text.notes(storage.load(run_dir(tmp_path)))
         assert any(line.startswith("down: not built upon — slower: noise") and "(pale on the waterfall" in line
                    for line in lines)
 
@@ -557,7 +559,7 @@ def test_a_rung_predicted_far_below_its_base_is_timed_in_one_short_window_unless
     """No minute spent on what is known (docs/measurement.md, rule 4): a rung predicted below 0.5x its base is timed
     in one window beside it and stops there, neither gated nor built upon, its verdict `short` (one window claims
     nothing). One predicted so that measures within 2x of its base is timed in full and gated."""
-    from speedladder.climbing.ladder import Ladder
+    from speedladder.ladder.climb import Ladder
     from speedladder.records import Prediction
 
     planted = {"slow": Prediction(0.1, "planted: it sleeps 20 ms a step"), "sdpa": Prediction(0.1, "planted, wrong")}
@@ -575,7 +577,7 @@ def test_a_rung_predicted_far_below_its_base_is_timed_in_one_short_window_unless
     # The surprise: predicted at 0.1x, measured within 2x of its base: every window, every gate.
     assert not sdpa["timing"]["short"] and len(sdpa["timing"]["windows"]) == 5 and sdpa["gate"]["passed"]
     assert sdpa["verdict"] in ("win", "noise", "loss")
-    typed = results.load(run_dir(tmp_path))
+    typed = storage.load(run_dir(tmp_path))
     row = next(r for r in report.rows(typed) if r["rung"] == "slow")
     assert (row["verdict"], row["gate"], row["not built upon"]) == ("short", "—", "slower")
     assert "(" not in row["× prev"]  # one window a side has no range

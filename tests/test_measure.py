@@ -12,6 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from speedladder.measure import counters, devicemem, judging, peakflops, timer
 from speedladder.measure.judging import Spread
 from speedladder.measure.timer import Timing, Window
+from speedladder.models import definition
 from speedladder.spec import StepSpec
 
 
@@ -118,12 +119,12 @@ def test_spread_and_verdicts():
 
 def test_flops_per_token_palm_convention():
     # GPT-2 124M at T=1024, by hand: 6 * 123,653,376 + 12 * 12 * 12 * 64 * 1024.
-    assert peakflops.flops_per_token(123_653_376, 12, 12, 64, 1024) == 741_920_256 + 113_246_208
+    assert definition.flops_per_token(123_653_376, 12, 12, 64, 1024) == 741_920_256 + 113_246_208
 
 
 def test_flops_per_token_against_counted_flops(tiny):
     """6N + 12LHQT against the FLOPs torch counts in one forward and backward of the real model."""
-    from speedladder.gpt import GPT
+    from speedladder.models.gpt import GPT
 
     cfg = tiny.cfg.model
     torch.manual_seed(0)
@@ -134,7 +135,7 @@ def test_flops_per_token_against_counted_flops(tiny):
         _, loss = model(idx, idx)
         loss.backward()
     tokens = idx.numel()
-    predicted = peakflops.flops_per_token(model.matmul_params(), cfg.n_layer, cfg.n_head, cfg.head_dim,
+    predicted = definition.flops_per_token(model.matmul_params(), cfg.n_layer, cfg.n_head, cfg.head_dim,
                                         cfg.block_size) * tokens
     # The formula also counts biases and LayerNorm weights as if they were matmul weights: a small excess.
     assert counter.get_total_flops() == pytest.approx(predicted, rel=0.05)
@@ -274,28 +275,28 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     """A GPU missing from the table (mocked: a CUDA device named "NVIDIA GeForce RTX 4080" on this machine, whose
     matmuls run on the CPU) is taken against its own ceiling measured on the spot, at each precision, once; a
     listed GPU is taken against its datasheet with nothing measured. The MFU shows the basis in the cell and note."""
-    from speedladder.climbing import ladder as ladder_module
-    from speedladder.climbing import meters
     from speedladder.config.run import RunConfig
-    from speedladder.profile import facts
+    from speedladder.ladder import climb as ladder_module
+    from speedladder.ladder import rung_memory
+    from speedladder.measure import microbench
     from speedladder.records import Role, RungResult
     from speedladder.report.mfu import MEASURED_MARK, mfu_cell, mfu_notes
-    from speedladder.rungs import StepSpec
-    from speedladder.workload import prepare
+    from speedladder.spec import StepSpec
+    from speedladder.step.workload import prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu"))
     ladder = ladder_module.Ladder(work, tmp_path)
     ladder.work = dataclasses.replace(work, device=torch.device("cuda"), env=dataclasses.replace(
         work.env, device_type="cuda", cuda_capability=(8, 9)))
-    ladder.flop_peaks = meters.FlopPeaks(ladder.work)
+    ladder.flop_peaks = rung_memory.FlopPeaks(ladder.work)
     measured: list[tuple[str, int]] = []
 
     def ceiling(device, precision, side, budget_s):  # the real product, on the CPU standing in for the GPU
         measured.append((precision, side))
-        return facts.matmul_ceiling(CPU, precision, 256, 0.05)
+        return microbench.matmul_ceiling(CPU, precision, 256, 0.05)
 
-    monkeypatch.setattr(meters, "matmul_ceiling", ceiling)
-    monkeypatch.setattr(meters.results, "device_name", lambda device: "NVIDIA GeForce RTX 4080")
+    monkeypatch.setattr(rung_memory, "matmul_ceiling", ceiling)
+    monkeypatch.setattr(rung_memory.results, "device_name", lambda device: "NVIDIA GeForce RTX 4080")
     model, fpt = torch.nn.Linear(4, 4), 1_000_000
     fp32, bf16 = StepSpec(2, 8), StepSpec(2, 8, autocast="bf16")
     peaks = {spec.precision: ladder.flop_peaks.of(spec, model, fpt) for spec in (fp32, bf16, fp32)}
@@ -311,7 +312,7 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     (note,) = mfu_notes([r])
     assert note.startswith(f"MFU marked{MEASURED_MARK}: against the measured peak") and "fp32 " in note
     # A listed GPU: its datasheet, nothing measured.
-    monkeypatch.setattr(meters.results, "device_name", lambda device: "NVIDIA GeForce RTX 4090")
+    monkeypatch.setattr(rung_memory.results, "device_name", lambda device: "NVIDIA GeForce RTX 4090")
     assert ladder.flop_peaks.of(bf16, model, fpt) == (165.2, "datasheet peak of the RTX 4090")
     assert len(measured) == 2
     r.peak_tflops, r.peak_basis, r.mfu = 165.2, "datasheet peak of the RTX 4090", 0.4
@@ -379,15 +380,15 @@ def test_graph_recordings_are_counted_through_dynamos_recording_callbacks():
 def test_the_fp8_peak_is_blended_by_flop_share_with_gpt2s_shapes(fp8_any_size):
     """GPT-2 124M at T=1024 on an H200: the block linears (fp8) are 60% of the FLOPs, the head and attention
     (bf16) the rest; the step's peak is the FLOP-weighted harmonic blend, between bf16's and fp8's."""
-    from speedladder.config.presets import PRESETS
-    from speedladder.gpt import GPT
+    from speedladder.models.gpt import GPT
+    from speedladder.models.presets import PRESETS
     from speedladder.rungs import float8_matmul_params
 
     with torch.device("meta"):
         gpt2 = GPT(PRESETS["gpt2-124m"].model)
     # By hand, per layer: qkv 768x2304, proj 768x768, fc 768x3072, fc2 3072x768 = 7,077,888 weights; x 12 layers.
     assert float8_matmul_params(gpt2) == 12 * 7_077_888 == 84_934_656
-    total = peakflops.flops_per_token(123_653_376, 12, 12, 64, 1024)  # 855,166,464
+    total = definition.flops_per_token(123_653_376, 12, 12, 64, 1024)  # 855,166,464
     fp8 = 6 * 84_934_656  # 509,607,936: 59.6% of the step
     peaks = {"fp8": peakflops.peak_tflops("NVIDIA H200", "fp8"), "bf16": peakflops.peak_tflops("NVIDIA H200", "bf16")}
     blended = peakflops.blended_peak({"fp8": fp8, "bf16": total - fp8}, peaks)
@@ -402,7 +403,7 @@ def test_windows_are_sized_from_a_timed_step_and_the_size_is_recorded(tiny):
     """measure_spec on CUDA sizes its windows from the warm-up (size_windows=True stands in for CUDA here): a rung
     and its base re-timed beside it share one window length, recorded with the step time it came from."""
     from speedladder.config.run import RunConfig, TimingConfig
-    from speedladder.workload import measure_spec, prepare
+    from speedladder.step.workload import measure_spec, prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu", timing=TimingConfig(windows=3, min_window_s=0.05)))
     configured = work.cfg.run.timing.steps
@@ -421,7 +422,7 @@ def test_windows_are_sized_from_a_timed_step_and_the_size_is_recorded(tiny):
 
 def test_compiled_code_is_forgotten_before_the_cuda_cache_is_emptied(monkeypatch):
     """The CUDA graphs' pools that compiled code holds are freed by the reset, so the cache is emptied after it."""
-    from speedladder import workload
+    from speedladder.step import workload
 
     order = []
     monkeypatch.setattr(torch.compiler, "reset", lambda: order.append("reset"))
@@ -505,7 +506,7 @@ def test_compile_estimates_are_keyed_by_mode_and_cache_state():
 def test_blocks_and_their_linears_are_counted_from_the_weights():
     from speedladder.config.run import RunConfig
     from speedladder.measure import compiletime as ct
-    from speedladder.workload import prepare
+    from speedladder.step.workload import prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu"))
     assert ct.model_counts(work.init, work.model.blocks_prefix) == (2, 4)  # qkv, proj, fc, fc2

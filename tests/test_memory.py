@@ -14,11 +14,11 @@ from conftest import resolved
 from torch import nn
 
 from speedladder.cli import main
-from speedladder.climbing import meters
 from speedladder.config.run import MemoryConfig
+from speedladder.ladder import rung_memory
 from speedladder.measure import devicemem, memory
 from speedladder.records import Environment, Results, RungResult, SavedModel
-from speedladder.report.memory import bar_label, memory_notes, peak_cell, short_bytes
+from speedladder.report.memory_notes import bar_label, memory_notes, peak_cell, short_bytes
 from speedladder.rungs import Checkpointed, compose
 from speedladder.spec import StepSpec
 
@@ -102,14 +102,14 @@ def test_a_ladder_holds_no_more_after_each_rung(tmp_path, monkeypatch):
     holds in tensors before each rung's measurement (and after the last) does not grow, the probes the gates keep for
     each rung that passed left aside. A forward metered without its backward that kept its graph would add at least
     that rung's saved activations each time."""
-    from speedladder.climbing import ladder
     from speedladder.config.run import GateConfig, ProfileConfig, RunConfig, TimingConfig
-    from speedladder.workload import prepare
+    from speedladder.ladder import climb as climbing
+    from speedladder.step.workload import prepare
 
     run = RunConfig(preset="tiny", device="cpu", rungs=("eager", "sdpa", "pad-vocab", "ckpt"),
                     timing=TimingConfig(steps=2, windows=3), gates=GateConfig(loss_steps=2),
                     profile=ProfileConfig(enabled=False), memory=MemoryConfig(process_peak=False))
-    climb = ladder.Ladder(prepare(run), tmp_path)
+    climb = climbing.Ladder(prepare(run), tmp_path)
     held: list[int] = []
 
     def probes() -> list[torch.Tensor]:
@@ -119,8 +119,8 @@ def test_a_ladder_holds_no_more_after_each_rung(tmp_path, monkeypatch):
         held.append(live_tensor_bytes(probes()))
         return measure(*args, **kwargs)
 
-    measure = ladder.measure_spec
-    monkeypatch.setattr(ladder, "measure_spec", measure_spec)
+    measure = climbing.measure_spec
+    monkeypatch.setattr(climbing, "measure_spec", measure_spec)
     climb._climb_all()
     held.append(live_tensor_bytes(probes()))
     assert [r.status for r in climb.results.rungs] == ["ok"] * 4
@@ -163,17 +163,17 @@ def test_a_cuda_peak_is_over_what_the_process_held_at_the_reset(monkeypatch):
 def test_prediction_from_shapes_is_what_eager_autograd_saves(tiny, names):
     spec = compose(names, tiny.base_spec, tiny.env)
     x, y = next(tiny.stream(spec))
-    measured = meters.step_saved(tiny.step(spec), x, y).activation_bytes
-    predicted, why = meters.predicted_activation_bytes(tiny.cfg.model, spec)
+    measured = rung_memory.step_saved(tiny.step(spec), x, y).activation_bytes
+    predicted, why = rung_memory.predicted_activation_bytes(tiny.cfg.model, spec)
     assert predicted == measured, why
 
 
 def test_prediction_says_checkpointing_keeps_several_times_less(tiny):
-    eager, _ = meters.predicted_activation_bytes(tiny.cfg.model, tiny.base_spec)
-    ckpt, _ = meters.predicted_activation_bytes(tiny.cfg.model, compose(("ckpt",), tiny.base_spec, tiny.env))
-    fp8, why = meters.predicted_activation_bytes(tiny.cfg.model, compose(("fp8",), tiny.base_spec, tiny.env))
+    eager, _ = rung_memory.predicted_activation_bytes(tiny.cfg.model, tiny.base_spec)
+    ckpt, _ = rung_memory.predicted_activation_bytes(tiny.cfg.model, compose(("ckpt",), tiny.base_spec, tiny.env))
+    fp8, why = rung_memory.predicted_activation_bytes(tiny.cfg.model, compose(("fp8",), tiny.base_spec, tiny.env))
     assert eager > 3 * ckpt and fp8 is None and why
-    assert meters.predicted_activation_bytes(None, tiny.base_spec)[0] is None  # not our GPT: no account
+    assert rung_memory.predicted_activation_bytes(None, tiny.base_spec)[0] is None  # not our GPT: no account
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_the_counter_sees_a_compiled_step_without_recompiling(tiny):
     for _ in range(2):
         step(*next(stream))
     before = counters.compile_count()
-    saved = meters.step_saved(step, *next(stream))
+    saved = rung_memory.step_saved(step, *next(stream))
     assert counters.compile_count() == before
     assert saved.activation_bytes > 0  # inductor's partitioner saves its own choice, counted the same way
 
@@ -248,11 +248,11 @@ def test_a_meter_that_fails_leaves_none_and_says_why(tiny, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the memory process exited with 1")
 
-    monkeypatch.setattr(meters, "peaks_in_child", broken)
-    monkeypatch.setattr(meters, "process_peak_unsupported", lambda: None)
+    monkeypatch.setattr(rung_memory, "peaks_in_child", broken)
+    monkeypatch.setattr(rung_memory, "process_peak_unsupported", lambda: None)
     r = RungResult(name="eager", rung="eager", role="rung", reason="", kind="speed", built_on=None, spec=tiny.base_spec,
                    precision="fp32", requirement={}, status="ok")
-    meters.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
+    rung_memory.record(r, tiny, tiny.base_spec, tiny.step(tiny.base_spec), lambda msg: None)
     assert r.process_peak_bytes is None and r.resident_rise is None and peak_cell(r) == "n/a"
     assert r.saved_activation_bytes == r.predicted_activation_bytes > 0  # the other meters stand
     res = Results(schema="", status="complete", created="", command=[], config=resolved(), environment=Environment(), model=SavedModel(),

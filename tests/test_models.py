@@ -15,23 +15,23 @@ import torch
 from conftest import cli
 from usermodels import write_models
 
-from speedladder import models, results
+from speedladder import codec, models
 from speedladder.cli import main
-from speedladder.climbing import tune
-from speedladder.config import codec
-from speedladder.config.commands import Settings
-from speedladder.config.presets import PRESETS
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
+from speedladder.config.settings import Settings
 from speedladder.errors import UsageError
-from speedladder.models import count_flops, ours
+from speedladder.models.build import ours
+from speedladder.models.definition import CONVENTIONS, count_flops
+from speedladder.models.model_record import ModelRecord
+from speedladder.models.presets import PRESETS
 from speedladder.profile.categories import IDLE
 from speedladder.profile.predict import NO_MODEL, chain
-from speedladder.records import CategoryTime, ProfileSummary
-from speedladder.records.model import ModelRecord
+from speedladder.records import CategoryTime, ProfileSummary, storage
 from speedladder.rungs import RUNGS, Capability
-from speedladder.training.train import load_checkpoint
-from speedladder.workload import prepare
+from speedladder.step.workload import define_model, prepare
+from speedladder.train.trainer import load_checkpoint
+from speedladder.tune import search
 
 # Tiny and quick: two steps a window, gates over 4 batches, a 60-step learns-check, no resident-peak child per rung;
 # MFU against a stated peak.
@@ -147,7 +147,7 @@ def test_an_unknown_convention_is_one_line_naming_the_accepted_ones(model_dir, t
     assert main(["run", *FAST, "--model", str(model_dir / "odd.py:Odd"), "--out", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cannot tell how to call" in err and "returned a dict" in err
-    for convention in models.CONVENTIONS.values():
+    for convention in CONVENTIONS.values():
         assert convention in err
     assert not (tmp_path / "runs").exists()  # refused before any run folder
 
@@ -205,7 +205,7 @@ def test_a_baseline_that_cannot_run_fails_the_run_in_one_line_and_says_why(tmp_p
                  "--out", str(tmp_path / "b")]) == 2
     out, err = capsys.readouterr()
     assert err.strip() == "speedladder: error: the baseline eager did not run: error: ValueError: the forward broke"
-    saved = results.load(next((tmp_path / "b").iterdir()))  # what was measured is kept, and says why
+    saved = storage.load(next((tmp_path / "b").iterdir()))  # what was measured is kept, and says why
     assert saved.status == "failed" and saved.error == err.strip().removeprefix("speedladder: error: ")
     assert saved.rungs[0].status == "error" and "run failed: the baseline eager did not run" in out
 
@@ -307,13 +307,13 @@ def test_tune_takes_a_user_model_and_its_commands_name_it(model_dir, tmp_path):
     rc, _, err = cli("tune", "--preset", "tiny", "--device", "cpu", "--model", spec, "--window-steps", "2",
                      "--budget-minutes", "0.01", "--out", str(tmp_path), "--quiet")
     assert rc == 0, err
-    saved = results.load(next(tmp_path.iterdir()))
+    saved = storage.load(next(tmp_path.iterdir()))
     assert saved.model.kind == "user" and saved.config.run.model_source == spec
     skipped = {r.name: r.detail for r in saved.rungs if r.status == "skipped"}
     assert len(skipped) == len(saved.rungs)  # 0.6 s: the profile alone spends the budget
     assert "tune budget" in skipped["eager"] and "not applicable to this model" in skipped["sdpa"]
     work = prepare(RunConfig(preset="tiny", device="cpu", model_source=spec))
-    won = tune.winner_settings(Settings(), work.cfg.run, ("compile",))
+    won = search.winner_settings(Settings(), work.cfg.run, ("compile",))
     assert won.run.model_source == spec and won.train.rungs == ("compile",)  # winner.toml names the model
 
 
@@ -385,18 +385,19 @@ def _models_path(call: Callable[[], object]) -> tuple[list[str], set[tuple[str, 
 
 
 def test_a_model_file_enters_each_file_of_models_once_in_one_direction(model_dir):
-    """--model FILE.py:NAME goes __init__ -> user -> detect -> base: each file entered from one file only, and no
+    """--model FILE.py:NAME goes build -> user -> detect -> definition: each file entered from one file only, and no
     call goes back up to a file entered before (no zigzag between the family, the detection and the record)."""
     cfg = resolve(RunConfig(preset="tiny", device="cpu", model_source=str(model_dir / "nano.py:GPT")), torch.device("cpu"))
-    order, edges = _models_path(lambda: models.define(cfg, 65))
-    assert order == ["__init__", "user", "detect", "base"], order
+    order, edges = _models_path(lambda: define_model(cfg, 65))
+    assert order == ["build", "user", "detect", "definition", "float8", "capability"], order
     assert all(order.index(a) < order.index(b) for a, b in edges if a != "outside"), sorted(edges)
     callers = {callee: {a for a, b in edges if b == callee} for callee in order}
-    assert callers == {"__init__": {"outside"}, "user": {"__init__"}, "detect": {"__init__"}, "base": {"detect"}}
+    assert callers == {"build": {"outside"}, "user": {"build"}, "detect": {"build"}, "definition": {"detect"},
+                       "float8": {"user"}, "capability": {"float8"}}
 
 
 def test_a_model_def_is_frozen_and_its_record_is_typed():
-    """One ModelDef, built in models/__init__.py, changes no more; its record is a ModelRecord that results.json
+    """One ModelDef, built in models/build.py, changes no more; its record is a ModelRecord that results.json
     writes as before and reads back."""
     d = ours(PRESETS["tiny"].model)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -18,7 +18,7 @@ import speedladder
 from speedladder.cli import main
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel, launch
-from speedladder.parallel.worker import DIE_RANK_ENV, DRIFT_RANK_ENV, FAIL_RANK_ENV
+from speedladder.parallel.rank import DIE_RANK_ENV, DRIFT_RANK_ENV, FAIL_RANK_ENV
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--compose", "eager", "--window-steps", "2", "--warmup", "1", "--quiet"]
 
@@ -129,8 +129,8 @@ def _fsdp_rank(rank: int, world: int, store: str, out: str) -> None:
 
     from speedladder.config.parallel import ParallelConfig
     from speedladder.config.run import RunConfig
-    from speedladder.parallel.worker import full_tensor, wrapper
-    from speedladder.workload import prepare
+    from speedladder.parallel.rank import full_tensor, wrapper
+    from speedladder.step.workload import prepare
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
@@ -306,11 +306,11 @@ def test_torchrun_gets_the_multi_node_arguments_unchanged(tmp_path):
                 "--rdzv-id=job7"):
         assert arg in cmd
     assert not any(a.startswith("--master-port") for a in cmd)
-    assert cmd[-3:] == ["-m", "speedladder.parallel.worker", str(tmp_path / "job.json")]
+    assert cmd[-3:] == ["-m", "speedladder.parallel.rank", str(tmp_path / "job.json")]
 
 
 def test_a_job_file_round_trips_a_config_that_leaves_the_rungs_to_the_ladder():
-    from speedladder.config.codec import from_data, to_data
+    from speedladder.codec import from_data, to_data
     from speedladder.config.run import RunConfig
 
     for cfg in (RunConfig(), RunConfig(ladder="full"), RunConfig(rungs=("eager", "bf16"), beside=("ckpt",))):

@@ -15,17 +15,27 @@ import torch
 from conftest import CPU, resolved
 from rich.console import Console
 
-from speedladder import results, subproc
+from speedladder import subproc
 from speedladder.cli import main
 from speedladder.config.run import RunConfig
-from speedladder.data import BatchStream
-from speedladder.measure import timer
-from speedladder.profile import categories, child, facts, predict
-from speedladder.records import CategoryTime, Environment, MatmulFacts, ProfileSummary, Results, SavedModel, from_dict
-from speedladder.report.profile import print_profile, profile_notes
-from speedladder.rungs import RUNGS, StepSpec
-from speedladder.rungs.api import BUILT_IN, Env
-from speedladder.step import TrainStep
+from speedladder.data.batches import BatchStream
+from speedladder.measure import microbench, timer
+from speedladder.profile import categories, predict, step_profile
+from speedladder.records import (
+    CategoryTime,
+    Environment,
+    MatmulFacts,
+    ProfileSummary,
+    Results,
+    SavedModel,
+    from_dict,
+    storage,
+)
+from speedladder.report.profile_notes import print_profile, profile_notes
+from speedladder.rungs import RUNGS
+from speedladder.rungs.registry import BUILT_IN, Env
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep
 
 
 def tiny_step(tiny, seed: int = 0):
@@ -37,10 +47,10 @@ def tiny_step(tiny, seed: int = 0):
 @pytest.fixture(scope="module")
 def tiny_profile(tiny, tmp_path_factory) -> dict:
     """The tiny baseline profiled in this process (the tests of the child process are below)."""
-    trace = tmp_path_factory.mktemp("trace") / child.TRACE
-    b = child.profile_step(tiny_step(tiny), CPU, steps=3, warmup=2, trace_path=trace)
+    trace = tmp_path_factory.mktemp("trace") / step_profile.TRACE
+    b = step_profile.profile_step(tiny_step(tiny), CPU, steps=3, warmup=2, trace_path=trace)
     b["trace_path"] = str(trace)
-    b["matmuls"] = facts.matmul_facts(tiny.cfg.model, 4, 32, 2, CPU, ceiling_n=128, budget_s=0.5)
+    b["matmuls"] = microbench.matmul_facts(tiny.cfg.model, 4, 32, 2, CPU, ceiling_n=128, budget_s=0.5)
     return b
 
 
@@ -82,7 +92,7 @@ def test_category_of_operator_names():
 
 
 def _classify(step, steps: int = 3) -> dict:
-    return child.profile_step(step, CPU, steps=steps, warmup=1)
+    return step_profile.profile_step(step, CPU, steps=steps, warmup=1)
 
 
 def test_many_tiny_ops_are_overhead_bound():
@@ -116,7 +126,7 @@ def test_a_big_elementwise_op_is_memory_bound():
 
 def test_trace_is_valid_json_with_events(tiny_profile):
     path = tiny_profile["trace_path"]
-    assert child.valid_trace(path) > 100
+    assert step_profile.valid_trace(path) > 100
     names = {e.get("name") for e in json.loads(Path(path).read_text())["traceEvents"]}
     assert categories.STEP_MARK in names and "aten::addmm" in names
 
@@ -192,9 +202,9 @@ def test_the_profile_runs_in_a_child_and_leaves_this_process_unprofiled(tiny, tm
     """The profile runs in a child process, so no profiler is left running here to tax the windows timed after it.
     What that is worth in speed is measured on the real clock by bench/meters.py, not asserted here."""
     step = tiny_step(tiny)
-    b = child.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (),
-                           tmp_path / child.TRACE, timeout_s=300)
-    assert b["regime"] in categories.REGIMES and child.valid_trace(tmp_path / child.TRACE) > 0
+    b = step_profile.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (),
+                           tmp_path / step_profile.TRACE, timeout_s=300)
+    assert b["regime"] in categories.REGIMES and step_profile.valid_trace(tmp_path / step_profile.TRACE) > 0
     assert not torch.autograd.profiler._is_profiler_enabled
     assert all(r > 0 for r in _window_rates(step, n_windows=3, warmup=2))  # timing goes on as before
 
@@ -205,13 +215,13 @@ def test_profile_command_writes_profile_and_trace(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     (folder,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    saved = json.loads((folder / child.FILENAME).read_text())
-    assert saved["schema"] == results.SCHEMA and saved["kind"] == "profile"
+    saved = json.loads((folder / step_profile.FILENAME).read_text())
+    assert saved["schema"] == storage.SCHEMA and saved["kind"] == "profile"
     b = saved["profile"]
     assert b["steps"] == 2 and b["regime"] in categories.REGIMES
     assert sum(c["share"] for c in b["categories"].values()) == pytest.approx(1.0)
     assert [p["rung"] for p in saved["predictions"]] == ["eager", "compile", "bf16", "batch", "ckpt"]
-    assert child.valid_trace(folder / child.TRACE) > 0
+    assert step_profile.valid_trace(folder / step_profile.TRACE) > 0
     # The regime as printed: its name, or "borderline (a / b)" when two steps' spread cannot tell them apart.
     for text in ("top operators", "regime: " + b["regime_label"], "predictions", "roofline"):
         assert text in out
@@ -269,7 +279,7 @@ def test_several_specs_profile_in_one_child_and_a_failing_one_says_why():
     error; and without facts, none of the microbenchmarks the predictions need."""
     run = RunConfig(preset="tiny", device="cpu", rungs=("eager",), profile=dataclasses.replace(
         RunConfig().profile, steps=2))
-    ok, bad, again = child.profiles_in_child(run, [("ckpt",), ("no-such-rung",), ()], timeout_s=300, facts=False)
+    ok, bad, again = step_profile.profiles_in_child(run, [("ckpt",), ("no-such-rung",), ()], timeout_s=300, facts=False)
     assert ok["rungs"] == ["ckpt"] and ok["spec"]["transforms"] == ["activation-checkpointing"] and ok["steps"] == 2
     assert ok["matmuls"] == {} and ok["copy_gbps"] is None  # facts=False: no microbenchmarks
     assert "no-such-rung" in bad["error"] and set(bad) == {"error"}
@@ -296,13 +306,13 @@ def test_the_matmul_ceiling_runs_at_every_precision_and_leaves_the_process_as_it
     before = torch.get_float32_matmul_precision()
     for precision in ("fp32", "tf32", "bf16", "fp16", "fp8"):
         try:
-            tflops = facts.matmul_ceiling(CPU, precision, 64, 0.01)
+            tflops = microbench.matmul_ceiling(CPU, precision, 64, 0.01)
         except RuntimeError as e:  # oneDNN capped by ONEDNN_MAX_CPU_ISA (.ci/run's forced ISA) has no fp8 product
             assert precision == "fp8" and os.environ.get("ONEDNN_MAX_CPU_ISA") and "primitive" in str(e), e
             continue
         assert 0 < tflops < float("inf"), precision
         assert torch.get_float32_matmul_precision() == before
-    assert facts.ceiling_side(CPU) == 512 and facts.ceiling_side(torch.device("cuda")) == 4096
+    assert microbench.ceiling_side(CPU) == 512 and microbench.ceiling_side(torch.device("cuda")) == 4096
 
 
 # -- host and device (CUDA), on synthetic events and the H200's figures ----------------------------------------------
@@ -342,12 +352,12 @@ def cuda_step(t0: float) -> list[TimedEvent]:
 
 def test_a_host_range_and_its_device_copy_make_one_step_not_two():
     events = cuda_step(0) + cuda_step(40_000)
-    spans = child.host_spans(events)
+    spans = step_profile.host_spans(events)
     assert spans == [(0, 30_000), (40_000, 70_000)]  # both copies of each range counted: four half-steps
-    per_step = child.step_events(events, spans)
+    per_step = step_profile.step_events(events, spans)
     assert [sorted(e.name for e in step) for step in per_step] == [
         ["Optimizer.step#AdamW.step", "aten::add", "aten::mm"]] * 2  # every operator in its step, none dropped
-    busy = child.device_busy_us(events, spans)
+    busy = step_profile.device_busy_us(events, spans)
     assert busy == [6_000 + 2_000 + 800] * 2  # the kernels, not the ranges that mark them
     b = categories.breakdown(per_step, [t - s for s, t in spans], device_time=True, op_floor_us=0.0, busy_us=busy,
                              step_us=9_000)
@@ -359,12 +369,12 @@ def test_a_host_range_and_its_device_copy_make_one_step_not_two():
 
 
 def test_device_busy_time_is_the_union_of_kernel_intervals():
-    assert child.busy_us([(0, 10), (5, 15), (20, 30), (25, 28)], 0, 40) == 25  # overlaps counted once
-    assert child.busy_us([(-5, 5), (35, 50)], 0, 40) == 10  # clipped to the step
-    assert child.busy_us([(0, 40), (10, 20)], 0, 40) == 40  # never more than the span
+    assert step_profile.busy_us([(0, 10), (5, 15), (20, 30), (25, 28)], 0, 40) == 25  # overlaps counted once
+    assert step_profile.busy_us([(-5, 5), (35, 50)], 0, 40) == 10  # clipped to the step
+    assert step_profile.busy_us([(0, 40), (10, 20)], 0, 40) == 40  # never more than the span
     two_streams = [TimedEvent(categories.STEP_MARK, 0, 100), TimedEvent("k1", 10, 60, CUDA),
                    TimedEvent("k2", 40, 90, CUDA), TimedEvent("nccl", 95, 120, CUDA)]
-    assert child.device_busy_us(two_streams, child.host_spans(two_streams)) == [85]
+    assert step_profile.device_busy_us(two_streams, step_profile.host_spans(two_streams)) == [85]
 
 
 def test_the_host_time_leaves_out_the_wait_for_the_device():
@@ -379,7 +389,7 @@ def test_the_host_time_leaves_out_the_wait_for_the_device():
     def sync_device():
         time.sleep(max(queue["until"] - time.perf_counter(), 0.0))
 
-    t = child.unprofiled(step, sync_device, steps=5)
+    t = step_profile.unprofiled(step, sync_device, steps=5)
     assert 2.0 <= t["host_ms"] < 6.0  # a sleep is never shorter than asked; a busy machine can make it longer
     assert 8.0 <= t["step_ms"] < 14.0
 

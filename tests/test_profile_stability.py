@@ -8,13 +8,13 @@ import pytest
 import torch
 from conftest import CPU, resolved
 
-from speedladder.data import BatchStream
+from speedladder.data.batches import BatchStream
 from speedladder.measure import timer
-from speedladder.profile import categories, child, predict, spread
+from speedladder.profile import categories, predict, quartiles, step_profile
 from speedladder.records import Environment, ProfileSummary, Results, SavedModel, from_dict
-from speedladder.report.profile import profile_notes
-from speedladder.rungs import StepSpec
-from speedladder.step import TrainStep
+from speedladder.report.profile_notes import profile_notes
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep
 
 
 class Event:
@@ -80,7 +80,7 @@ def test_a_margin_inside_the_spread_is_borderline():
     # Steps that swing between matmul-heavy and elementwise-heavy: the median step leans to compute by 12 points,
     # but a third of the steps lean the other way.
     b = profiled(SWING * 4)
-    assert b["buckets"]["compute"] - b["buckets"]["memory"] >= spread.MIN_MARGIN  # not the floor: the spread
+    assert b["buckets"]["compute"] - b["buckets"]["memory"] >= quartiles.MIN_MARGIN  # not the floor: the spread
     assert b["regime"] == "compute-bound"  # the field old readers know keeps its meaning
     assert b["borderline"] == ["compute-bound", "memory-bound"]
     assert b["regime_label"] == "borderline (compute / memory)"
@@ -119,14 +119,14 @@ def test_a_starved_multithreaded_profile_is_borderline(threads, share, starved):
 
 
 def test_outlier_rule():
-    assert spread.outliers([50.0, 51.0, 49.0, 50.5, 120.0, 50.2]) == [4]
-    assert spread.outliers([50.0, 51.0, 49.0, 50.5, 30.0, 50.2]) == [4]  # far faster is far outside too
+    assert quartiles.outliers([50.0, 51.0, 49.0, 50.5, 120.0, 50.2]) == [4]
+    assert quartiles.outliers([50.0, 51.0, 49.0, 50.5, 30.0, 50.2]) == [4]  # far faster is far outside too
     # Near-identical steps have a MAD near zero: a step 4% slower is not a disturbance (the 10% floor).
-    assert spread.outliers([50.0, 50.0, 50.0, 50.0, 52.0]) == []
-    assert spread.outliers([50.0, 50.0, 50.0, 50.0, 56.0]) == [4]
-    assert spread.outliers([50.0, 500.0]) == []  # two steps cannot say which is the odd one
-    assert spread.quantile([1.0, 2.0, 3.0, 4.0], 0.25) == pytest.approx(1.75)
-    assert spread.iqr([3.0]) == [3.0, 3.0]
+    assert quartiles.outliers([50.0, 50.0, 50.0, 50.0, 52.0]) == []
+    assert quartiles.outliers([50.0, 50.0, 50.0, 50.0, 56.0]) == [4]
+    assert quartiles.outliers([50.0, 500.0]) == []  # two steps cannot say which is the odd one
+    assert quartiles.quantile([1.0, 2.0, 3.0, 4.0], 0.25) == pytest.approx(1.75)
+    assert quartiles.iqr([3.0]) == [3.0, 3.0]
 
 
 def test_operator_count_is_per_call_whatever_the_order_of_the_calls():
@@ -153,7 +153,7 @@ def test_operator_count_is_per_call_whatever_the_order_of_the_calls():
 def test_operators_per_step_are_the_same_in_every_profiled_step(tiny):
     spec = tiny.base_spec
     step = TrainStep(spec, tiny.cfg.model, tiny.init, CPU, tiny.cfg.run.lr)
-    b = child.profile_step(timer.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, 0)),
+    b = step_profile.profile_step(timer.stepper(step, BatchStream(tiny.corpus, spec.batch_size, spec.seq_len, CPU, 0)),
                            CPU, steps=4, warmup=2)
     ops = [s["ops"] for s in b["per_step"]]
     assert len(ops) == 4 and len(set(ops)) == 1 and b["ops_per_step"] == ops[0] > 50

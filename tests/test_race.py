@@ -20,14 +20,16 @@ import torch
 from conftest import CPU
 
 from speedladder.cli import main
-from speedladder.config.commands import RaceConfig
 from speedladder.config.run import RunConfig
-from speedladder.data import BatchStream, Corpus, holdout, val_windows
+from speedladder.config.settings import RaceConfig
+from speedladder.data.batches import BatchStream, val_windows
+from speedladder.data.corpus import Corpus, holdout
 from speedladder.progress import LOGGER, Progress
 from speedladder.racing import Race, equal_tokens, judge
 from speedladder.records import RaceEntry, RaceRun, RaceSection
-from speedladder.rungs import RUNGS, Env, Rung, StepSpec
-from speedladder.workload import prepare
+from speedladder.rungs import RUNGS, Env, Rung
+from speedladder.spec import StepSpec
+from speedladder.step.workload import prepare
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -316,10 +318,10 @@ def test_a_25_percent_slower_rung_that_is_noise_is_not_built_upon(monkeypatch, t
     assert slow.speedup_prev == pytest.approx(1 / 1.25, rel=0.05)
     assert slow.built_upon is False and same.built_on == "eager" and same.stage == 2
     assert same.spec.optimizer == eager.spec.optimizer != "adamw-foreach"
-    from speedladder import results
-    from speedladder.report.race.text import race_lines
+    from speedladder.records import storage
+    from speedladder.report.race_table import race_lines
 
-    lines = race_lines(results.load(tmp_path))  # the notes, from the saved file
+    lines = race_lines(storage.load(tmp_path))  # the notes, from the saved file
     assert any(line.startswith("slow: not built upon (slower) — noise, 0.8") and "no loss at p < 0.01" in line
                and line.endswith("same is built on eager.") for line in lines), lines
     (tmp_path / "stacked").mkdir()
@@ -329,12 +331,12 @@ def test_a_25_percent_slower_rung_that_is_noise_is_not_built_upon(monkeypatch, t
 
 
 def test_a_race_interrupted_mid_stage_keeps_its_runs_and_judges_without_raising(monkeypatch, tmp_path):
-    from speedladder import results
+    from speedladder.records import storage
 
     with pytest.raises(KeyboardInterrupt):
         _race(monkeypatch, tmp_path, ("eager", "slow"),
               StepClock(0.0, 1e-5, slow={"adamw-foreach": 10.0}, interrupt="adamw-foreach"))
-    saved = results.load(tmp_path)
+    saved = storage.load(tmp_path)
     assert saved.status == "interrupted"
     eager, slow = saved.race.entries
     # Stopped in slow's third stretch: the runs done before the stop are kept (eager's, and slow's of seed 0, stopped
@@ -451,10 +453,10 @@ def raced(tmp_path_factory):
 
 @pytest.mark.slow
 def test_the_race_is_saved_typed_and_complete(raced):
-    from speedladder import results
     from speedladder.racing.verdicts import capped_out
+    from speedladder.records import storage
 
-    saved = results.load(raced)
+    saved = storage.load(raced)
     s = saved.race
     assert saved.kind == "race" and saved.status == "complete" and saved.rungs == []
     assert saved.corpus is not None and saved.corpus.val_from == "the last 10% of timemachine"
@@ -486,7 +488,7 @@ def test_the_race_is_saved_typed_and_complete(raced):
                 assert r.curve_val[i] <= s.target_loss < min(v for v in r.curve_val[:i])
                 assert r.curve_seconds[i - 1] <= r.seconds <= r.first_eval_seconds == r.curve_seconds[i]
                 assert r.curve_tokens[-1] >= s.budget_tokens or r.train_seconds >= r.cap_s  # trained to the budget
-    # The machine's load, read around every clocked stretch and judged over each run (measure/load.py).
+    # The machine's load, read around every clocked stretch and judged over each run (measure/machine_load.py).
     m = saved.machine
     assert m is not None and m.windows == 0 and m.runs == sum(len(e.runs) for e in s.entries) > 0
     assert all(r.other_cores is not None and r.other_cores >= 0 for e in s.entries for r in e.runs)
@@ -618,12 +620,13 @@ def test_combos_and_the_python_api_race_each_set_against_eager(tmp_path):
 @pytest.mark.slow
 def test_check_re_runs_a_race_with_its_own_configuration(raced):
     """The race's config.toml, and what check rebuilds from its results.json, are the race that was run."""
-    from speedladder.cli.check import rerun_settings
-    from speedladder.config import codec, commands
+    from speedladder import codec
+    from speedladder.cli.cmd_check import rerun_settings
+    from speedladder.config import settings
 
     saved = json.loads((raced / "results.json").read_text())
     command, again = rerun_settings(saved)
-    written = codec.from_data(commands.Settings, commands.read(raced / "config.toml"))
+    written = codec.from_data(settings.Settings, settings.read(raced / "config.toml"))
     # The race again, on the baseline's ruler: its target, not one calibrated again on another machine.
     assert command == "race" and again.run == written.run
     assert again.race == dataclasses.replace(written.race, target_loss=saved["race"]["target_loss"])
@@ -669,10 +672,10 @@ def test_memory_handed_back_before_a_run_is_faulted_in_again_off_the_clock(monke
 
 @pytest.mark.slow
 def test_a_race_folder_names_its_fastest_for_train_and_apply(raced):
-    from speedladder import results
-    from speedladder.training.winner import winner
+    from speedladder.records import storage
+    from speedladder.train.winner import winner
 
-    saved = results.load(raced)
+    saved = storage.load(raced)
     best = saved.race.entry(saved.race.fastest)
     assert saved.winner() == (best.name, tuple(n for n in best.rungs if n != "eager"))
     spec, _ = winner(raced, torch.device("cpu"))

@@ -247,7 +247,7 @@ def test_a_bound_in_the_chain_carries_to_the_top_and_the_fastest_is_not_the_base
     """A base stopped in one seed makes the rung's × prev a bound ("at least"): the chain above it is a bound too,
     shown with ≥, and the top of a chain that paid is still the fastest (a lower bound ranks safely)."""
     from speedladder.racing.verdicts import judge
-    from speedladder.report.race.text import cum_cell
+    from speedladder.report.race_table import cum_cell
 
     def stage(k: int, seconds: list[float], stopped: int | None = None) -> list[RaceRun]:
         return [run(i, t, i % 2, reached=i != stopped, stage=k) for i, t in enumerate(seconds)]

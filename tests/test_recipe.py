@@ -1,4 +1,4 @@
-"""The training recipe (config/recipe.py, training/recipe.py): nanoGPT's values by name, the same weights as a
+"""The training recipe (config/recipe.py, step/schedule.py): nanoGPT's values by name, the same weights as a
 hand-written nanoGPT loop, the schedule as a race's budget, speedladder.apply's parts, --threads, the bad input,
 and run and race end to end (docs/usage.md#the-recipe). The accum and fp16 rungs: test_recipe_rungs.py."""
 
@@ -15,16 +15,17 @@ from conftest import cli, header_of, only_folder
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import speedladder
-from speedladder.config import codec, commands
-from speedladder.config.commands import Settings
+from speedladder import codec
+from speedladder.config import settings
 from speedladder.config.recipe import RECIPES, RecipeConfig
 from speedladder.config.run import RunConfig
+from speedladder.config.settings import Settings
 from speedladder.errors import UsageError
-from speedladder.gpt import GPT
+from speedladder.models.gpt import GPT
 from speedladder.rungs import RUNGS, compose
-from speedladder.training.recipe import Schedule, Span, param_groups, race_length, schedule_of
-from speedladder.training.train import train_loop
-from speedladder.workload import prepare
+from speedladder.step.schedule import Schedule, Span, param_groups, race_length, schedule_of
+from speedladder.step.workload import prepare
+from speedladder.train.trainer import train_loop
 
 CPU = torch.device("cpu")
 
@@ -96,9 +97,9 @@ def test_nanogpt_names_nanogpts_values_and_a_flag_beside_it_wins():
 def test_a_recipe_goes_through_config_toml_and_results_json_unchanged(tmp_path):
     off = RecipeConfig.named("nanogpt", grad_clip=math.inf, warmup=7, unit="tokens", accum_steps=2)
     s = Settings(run=RunConfig(recipe=off))
-    path = commands.write(tmp_path / "c.toml", s, "test", ("run",))
+    path = settings.write(tmp_path / "c.toml", s, "test", ("run",))
     assert "[run.recipe]" in path.read_text() and "grad_clip = inf" in path.read_text()
-    back = codec.from_data(Settings, commands.read(path)).run.recipe
+    back = codec.from_data(Settings, settings.read(path)).run.recipe
     assert back == off and not back.clips
     # JSON has no infinity: results.json holds null for an unclipped recipe, which reads back as off.
     data = json.loads(json.dumps(codec.to_data(off, json=True)))
@@ -186,7 +187,7 @@ def test_the_clipped_scheduled_accumulated_step_trains_nanogpts_weights():
 def test_apply_hands_back_the_recipes_parts_and_a_plain_loop_trains_what_train_trains(tmp_path):
     work = nanogpt_workload(warmup=2)
     run = dataclasses.replace(work.cfg.run, rungs=("eager", "accum"))
-    path = commands.write(tmp_path / "winner.toml", Settings(run=run), "test", ("run",))
+    path = settings.write(tmp_path / "winner.toml", Settings(run=run), "test", ("run",))
     spec = compose(("accum",), work.base_spec, work.env)
     steps = 8
     work.with_horizon(Span(steps, "steps"))  # as train does: the schedule as long as its --steps

@@ -13,9 +13,10 @@ from conftest import plant as plant_transform
 from conftest import swap_attention
 
 from speedladder.errors import UsageError
-from speedladder.gpt import merge_heads, split_heads
+from speedladder.models.gpt import merge_heads, split_heads
 from speedladder.progress import Progress
-from speedladder.rungs import RUNGS, Env, SDPAttention, StepSpec
+from speedladder.rungs import RUNGS, Env, SDPAttention
+from speedladder.spec import StepSpec
 from speedladder.verify.gates import Gates
 
 # -- the accum rung --------------------------------------------------------------------------------------------------

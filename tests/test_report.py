@@ -15,7 +15,7 @@ import pytest
 from conftest import resolved
 from rich.console import Console
 
-from speedladder import report, results
+from speedladder import report
 from speedladder.cli import main
 from speedladder.measure.judging import Spread
 from speedladder.records import (
@@ -27,6 +27,7 @@ from speedladder.records import (
     SavedModel,
     TimingRecord,
     from_dict,
+    storage,
     to_dict,
 )
 from speedladder.spec import StepSpec
@@ -51,7 +52,7 @@ def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", s
 
 
 def make(rungs, fastest=None) -> Results:
-    return Results(schema=results.SCHEMA, status="complete", created="2026-11-29T00:00:00+00:00", command=["x"],
+    return Results(schema=storage.SCHEMA, status="complete", created="2026-11-29T00:00:00+00:00", command=["x"],
                    config=resolved(preset="d2l-512", batch_size=64, seq_len=128),
                    environment=Environment(device_name="NVIDIA H200", device_type="cuda", torch="2.11.0"),
                    model=SavedModel(), corpus=CorpusRecord(source="timemachine"), rungs=rungs, fastest=fastest)
@@ -178,7 +179,7 @@ def table_rows(text: str, res: Results) -> tuple[list[str], list[list[str]]]:
 @pytest.mark.parametrize("width", [80, 100, 120])
 @pytest.mark.parametrize("which", ["example", "widest"])
 def test_the_default_table_fits_the_terminal_and_never_shortens_the_gate_or_the_verdict(which, width):
-    res = results.load(EXAMPLE) if which == "example" else widest()
+    res = storage.load(EXAMPLE) if which == "example" else widest()
     out = terminal(width)
     report.print_report(res, out)
     text = out.file.getvalue()
@@ -202,7 +203,7 @@ def test_the_default_table_fits_the_terminal_and_never_shortens_the_gate_or_the_
 
 
 def test_wide_prints_every_column_in_a_terminal_and_is_ignored_in_a_file():
-    res = results.load(EXAMPLE)
+    res = storage.load(EXAMPLE)
     out = terminal(80)
     report.print_report(res, out, wide=True)
     lines, cells = table_rows(out.file.getvalue(), res)
@@ -224,7 +225,7 @@ def test_speedladder_report_in_a_real_terminal_keeps_the_gate_and_the_verdict(wi
     shutil.copy(EXAMPLE, tmp_path / "results.json")
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLE.parents[1] / "src"), env.get("PYTHONPATH")]))
-    res = results.load(EXAMPLE)
+    res = storage.load(EXAMPLE)
     for wide in (False, True):
         command = f"stty cols {width}; {sys.executable} -m speedladder report {tmp_path}" + (" --wide" * wide)
         proc = subprocess.run(["script", "-qec", command, "/dev/null"], capture_output=True, text=True, env=env,
@@ -349,7 +350,7 @@ def test_records_round_trip_without_losing_fields():
 def test_a_results_file_of_schema_1_still_loads_and_reports(tmp_path, capsys):
     data = json.loads(SCHEMA_1.read_text())
     assert data["schema"] == "speedladder.results/1"
-    saved = results.load(SCHEMA_1)
+    saved = storage.load(SCHEMA_1)
     assert isinstance(saved.rungs[0], RungResult) and isinstance(saved.rungs[0].tokens_per_s, Spread)
     assert saved.rungs[1].gate.passed == data["rungs"][1]["gate"]["passed"]
     assert saved.rungs[0].tokens_per_s.median == data["rungs"][0]["tokens_per_s"]["median"]
@@ -357,8 +358,8 @@ def test_a_results_file_of_schema_1_still_loads_and_reports(tmp_path, capsys):
     rows = report.rows(saved)
     assert next(r["tokens/s"] for r in rows) == f"{data['rungs'][0]['tokens_per_s']['median']:,.0f}"
     # Written again, it carries today's schema and every field it had.
-    results.save(saved, tmp_path)
-    rewritten = json.loads((tmp_path / results.FILENAME).read_text())
+    storage.save(saved, tmp_path)
+    rewritten = json.loads((tmp_path / storage.FILENAME).read_text())
     assert rewritten["schema"] == data["schema"]  # a loaded file keeps the version it was written with
     assert {k for k in data} <= set(rewritten)
 
@@ -414,7 +415,7 @@ def test_a_base_that_drifts_only_when_re_timed_is_flagged_everywhere_and_only_th
     trust = next(line for line in out.splitlines() if line.startswith("trust: "))
     assert "⚠ drift: eager, re-timed beside bf16, ran 20% below its own speed (beyond 10%)" in trust
     assert "⚠ drift: eager, re-timed beside bf16, ran 20% below" in page
-    texts = [t.get_text() for t in report.waterfall_figure(results.load(folder)).axes[0].texts]
+    texts = [t.get_text() for t in report.waterfall_figure(storage.load(folder)).axes[0].texts]
     assert not any("drift" in t for t in texts)  # said once, in the trust line: not on the chart
     assert main(["compare", str(folder), str(folder)]) == 0
     assert "warning: A drifted beyond 10%: bf16's base ran -20% beside it" in capsys.readouterr().out
@@ -433,7 +434,7 @@ def test_an_optimizer_rung_is_measured_but_not_built_upon_and_the_race_judges_it
                  "--no-process-peak", "--quiet", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     (folder,) = tmp_path.iterdir()
-    saved = results.load(folder)
+    saved = storage.load(folder)
     muon, sdpa = saved.rung("muon"), saved.rung("sdpa")
     assert muon is not None and sdpa is not None and muon.passed and muon.kind == "optimizer"
     assert muon.not_built_upon.startswith("race: an optimizer rung, judged by time to a target loss")
@@ -455,7 +456,7 @@ def test_mfu_is_taken_against_one_peak_per_device_named_in_its_header():
     details. Where no datasheet has the device, the highest peak measured here; --peak-tflops's bf16 over both."""
     from speedladder.report.mfu import DevicePeak, device_peak
 
-    res = results.load(H200 / "gpt2.json")
+    res = storage.load(H200 / "gpt2.json")
     peak = device_peak(res)
     assert peak is not None and peak.tflops == pytest.approx(989.4) and peak.header == "MFU vs bf16 989 TF"
     rows = {r["rung"]: r for r in report.rows(res)}
@@ -479,7 +480,7 @@ def test_mfu_is_taken_against_one_peak_per_device_named_in_its_header():
 def test_the_h200_tables_fit_100_columns_with_every_gate_and_verdict(name):
     """`speedladder report` of each H200 file in a terminal of 100 columns: no line of the table wider, every row's
     gate, verdict and why it is not built upon as the rows hold them."""
-    res = results.load(H200 / f"{name}.json")
+    res = storage.load(H200 / f"{name}.json")
     out = terminal(100)
     report.print_report(res, out)
     lines, cells = table_rows(out.file.getvalue(), res)
@@ -491,7 +492,7 @@ def test_the_h200_tables_fit_100_columns_with_every_gate_and_verdict(name):
 
 
 def test_an_interrupted_waterfall_names_what_it_never_reached_and_its_best_so_far():
-    fig = report.waterfall_figure(results.load(H200 / "gpt2.json"))
+    fig = report.waterfall_figure(storage.load(H200 / "gpt2.json"))
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["eager", "bf16", "sdpa", "batch", "fused-adamw", "pad-vocab"]
     texts = [t.get_text() for t in ax.texts]

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from speedladder.config.ladders import SOURCE_LADDER
-from speedladder.config.presets import PRESETS
-from speedladder.gpt import GPT
-from speedladder.rungs import RUNGS, Checkpointed, Env, Requirement, StepSpec, checkpoint_blocks
+from speedladder.models.gpt import GPT
+from speedladder.models.presets import PRESETS
+from speedladder.rungs import RUNGS, Checkpointed, Env, Requirement, checkpoint_blocks
+from speedladder.spec import StepSpec
 
 CPU = Env("cpu", None, batch_multiplier=8)
 H100 = Env("cuda", (9, 0), batch_multiplier=8)

@@ -12,11 +12,12 @@ from conftest import Described
 from speedladder.config.ladders import LADDERS
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
-from speedladder.gpt import GPT, GPTConfig
+from speedladder.models.gpt import GPT, GPTConfig
 from speedladder.progress import Progress
-from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Env, StepSpec, compose, pad_vocab
+from speedladder.rungs import MODEL_TRANSFORMS, RUNGS, Env, compose, pad_vocab
+from speedladder.spec import StepSpec
+from speedladder.step.workload import prepare
 from speedladder.verify.gates import Gates
-from speedladder.workload import prepare
 
 RECORDS = ("qk-norm", "relu2", "rotary", "softcap")
 CFG = GPTConfig(vocab_size=28, block_size=16, n_layer=2, n_head=2, n_embd=16, mlp_hidden=32, activation="relu")
@@ -109,9 +110,9 @@ def test_the_speedrun_ladder_names_the_records_after_muon():
 
 
 def test_race_takes_the_speedrun_ladder_by_name():
-    from speedladder.cli.race import plan
-    from speedladder.config import codec
-    from speedladder.config.commands import RaceConfig, Settings
+    from speedladder import codec
+    from speedladder.cli.cmd_race import plan
+    from speedladder.config.settings import RaceConfig, Settings
 
     cfg, race, role = plan(Settings(race=RaceConfig(ladder="speedrun")))
     assert cfg.rungs == race.rungs == LADDERS["speedrun"].rungs and role == "rung"

@@ -7,9 +7,9 @@ import math
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from speedladder.data import BatchStream
-from speedladder.rungs import StepSpec
-from speedladder.step import TrainStep, initial_state, matmul_precision
+from speedladder.data.batches import BatchStream
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep, initial_state, matmul_precision
 
 
 def test_step_uses_adamw_at_the_sources_learning_rate(tiny):

@@ -11,13 +11,13 @@ import torch
 from conftest import resolved
 
 from speedladder.cli import main
-from speedladder.climbing.sweep import crossover_line, crossovers, estimate, point_config, summarize
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.records import Environment, Results, RungResult, SavedModel, from_dict, to_dict
-from speedladder.records.sweep import SweepPoint, SweepRung, SweepSection
-from speedladder.workload import prepare
+from speedladder.records.sweep_section import SweepPoint, SweepRung, SweepSection
+from speedladder.step.workload import prepare
+from speedladder.sweep.axis import crossover_line, crossovers, estimate, point_config, summarize
 
 W = [64, 128, 256, 512]
 

@@ -21,10 +21,10 @@ from torch import nn
 
 from speedladder import rungs
 from speedladder.cli import main
-from speedladder.data import BatchStream
-from speedladder.gpt import GPT
+from speedladder.data.batches import BatchStream
+from speedladder.models.gpt import GPT
 from speedladder.rungs import compose
-from speedladder.training.train import BEST, CHECKPOINT, NO_CONFIGURATION, load_checkpoint
+from speedladder.train.trainer import BEST, CHECKPOINT, NO_CONFIGURATION, load_checkpoint
 
 LOG = re.compile(r"^step (\d+), loss (\d+\.\d{3})(?:, val (\d+\.\d{3}))?, time (\d+\.\d)ms, tokens/s ([\d,]+)"
                  r"(?: \(includes compiling\))?$", re.MULTILINE)

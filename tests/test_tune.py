@@ -9,15 +9,16 @@ import pytest
 import torch
 from conftest import resolved
 
-from speedladder import report, results
+from speedladder import codec, report
 from speedladder.cli import main
-from speedladder.climbing import tune
-from speedladder.config import codec, commands
-from speedladder.config.commands import Settings
+from speedladder.config import settings
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
-from speedladder.records import Environment, Gate, Results, RungResult, SavedModel
-from speedladder.rungs import RUNGS, Env, Requirement, StepSpec
+from speedladder.config.settings import Settings
+from speedladder.records import Environment, Gate, Results, RungResult, SavedModel, storage
+from speedladder.rungs import RUNGS, Env, Requirement
+from speedladder.spec import StepSpec
+from speedladder.tune import search
 
 
 def rung(name, verdict="win", prev=1.2, status="ok", passed=True, role="rung", built_on="eager", detail="",
@@ -53,8 +54,8 @@ def fake() -> Results:
 
 
 def test_survivors_are_the_rungs_that_won_and_passed():
-    assert tune.survivors(fake()) == ("compile", "sdpa", "batch", "ckpt")
-    gone = tune.dropped(fake())
+    assert search.survivors(fake()) == ("compile", "sdpa", "batch", "ckpt")
+    gone = search.dropped(fake())
     assert set(gone) == {"bf16", "fused-adamw", "pad-vocab", "max-autotune", "fp8", "slow"}
     assert gone["bf16"] == "noise: 1.01×, inside the spread of compile"
     assert gone["fused-adamw"] == "loss: 0.90×, below sdpa"
@@ -65,30 +66,30 @@ def test_survivors_are_the_rungs_that_won_and_passed():
 
 
 def test_candidates_combine_the_survivors_then_leave_each_out_smallest_gain_first():
-    cands = tune.candidates(fake(), limit=10)
+    cands = search.candidates(fake(), limit=10)
     assert cands[0] == ("tuned", ("compile", "sdpa", "batch", "ckpt"))
     assert [name for name, _ in cands[1:]] == ["tuned-no-ckpt", "tuned-no-sdpa", "tuned-no-batch", "tuned-no-compile"]
     assert cands[1][1] == ("compile", "sdpa", "batch")
-    assert len(tune.candidates(fake(), limit=2)) == 2
+    assert len(search.candidates(fake(), limit=2)) == 2
     nothing_won = results_of([rung("eager", verdict="baseline", built_on=None), rung("compile", verdict="noise")])
-    assert tune.survivors(nothing_won) == () and tune.candidates(nothing_won, 4) == []
+    assert search.survivors(nothing_won) == () and search.candidates(nothing_won, 4) == []
 
 
 def test_the_winner_and_the_commands_that_reproduce_it():
     res = fake()
     res.rungs.append(rung("tuned", role="candidate", rungs_combined=["compile", "sdpa", "batch"]))
     res.fastest = "tuned"
-    assert tune.winner(res).name == "tuned"
-    assert tune.rungs_of(tune.winner(res), res) == ("compile", "sdpa", "batch")
+    assert search.winner(res).name == "tuned"
+    assert search.rungs_of(search.winner(res), res) == ("compile", "sdpa", "batch")
     # A ladder rung's configuration is its chain of rungs from eager.
-    assert tune.rungs_of(res.rung("batch"), res) == (
+    assert search.rungs_of(res.rung("batch"), res) == (
         "eager", "compile", "sdpa", "batch")
-    cmds = tune.commands("runs/x")
+    cmds = search.commands("runs/x")
     assert cmds.run == "speedladder run --config runs/x/winner.toml"
     assert cmds.train == "speedladder train --config runs/x/winner.toml"
     assert cmds.apply == 'model, optimizer, autocast, spec = speedladder.apply(model, "runs/x/winner.toml")'
     cfg = resolve(RunConfig(preset="tiny"), torch.device("cpu"))
-    won = tune.winner_settings(Settings(), cfg.run, ("compile", "sdpa", "batch"))
+    won = search.winner_settings(Settings(), cfg.run, ("compile", "sdpa", "batch"))
     assert won.run.rungs == ("eager", "compile", "sdpa", "batch") and won.train.rungs == ("compile", "sdpa", "batch")
     assert (won.run.preset, won.run.batch_size, won.run.ladder, won.run.beside) == ("tiny", 4, None, ())
 
@@ -96,14 +97,14 @@ def test_the_winner_and_the_commands_that_reproduce_it():
 def test_budget_refuses_work_that_would_not_fit():
     won = results_of([rung("eager", verdict="baseline", built_on=None, wall_s=30.0),
                       rung("compile", prev=1.5, wall_s=30.0)])
-    assert tune.Budget(100, won, reserve=1).reason() is None  # 100 s left >= 2 x 30 s
-    late = tune.Budget(50, won, reserve=1)
+    assert search.Budget(100, won, reserve=1).reason() is None  # 100 s left >= 2 x 30 s
+    late = search.Budget(50, won, reserve=1)
     assert late.reason().startswith("not started: the tune budget has 50 s left and a rung takes about 30 s")
-    assert tune.Budget(50, won, reserve=0).reason() is None
+    assert search.Budget(50, won, reserve=0).reason() is None
     # Nothing has won yet: no combination to keep time for.
     lost = results_of([won.rungs[0], rung("compile", verdict="loss", prev=0.5, wall_s=30.0)])
-    assert tune.Budget(50, lost, reserve=1).reason() is None
-    assert tune.Budget(20, lost, reserve=1).reason() is not None
+    assert search.Budget(50, lost, reserve=1).reason() is None
+    assert search.Budget(20, lost, reserve=1).reason() is not None
 
 
 def test_the_race_takes_the_fastest_by_tokens_per_s_and_the_batch_axis_under_each_rule():
@@ -113,7 +114,7 @@ def test_the_race_takes_the_fastest_by_tokens_per_s_and_the_batch_axis_under_eac
         r.speedup_cum = r.speedup_prev
     res.fastest = "tuned"
     base = StepSpec(4, 32)
-    configs = tune.race_configs(res, 3, Env("cpu", None, 4), base)
+    configs = search.race_configs(res, 3, Env("cpu", None, 4), base)
     names = [c.name for c in configs]
     # The tokens/s winner first; the batch axis: the fastest with batch (tuned, the winner) under each rule, and
     # without batch (compile+sdpa); then the next fastest by tokens/s, to 3 finalists with the winner (the batch
@@ -148,9 +149,9 @@ def test_the_time_judge_refuses_a_batch_up_faster_per_token_but_slower_to_the_ta
     assert race.entry("bf16+batch").verdict == "loss" and race.entry("bf16").verdict == "win"
     section = TuneSection(winner="bf16+batch", winner_rungs=["bf16", "batch"],
                           tokens_judge=TuneJudge("tokens", "bf16+batch", ["bf16", "batch"], tokens_per_s_x=2.0))
-    configs = [tune.Raced("bf16+batch", ("bf16", "batch"), StepSpec(16, 32), "none", "bf16+batch", 2.0),
-               tune.Raced("bf16", ("bf16",), StepSpec(4, 32, autocast="bf16"), "none", "bf16", 1.6)]
-    tune.judge_by_time(section, race, configs, results_of([]),
+    configs = [search.Raced("bf16+batch", ("bf16", "batch"), StepSpec(16, 32), "none", "bf16+batch", 2.0),
+               search.Raced("bf16", ("bf16",), StepSpec(4, 32, autocast="bf16"), "none", "bf16", 1.6)]
+    search.judge_by_time(section, race, configs, results_of([]),
                        lambda name: versus(race.entry(name), race.entry("bf16+batch"), 0.01).p_less)
     assert (section.judge, section.winner, section.winner_rungs) == ("time", "bf16", ["bf16"])
     t = section.time_judge
@@ -160,7 +161,7 @@ def test_the_time_judge_refuses_a_batch_up_faster_per_token_but_slower_to_the_ta
     race.entries[2].runs = [dataclasses.replace(r, seconds=r.seconds * 2.2, train_seconds=r.seconds * 2.2)
                             for r in race.entries[2].runs]
     judge(race)
-    tune.judge_by_time(section, race, configs, results_of([]))
+    search.judge_by_time(section, race, configs, results_of([]))
     assert section.winner == "eager" and section.winner_rungs == [] and "faster than eager" in section.time_judge.detail
 
 
@@ -190,7 +191,7 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     assert res["learns_check"]["steps"] == 60 and res["profile"] is None
     winner_toml = path.parent / "winner.toml"
     assert t["commands"]["run"] == f"speedladder run --config {winner_toml}"
-    won = codec.from_data(Settings, commands.read(winner_toml))  # judged as tune judged it
+    won = codec.from_data(Settings, settings.read(winner_toml))  # judged as tune judged it
     assert won.run.gates.learns_steps == 60 and won.run.gates.loss_steps == 4
     assert won.run.rungs == ("eager", *t["winner_rungs"]) and won.train.rungs == tuple(t["winner_rungs"])
     assert t["dropped"]["compile"] == "skipped: needs cuda; this device is cpu"
@@ -226,7 +227,7 @@ def test_tune_end_to_end(tmp_path, capsys, no_compile):
     assert "speedladder race · tiny" in out  # the race's table
     cands = [r for r in res["rungs"] if r["role"] == "candidate"]
     assert len(cands) + sum(1 for c in t["candidates"] if c.get("same_as")) == len(t["candidates"]) <= 1
-    assert report.tune_lines(results.load(path.parent))[0] in out  # the saved file is what was printed
+    assert report.tune_lines(storage.load(path.parent))[0] in out  # the saved file is what was printed
     page = (path.parent / "report.html").read_text()  # tune leaves the page as run does
     assert 'id="rungs"' in page and t["winner"] in page and f"report: {path.parent / 'report.html'}" in out
     assert 'id="chart-race-curves"' in page and 'class="summary"' in page

@@ -14,9 +14,10 @@ from conftest import CPU
 
 from speedladder.cli import main
 from speedladder.config.run import RunConfig
-from speedladder.data import BatchStream, Corpus, check_ids, load_corpus, token_dtype
+from speedladder.data.batches import BatchStream
+from speedladder.data.corpus import Corpus, check_ids, load_corpus, token_dtype
 from speedladder.errors import UsageError
-from speedladder.workload import prepare
+from speedladder.step.workload import prepare
 
 FAST = ["--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16", "--no-profile", "--window-steps", "2",
         "--loss-steps", "4", "--learns-steps", "0"]

@@ -12,14 +12,15 @@ import pytest
 import torch
 from conftest import Described, cli, only_folder
 
-from speedladder import rungs
-from speedladder.config import codec, commands
+from speedladder import codec, rungs
+from speedladder.config import settings
 from speedladder.config.run import RunConfig
 from speedladder.progress import Progress
-from speedladder.rungs import RUNGS, Env, Requirement, RungError, StepSpec
-from speedladder.rungs import load as rung_files
+from speedladder.rungs import RUNGS, Env, Requirement, RungError
+from speedladder.rungs import files as rung_files
+from speedladder.spec import StepSpec
+from speedladder.step.workload import prepare
 from speedladder.verify.gates import Gates
-from speedladder.workload import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "fused_mlp.py"  # the file docs/rungs.md shows, run as it is
@@ -56,15 +57,15 @@ def test_the_documented_rung_file_is_climbed_gated_and_recorded_with_its_hash(tm
     assert fused["gate"]["equivalence"]["rule"] == "fp64"  # the built-in gates, the same rule
     assert fused["spec"]["transforms"] == ["fused-mlp"]
     # config.toml keeps the file and the sha256 of its content; `run --config` re-runs the same rung.
-    saved = codec.from_data(commands.Settings, commands.read(folder / commands.CONFIG_FILE))
+    saved = codec.from_data(settings.Settings, settings.read(folder / settings.CONFIG_FILE))
     assert saved.run.rung_files == (str(EXAMPLE),)
     assert saved.run.rung_hashes == {str(EXAMPLE): rung_files.content_hash(str(EXAMPLE))}
     # speedladder.apply puts it on a model of the user's own, as it puts a built-in rung.
     import speedladder
-    from speedladder.gpt import GPT
+    from speedladder.models.gpt import GPT
 
     work = prepare(RunConfig(preset="tiny", device="cpu"))
-    model, _, _, spec = speedladder.apply(GPT(work.cfg.model), folder / commands.CONFIG_FILE)
+    model, _, _, spec = speedladder.apply(GPT(work.cfg.model), folder / settings.CONFIG_FILE)
     assert spec.transforms == ("fused-mlp",) and type(model.blocks[0].mlp).__name__ == "FusedMLP"
 
 
@@ -72,7 +73,7 @@ def test_a_saved_configuration_refuses_a_rung_file_changed_since(tmp_path, forge
     mine = write(tmp_path, "mine.py", EXAMPLE.read_text())
     out = tmp_path / "runs"
     assert cli("run", "--rung-file", str(mine), "--rungs", "eager,fused-mlp", *FAST, "--out", str(out))[0] == 0
-    config = only_folder(out) / commands.CONFIG_FILE
+    config = only_folder(out) / settings.CONFIG_FILE
     mine.write_text(mine.read_text().replace("fewer kernels", "fewer kernels, changed"))
     rc, _, err = cli("run", "--config", str(config), "--out", str(tmp_path / "again"))
     assert rc == 2 and "has changed since this configuration was saved" in err and err.count("\n") == 1

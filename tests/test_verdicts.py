@@ -121,24 +121,24 @@ def test_a_rung_that_trades_tokens_per_s_for_tokens_to_a_loss_is_left_to_the_rac
     """An optimizer or architecture rung (Muon: 0.29x cudagraphs in tokens/s on the H200 of 2026-12-04, 5.56x fewer
     tokens to AdamW's loss) is never a base for speed, whatever its tokens/s; its reason says the race judges it. A
     speed rung and a memory rung follow their own rules."""
-    from speedladder.climbing import verdicts
+    from speedladder.ladder import builds_on
 
     for kind in ("optimizer", "architecture"):
         r = _passed("muon", kind, verdict, prev)
-        assert verdicts.judged_by_race(r) and not verdicts.pays(r)
-        why = verdicts.not_built_upon(r, "cudagraphs")
+        assert builds_on.judged_by_race(r) and not builds_on.pays(r)
+        why = builds_on.not_built_upon(r, "cudagraphs")
         assert why.startswith(f"race: an {kind} rung, judged by time to a target loss, not by tokens/s ({prev:.2f}x")
         assert why.endswith("the race judges it, and the rungs above build on cudagraphs")
         r.not_built_upon = why
-        assert verdicts.word(r) == "race"
-    assert verdicts.pays(_passed("ckpt", "memory", "loss", 0.8))  # a memory rung is expected to cost speed
-    assert verdicts.pays(_passed("sdpa", "speed", verdict, prev)) == (prev > 1.0)
+        assert builds_on.word(r) == "race"
+    assert builds_on.pays(_passed("ckpt", "memory", "loss", 0.8))  # a memory rung is expected to cost speed
+    assert builds_on.pays(_passed("sdpa", "speed", verdict, prev)) == (prev > 1.0)
 
 
 def test_the_fastest_is_ranked_among_what_the_climb_built_on():
     """The learns-check's order and an interrupted run's best so far: by x cum, never a rung left out of the climb
     (slower, or judged by the race), never a control or a rung that failed a gate."""
-    from speedladder.climbing import verdicts
+    from speedladder.ladder import builds_on
     from speedladder.records import Results
 
     def rec(name, cum, **kw):
@@ -152,4 +152,4 @@ def test_the_fastest_is_ranked_among_what_the_climb_built_on():
              rec("wrong", 9.0, gate=Gate(passed=False)), rec("batch-fp32", 8.0, role="control"), rec("fp8", 0.22)]
     res = Results(schema="", created="", command=[], config=None, environment=None, model=None,  # type: ignore[arg-type]
                   rungs=rungs)
-    assert [r.name for r in verdicts.ranked(res)] == ["cudagraphs", "eager", "fp8"]
+    assert [r.name for r in builds_on.ranked(res)] == ["cudagraphs", "eager", "fp8"]

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.models.base import CONVENTIONS, Adapted, Family, Formula, dropout_off
+from speedladder.models.definition import CONVENTIONS, Adapted, Family, Formula, dropout_off
 
 # The hooks a module of the user's own may define (docs/models.md, "Hooks").
 HOOK_PREFIX = "speedladder_"

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.gpt import GPTConfig
-from speedladder.models.base import Family, Formula, Offers, Transform
-from speedladder.rungs import VOCAB_MULTIPLE, float8_transforms, padded_vocab
-from speedladder.spec import Capability
+from speedladder.models.capability import Capability
+from speedladder.models.definition import Family, Formula, Offers, Transform
+from speedladder.models.float8 import float8_transforms
+from speedladder.models.gpt import GPTConfig
+from speedladder.models.transforms import VOCAB_MULTIPLE, padded_vocab
 
 # A transformers PreTrainedModel: its methods (set_attn_implementation, resize_token_embeddings, ...) are the
 # library's, and transformers is an optional extra without type information here.

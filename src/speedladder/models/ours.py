@@ -1,4 +1,4 @@
-"""Our GPT (gpt.py) as a family: how to build it, and what we know of it without looking."""
+"""Our GPT (models/gpt.py) as a family: how to build it, and what we know of it without looking."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import functools
 
 from torch import nn
 
-from speedladder.gpt import GPT, GPTConfig
-from speedladder.models.base import Family, Formula, Offers
+from speedladder.models.definition import Family, Formula, Offers
+from speedladder.models.gpt import GPT, GPTConfig
 
 
 def family(cfg: GPTConfig, preset: str | None = None) -> Family:

@@ -21,10 +21,11 @@ from typing import Any, cast
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.models.base import Family, Offers, Transform
+from speedladder.models.capability import Capability
+from speedladder.models.definition import Family, Offers, Transform
 from speedladder.models.detect import PAD_VOCAB_HOOK, SDPA_HOOK
-from speedladder.rungs import VOCAB_MULTIPLE, Checkpointed, float8_transforms
-from speedladder.spec import Capability
+from speedladder.models.float8 import float8_transforms
+from speedladder.models.transforms import VOCAB_MULTIPLE, Checkpointed
 
 LIVE = "<python object>"  # the source of a model given as an object: no other process can build it again
 _FILES: dict[tuple[str, float], Any] = {}  # modules loaded from files, by path and modification time

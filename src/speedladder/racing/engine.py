@@ -35,21 +35,21 @@ from pathlib import Path
 
 import torch
 
-from speedladder import results
-from speedladder.config.commands import CONFIG_FILE, RaceConfig, Settings
-from speedladder.config.commands import write as write_settings
+from speedladder.config.settings import CONFIG_FILE, RaceConfig, Settings
+from speedladder.config.settings import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import devicemem, load, timer
+from speedladder.measure import devicemem, machine_load, timer
 from speedladder.progress import Progress, task_of
-from speedladder.racing.ruler import val_hash
 from speedladder.racing.runs import Clock, Going, Prepared, Runs, Stepper, WallClock, rotated, rung_cap
+from speedladder.racing.target import val_hash
 from speedladder.racing.verdicts import builds_upon, built_upon_line, capped_out, changes_learning, judge
-from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
-from speedladder.records.race import RaceRole
-from speedladder.rungs import RUNGS, StepSpec, compose
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results, storage
+from speedladder.records.race_section import RaceRole
+from speedladder.rungs import RUNGS, compose
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep, matmul_precision
+from speedladder.step.workload import Workload, free_device_memory, new_results, read_machine_load
 from speedladder.verify import probes
-from speedladder.workload import Workload, free_device_memory, machine_load, new_results
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
 
@@ -84,7 +84,7 @@ class Race(Runs):
         self.cfg = race
         self.progress = progress or Progress(quiet=True)
         self.clock = clock or WallClock(work.device)
-        self.meter = load.Meter.open()  # other processes' load around each stretch (None off Linux)
+        self.meter = machine_load.Meter.open()  # other processes' load around each stretch (None off Linux)
         self.role = role  # "combo", "winner" or "finalist" when the configurations are given rather than a ladder
         self.target_note = target_note
         self.val_x, self.val_y = work.val_set(work.cfg.seq_len)
@@ -116,7 +116,7 @@ class Race(Runs):
         self.save()
 
     def save(self) -> None:
-        results.save(self.results, self.run_dir)
+        storage.save(self.results, self.run_dir)
 
     # -- the configurations ---------------------------------------------------------------------
 
@@ -389,7 +389,7 @@ class Race(Runs):
         """Calibrate, race the stages, then judge; saved after every run."""
         try:
             if self.meter is not None and self.machine is None:  # before anything of ours runs
-                self.machine = self.results.machine = machine_load(self.meter, self.progress.scoped("machine"))
+                self.machine = self.results.machine = read_machine_load(self.meter, self.progress.scoped("machine"))
             if self._ladder is not None:
                 self._run_ladder(self._ladder)
             else:

@@ -11,13 +11,13 @@ from typing import Protocol
 
 import torch
 
-from speedladder import models
-from speedladder.measure import counters, devicemem, load
+from speedladder.measure import counters, devicemem, machine_load
+from speedladder.models import build
 from speedladder.racing.verdicts import at_tokens
 from speedladder.records import MachineLoad, RaceEntry, RaceRun, RaceSection
-from speedladder.rungs import StepSpec
-from speedladder.step import matmul_precision
-from speedladder.workload import Workload
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import matmul_precision
+from speedladder.step.workload import Workload
 
 _WARM_SEED = 1 << 20  # the stream of the untimed step before each run: no race seed draws from it
 # A stretch of steps between two looks at the clock lasts about this long at most, where a step is slow: so that the
@@ -145,7 +145,7 @@ class Runs:
     work: Workload
     section: RaceSection
     clock: Clock
-    meter: load.Meter | None  # other processes' load, read around each stretch (never inside one)
+    meter: machine_load.Meter | None  # other processes' load, read around each stretch (never inside one)
     machine: MachineLoad | None  # ... and what it found, for the header (results.machine)
     val_x: torch.Tensor
     val_y: torch.Tensor
@@ -153,7 +153,7 @@ class Runs:
 
     def _init(self, seed: int) -> dict[str, torch.Tensor]:
         if seed not in self._inits:
-            self._inits[seed] = models.initial_state(self.work.model, seed)
+            self._inits[seed] = build.initial_state(self.work.model, seed)
         return self._inits[seed]
 
     def _evaluate(self, step: Stepper) -> float:
@@ -248,7 +248,7 @@ class Runs:
             r.stopped = "reached"
         r.train_seconds, r.train_tokens, r.train_steps = g.clock, g.tokens, g.steps
         if g.read_s > 0 and self.meter is not None:  # judged over the whole run: a stretch can be under a tick
-            r.other_cores, r.shared = g.other_s / g.read_s, load.shared(g.other_s, g.read_s, self.meter.cores)
+            r.other_cores, r.shared = g.other_s / g.read_s, machine_load.shared(g.other_s, g.read_s, self.meter.cores)
         if g.budget_tokens:
             b = at_tokens(r, g.budget_tokens)
             r.budget_loss = b if b is not None and math.isfinite(b) else None
@@ -259,11 +259,11 @@ class Runs:
                                   else f"{r.stopped}"))
         return r
 
-    def snapshot(self) -> load.Snapshot | None:
+    def snapshot(self) -> machine_load.Snapshot | None:
         """The other processes' CPU time so far, to name them if a run that follows shares the machine."""
         return self.meter.snapshot() if self.meter is not None else None
 
-    def note_load(self, runs: list[RaceRun], first: load.Snapshot | None) -> None:
+    def note_load(self, runs: list[RaceRun], first: machine_load.Snapshot | None) -> None:
         """Runs that ended into the record of the machine's load; the busiest other processes since `first` named
         when one of them shared the machine."""
         read = [r for r in runs if r.other_cores is not None]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from speedladder.config.commands import DRIFT_LIMIT
+from speedladder.config.settings import DRIFT_LIMIT
 from speedladder.measure.judging import SHORT
 from speedladder.records import Results, Role
-from speedladder.report import machine
+from speedladder.report import machine_notes
 
 # A rung whose windows spread (max - min over the median) more than this: its verdict can hardly be a win or a loss.
 NOISY = 0.10
@@ -91,13 +91,13 @@ def _machine(results: Results) -> Item | None:
     if m is None:
         return None
     most = max(m.most, m.before or 0.0)
-    if machine.worth_saying(m):
+    if machine_notes.worth_saying(m):
         during = f" in {m.shared_windows} of {m.windows} windows" if m.shared_windows else ""
         during += f" in {m.shared_runs} of {m.runs} race runs" if m.shared_runs else ""
         return Item("machine", f"others used up to {most:.2f} of {m.cores} cores{during or ' before the first window'}",
                     WARN)
     return Item("machine", "alone" if m.alone else f"others at most {most:.2f} of {m.cores} cores "
-                                                    f"(under {machine.threshold(m):.2f})", OK)
+                                                    f"(under {machine_notes.threshold(m):.2f})", OK)
 
 
 def items(results: Results) -> list[Item]:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from speedladder.records import Distance, Explanation, Fp64, Gate
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.step.train_step import TrainStep, matmul_precision
 from speedladder.verify import probes
 from speedladder.verify.distance import errors, judge
 from speedladder.verify.emulated_precision import Arithmetic
