@@ -62,14 +62,15 @@ class Ladder:
     references and each passing rung's probe outputs), the peaks (resident memory, FLOP/s), the machine-load meter,
     and the path of rungs that make the current base spec.
 
-    Runs, in order (`run`): the machine's load before anything of ours; the baseline's profile in a child process
-    and a prediction for every rung (`profile`); the climb (`_climb_all`): for each rung, its transform on the base
-    spec, then `climb` -- skipped when its requirement is unmet, else timed beside its base (`_measure` ->
-    workload.measure_spec), metered, gated (`_gate` -> Gates.check), and its ratios derived (`_derive`); the next
-    rung builds on it only if it passed and paid; its fp32 control where the rung changes the precision; the rungs
+    Runs, in order (`run`, one named phase per line): the machine's load before anything of ours
+    (`_machine_load`); the baseline's profile in a child process and a prediction for every rung (`profile`); the
+    climb (`_climb_all`): for each rung, its transform on the base spec, then `climb` -- skipped when its
+    requirement is unmet, else timed beside its base (`_time` -> workload.measure_spec), metered, its ratios derived
+    (`_derive`), then gated (`_gate` -> Gates.check, against the reference of its shape, made once); the next rung
+    builds on it only if it passed and paid; its fp32 control where the rung changes the precision; the rungs
     measured beside the top (`--beside`); then a command's own step (`after_climb`, tune's); each loss and miss
-    explained (profile.explain); the learns-check on the fastest rung that passed (`_learns_check`); the resident
-    peaks last, in a child process.
+    explained (`_explain_misses`); the learns-check on the fastest rung that passed (`_learns_check`); the resident
+    peaks last, in a child process (`_memory_peaks`); the run's status (`_record_status`).
 
     Leaves behind: results.json (status "complete", "failed" when the baseline did not run, or "interrupted") and
     config.toml in `run_dir`, from which every report is drawn.
@@ -145,41 +146,48 @@ class Ladder:
     def _measure(self, r: RungResult, spec: StepSpec, base: RungResult | None, say: Callable[[str], None]) -> None:
         """Time the rung beside its base and save its speed; then (a rung not stopped short) its gates, whose
         reference is built only now: a cut during the gates keeps the speed (docs/measurement.md, rule 16)."""
-        w = self.work
         with matmul_precision(spec):
-            base_spec = base.spec if base is not None else None
-            m, step = measure_spec(w, spec, say, base=base_spec, meter=self.meter,
-                                   compile_estimate_s=self.compile_times.estimate(spec),
-                                   short_below=self._short_below(r, base))
-            self.compile_times.note((spec, m.timing), (base_spec, m.base_timing))  # the rung's warm-up, its base's
-            note_load(self.results.machine, m)
-            r.timing = TimingRecord.of(m.timing)
-            r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
-            r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
-            r.held_before_bytes = m.held_before_bytes
-            r.warnings = m.warnings
-            if step.scaler is not None:  # fp16: the updates its gradient scaler skipped while it was measured
-                r.scaler_skipped, r.scaler_updates = step.skipped_updates(), step.updates
-            if m.base_timing is not None:
-                r.base_timing, r.base_tokens_per_s = TimingRecord.of(m.base_timing), m.base_tokens_per_s
-                r.verdict, r.verdict_detail = judging.judge(m.timing, m.base_timing)
-            if not m.timing.short:  # a rung stopped short is neither metered nor gated: nothing builds on it
-                rung_memory.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
-            fpt = w.flops_per_token(spec)
-            peak, r.peak_basis = self.flop_peaks.of(spec, step.model, fpt)
-            r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
-            r.mfu = peakflops.mfu(m.tokens_per_s.median, fpt, peak)
-            r.status = "ok"
-            if m.timing.short:
-                r.verdict = judging.SHORT  # its detail once its x prev is known (_derive)
-            self._derive(r, base)
-            self.save()  # the speed is on disk before any reference is built
-            t = m.tokens_per_s
-            say(f"{t.median:,.0f} tokens/s (min {t.min:,.0f}, max {t.max:,.0f})"
-                + (f", {r.verdict} against {base.name} re-timed beside it" if base is not None else ""))
-            if not m.timing.short:
+            step = self._time(r, spec, base, say)
+            if step is not None:
                 self._gate(r, step, base, say)
         say("not gated" if r.gate is None else "gate " + ("passed" if r.gate.passed else f"FAILED: {r.gate.detail}"))
+
+    def _time(self, r: RungResult, spec: StepSpec, base: RungResult | None,
+              say: Callable[[str], None]) -> TrainStep | None:
+        """The rung's step timed beside its base's, metered, its ratios derived and its speed saved; the step to
+        gate, or None for a rung stopped short (neither metered nor gated: nothing builds on it)."""
+        w = self.work
+        base_spec = base.spec if base is not None else None
+        m, step = measure_spec(w, spec, say, base=base_spec, meter=self.meter,
+                               compile_estimate_s=self.compile_times.estimate(spec),
+                               short_below=self._short_below(r, base))
+        self.compile_times.note((spec, m.timing), (base_spec, m.base_timing))  # the rung's warm-up, its base's
+        note_load(self.results.machine, m)
+        r.timing = TimingRecord.of(m.timing)
+        r.tokens_per_s, r.step_ms, r.compile_s = m.tokens_per_s, m.step_ms, m.compile_s
+        r.peak_memory_bytes, r.peak_reserved_bytes = m.peak_memory_bytes, m.peak_reserved_bytes
+        r.held_before_bytes = m.held_before_bytes
+        r.warnings = m.warnings
+        if step.scaler is not None:  # fp16: the updates its gradient scaler skipped while it was measured
+            r.scaler_skipped, r.scaler_updates = step.skipped_updates(), step.updates
+        if m.base_timing is not None:
+            r.base_timing, r.base_tokens_per_s = TimingRecord.of(m.base_timing), m.base_tokens_per_s
+            r.verdict, r.verdict_detail = judging.judge(m.timing, m.base_timing)
+        if not m.timing.short:  # a rung stopped short is neither metered nor gated: nothing builds on it
+            rung_memory.record(r, w, spec, step, say, self.peaks)  # saved activations, predicted, the step's peak
+        fpt = w.flops_per_token(spec)
+        peak, r.peak_basis = self.flop_peaks.of(spec, step.model, fpt)
+        r.flops_per_token, r.tflops, r.peak_tflops = fpt, m.tokens_per_s.median * fpt / 1e12, peak
+        r.mfu = peakflops.mfu(m.tokens_per_s.median, fpt, peak)
+        r.status = "ok"
+        if m.timing.short:
+            r.verdict = judging.SHORT  # its detail once its x prev is known (_derive)
+        self._derive(r, base)
+        self.save()  # the speed is on disk before any reference is built
+        t = m.tokens_per_s
+        say(f"{t.median:,.0f} tokens/s (min {t.min:,.0f}, max {t.max:,.0f})"
+            + (f", {r.verdict} against {base.name} re-timed beside it" if base is not None else ""))
+        return None if m.timing.short else step
 
     def _gate(self, r: RungResult, step: TrainStep, base: RungResult | None, say: Callable[[str], None]) -> None:
         """The rung's gates against eager fp32 (its shape's reference, made now if not yet) and the rung it built on;
@@ -285,24 +293,18 @@ class Ladder:
     # -- the whole ladder -------------------------------------------------------------------
 
     def run(self, after_climb: Callable[[], None] | None = None) -> Results:
-        """Climb, then (e.g. tune's combinations) `after_climb`, then the learns-check on the fastest."""
+        """The run, phase by phase; a command's own step (tune's combinations) goes in `after_climb`."""
         try:
-            if self.meter is not None and self.results.machine is None:  # before anything of ours runs
-                self.results.machine = read_machine_load(self.meter, self.progress.scoped("machine"))
+            self._machine_load()  # the machine's load, before anything of ours runs
             if self.work.cfg.run.profile.enabled:
-                self.profile()
-            self._climb_all()
+                self.profile()  # the baseline profiled in a child process; every rung predicted from it
+            self._climb_all()  # each rung built, timed beside its base, gated against its shape's reference
             if after_climb is not None:
                 after_climb()
-            # Each loss and each miss beyond the limit: the rung's step and its base's profiled side by side.
-            explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget,
-                                   self.profile_wall_s, self.run_dir)
-            self._learns_check()
-            self.peaks.measure(self.progress.scoped("memory"))  # off CUDA, in a child process, after all else
-            failed = self.results.failed_baseline
-            self.results.status = "failed" if failed else "complete"
-            if failed:  # every rung is measured against it: the run as a whole failed (the command exits non-zero)
-                self.results.error = f"the baseline {failed.name} did not run: {failed.status}: {failed.detail}"
+            self._explain_misses()  # each loss and miss: the rung's step and its base's profiled side by side
+            self._learns_check()  # the fastest rung that passed its gates must learn
+            self._memory_peaks()  # off CUDA, the resident peaks, in a child process, after all else
+            self._record_status()  # complete, or failed when the baseline did not run
         except KeyboardInterrupt:
             self._stopped()
             raise
@@ -310,7 +312,31 @@ class Ladder:
             self.save()
         return self.results
 
+    def _machine_load(self) -> None:
+        """Other processes' load on the machine, read once before the run starts (docs/measurement.md)."""
+        if self.meter is not None and self.results.machine is None:
+            self.results.machine = read_machine_load(self.meter, self.progress.scoped("machine"))
+
+    def _explain_misses(self) -> None:
+        """Each loss and each miss beyond the limit explained: the rung's step and its base's profiled side by side."""
+        explain.explain_misses(self.results, self.work, self.save, self.progress.scoped("explain"), self.budget,
+                               self.profile_wall_s, self.run_dir)
+
+    def _memory_peaks(self) -> None:
+        """Off CUDA, each queued rung's resident peak, in a child process once everything else has run."""
+        self.peaks.measure(self.progress.scoped("memory"))
+
+    def _record_status(self) -> None:
+        """The run's status: failed when the baseline did not run (every rung is measured against it, so the command
+        exits non-zero), else complete."""
+        failed = self.results.failed_baseline
+        self.results.status = "failed" if failed else "complete"
+        if failed:
+            self.results.error = f"the baseline {failed.name} did not run: {failed.status}: {failed.detail}"
+
     def _climb_all(self) -> None:
+        """Each rung of the ladder in turn: its spec built on the current base, then `climb`; the next rung builds
+        on it only if it passed and paid; its fp32 control; then the rungs measured beside the top (`--beside`)."""
         spec, base = self.work.base_spec, None
         for name in self.work.cfg.run.rungs or ():
             rung = RUNGS[name]
