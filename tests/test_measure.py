@@ -296,7 +296,7 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
         return microbench.matmul_ceiling(CPU, precision, 256, 0.05)
 
     monkeypatch.setattr(rung_memory, "matmul_ceiling", ceiling)
-    monkeypatch.setattr(rung_memory.results, "device_name", lambda device: "NVIDIA GeForce RTX 4080")
+    monkeypatch.setattr(rung_memory.storage, "device_name", lambda device: "NVIDIA GeForce RTX 4080")
     model, fpt = torch.nn.Linear(4, 4), 1_000_000
     fp32, bf16 = StepSpec(2, 8), StepSpec(2, 8, autocast="bf16")
     peaks = {spec.precision: ladder.flop_peaks.of(spec, model, fpt) for spec in (fp32, bf16, fp32)}
@@ -312,7 +312,7 @@ def test_an_unknown_device_gets_its_matmul_ceiling_measured_once_per_precision_a
     (note,) = mfu_notes([r])
     assert note.startswith(f"MFU marked{MEASURED_MARK}: against the measured peak") and "fp32 " in note
     # A listed GPU: its datasheet, nothing measured.
-    monkeypatch.setattr(rung_memory.results, "device_name", lambda device: "NVIDIA GeForce RTX 4090")
+    monkeypatch.setattr(rung_memory.storage, "device_name", lambda device: "NVIDIA GeForce RTX 4090")
     assert ladder.flop_peaks.of(bf16, model, fpt) == (165.2, "datasheet peak of the RTX 4090")
     assert len(measured) == 2
     r.peak_tflops, r.peak_basis, r.mfu = 165.2, "datasheet peak of the RTX 4090", 0.4

@@ -26,7 +26,7 @@ REPORT = Path(__file__).resolve().parents[1] / "src" / "speedladder" / "report"
 # (module, the receiver as written): why a key read there is not a result read.
 RECEIVERS = {
     ("html.py", "row"): "a rung table's display row, built by report/text.rows",
-    ("sweep.py", "p.rungs"): "a sweep point's rung records, keyed by rung name",
+    ("sweep_curve.py", "p.rungs"): "a sweep point's rung records, keyed by rung name",
 }
 MATPLOTLIB = ("spines", "rcParams", "by_key()")
 

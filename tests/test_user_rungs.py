@@ -87,7 +87,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import speedladder
-from speedladder.gpt import merge_heads, split_heads
+from speedladder.models.gpt import merge_heads, split_heads
 
 
 class WrongGELU(nn.Module):

@@ -95,7 +95,7 @@ def test_the_gates_command_reruns_one_rung_alone_and_the_page_shows_why(tmp_path
 SCALE_OFF_RUNG = """
 import torch.nn.functional as F
 import speedladder
-from speedladder.gpt import merge_heads, split_heads
+from speedladder.models.gpt import merge_heads, split_heads
 from speedladder.rungs import SDPAttention
 
 

@@ -1,4 +1,4 @@
-"""One rank of a data-parallel job, started by torchrun: `python -m speedladder.worker JOB.json`.
+"""One rank of a data-parallel job, started by torchrun: `python -m speedladder.parallel.rank JOB.json`.
 
 The parent (`speedladder ddp` or `predict --measure-bandwidth`) writes the job
 file and launches torchrun; torchrun sets RANK, LOCAL_RANK and WORLD_SIZE and
