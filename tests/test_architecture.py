@@ -137,6 +137,20 @@ def test_step_spec_is_imported_from_its_module():
     assert not found
 
 
+# A package whose tests live with another folder's, and why.
+TESTED_ELSEWHERE = {"records": "its records are written and read back by the tests of config/, report/ and ladder/"}
+
+
+def test_tests_mirror_the_packages():
+    """tests/ has one folder per package of src/speedladder (the commands run end to end in tests/e2e/), so the tests
+    of a module are found where the module is."""
+    tests = ROOT / "tests"
+    packages = sorted(d.name for d in SRC.iterdir() if (d / "__init__.py").is_file())
+    missing = [p for p in packages if not (tests / p).is_dir() and p not in TESTED_ELSEWHERE]
+    assert not missing
+    assert list((tests / "e2e").glob("test_*.py"))
+
+
 def test_few_modules_stay_flat():
     """The package's top level holds the entry points and the few modules every layer shares; the rest live in
     folders by concern (docs/architecture.md)."""

@@ -282,7 +282,7 @@ def test_the_conclusion_never_contradicts_its_table(status, learns):
 
 # -- the H200 run of 2026-12-04 at 837fae3, re-rendered ---------------------------------------------------------
 
-H200 = Path(__file__).resolve().parent / "data" / "h200"
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
 
 
 def h200(name: str) -> Results:

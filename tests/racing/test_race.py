@@ -31,7 +31,7 @@ from speedladder.rungs import RUNGS, Env, Rung
 from speedladder.spec import StepSpec
 from speedladder.step.workload import prepare
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 # -- held-out validation -------------------------------------------------------------------------------
 

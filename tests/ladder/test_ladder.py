@@ -42,7 +42,7 @@ def by_name(res: dict) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def source_run(tmp_path_factory) -> dict:
     """The default ladder R0-R4 on the tiny preset, profiled first: one run that the tests below read (a miss is
-    not profiled again here: each costs a child process that compiles cold; tests/test_explain.py covers that)."""
+    not profiled again here: each costs a child process that compiles cold; tests/profile/test_explain.py covers that)."""
     out = tmp_path_factory.mktemp("source")
     import contextlib
     import io

@@ -33,9 +33,9 @@ from speedladder.records import (
 from speedladder.spec import StepSpec
 
 COLOURS = report.COLOURS
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "example-cpu-results.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "example-cpu-results.json"
 # The saved example of 2026-11-29 (schema 1, before the codec), kept as it was written: old files must still load.
-SCHEMA_1 = Path(__file__).resolve().parent / "data" / "results-schema1.json"
+SCHEMA_1 = Path(__file__).resolve().parents[1] / "fixtures" / "results-schema1.json"
 
 
 def rung(name, median, spread=0.02, verdict="win", built_on=None, role="rung", status="ok", passed=True, **kw):
@@ -447,7 +447,7 @@ def test_an_optimizer_rung_is_measured_but_not_built_upon_and_the_race_judges_it
     assert bars["muon"].get_facecolor()[:3] == (1.0, 1.0, 1.0)
 
 
-H200 = Path(__file__).resolve().parent / "data" / "h200"
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
 
 
 def test_mfu_is_taken_against_one_peak_per_device_named_in_its_header():

@@ -58,7 +58,7 @@ def climb(model: str, out: Path, *extra: str) -> dict:
 # Each climbs the default ladder less the batch rung and its fp32 control (the same model at another shape: on
 # nanoGPT's, where compile wins and every rung above compiles again, two cold compiles of about 30 s each). The
 # batch rung on a user model is climbed below (loss_only.py), and the whole default ladder by our GPT
-# (tests/test_ladder.py).
+# (tests/ladder/test_ladder.py).
 SHORT = ["--rungs", "eager,compile,bf16,ckpt"]
 
 

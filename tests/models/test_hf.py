@@ -52,7 +52,7 @@ DEFAULT = ["eager", "compile", "bf16", "batch", "batch-fp32", "ckpt"]
 # Both climb the default ladder less its batch rung: the bigger batch is the same model at another shape, and
 # leaving it (and its fp32 control) out saves two cold compiles of CI's time each (on GPT-2, where compile wins and
 # every rung above compiles again, about 45 s alone). The whole default ladder, batch included, is climbed by our
-# GPT (tests/test_ladder.py) and nanoGPT's model (tests/test_models.py), through the same adapter code.
+# GPT (tests/ladder/test_ladder.py) and nanoGPT's model (tests/models/test_models.py), through the same adapter code.
 SHORT = ["--rungs", "eager,compile,bf16,ckpt"]
 
 

@@ -74,7 +74,7 @@ def test_bad_input_is_one_line_and_exit_2(args, message, tmp_path, capsys):
 def test_bad_data_files_are_one_line(tmp_path, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    binary = tmp_path / "binary.dat"  # .bin means a token file (tests/test_user_data.py)
+    binary = tmp_path / "binary.dat"  # .bin means a token file (tests/fixtures/test_user_data.py)
     binary.write_bytes(bytes(range(128, 256)))
     for path, message in ((empty, "is empty"), (binary, "is not UTF-8 text")):
         assert main(["run", "--preset", "tiny", "--data", str(path), "--out", str(tmp_path / "o")]) == 2

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPORT = Path(__file__).resolve().parents[1] / "src" / "speedladder" / "report"
+REPORT = Path(__file__).resolve().parents[2] / "src" / "speedladder" / "report"
 
 # (module, the receiver as written): why a key read there is not a result read.
 RECEIVERS = {

@@ -394,12 +394,12 @@ def test_the_host_time_leaves_out_the_wait_for_the_device():
     assert 8.0 <= t["step_ms"] < 14.0
 
 
-H200 = Path(__file__).parent / "data" / "h200-d2l512-profile.json"
+H200 = Path(__file__).parents[1] / "fixtures" / "h200-d2l512-profile.json"
 H200_ENV = Env("cuda", (9, 0), 8)  # an H200, the batch rung's multiple 8 (d2l-512's B=64 to 512)
 
 
 def h200(key: str) -> tuple[ProfileSummary, StepSpec, dict]:
-    """A profile of the H200 run of 2026-12-04 (tests/data, each figure's derivation beside it), classified."""
+    """A profile of the H200 run of 2026-12-04 (tests/fixtures, each figure's derivation beside it), classified."""
     data = json.loads(H200.read_text())
     d = data[key]["profile"]
     d.update(categories.classify(d))

@@ -19,7 +19,7 @@ from speedladder.report import html as html_report
 from speedladder.report.common import label
 from speedladder.report.mfu import device_peak
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "example-cpu-results.json"
 SECTION_IDS = [sid for sid, _ in html_report.SECTIONS]
 MAX_BYTES = 3 * 2**20  # "a few MB at most"
 
@@ -290,7 +290,7 @@ def test_the_report_opens_offline_in_a_real_browser(folders, name, tmp_path):
 
 # -- the H200 pages of 2026-12-04, re-rendered, read at 900 and 1400 px ----------------------------------------
 
-H200 = Path(__file__).resolve().parent / "data" / "h200"
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
 H200_PAGES = ("small", "gpt2", "cuda", "second-d2l", "second-gpt2")
 WIDTHS = (900, 1400)
 # What the page's own DOM says, read by the browser: each rung row's cells and its verdict cell's box and colours,

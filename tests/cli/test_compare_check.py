@@ -19,7 +19,7 @@ from speedladder.records import storage
 from speedladder.report import compare
 from speedladder.rungs import RUNGS
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "example-cpu-results.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "example-cpu-results.json"
 
 
 def tiny_run(out: Path, *flags: str) -> Path:

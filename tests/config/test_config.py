@@ -157,9 +157,9 @@ def test_an_old_results_file_loads_and_its_config_reads_as_todays():
     from speedladder.config.settings import run_from_results
     from speedladder.records import storage
 
-    raw = json.loads((Path(__file__).parent / "data" / "results-schema1.json").read_text())["config"]  # written before the codec
+    raw = json.loads((Path(__file__).parents[1] / "fixtures" / "results-schema1.json").read_text())["config"]  # written before the codec
     assert "timing" not in raw
-    saved = storage.load(Path(__file__).parent / "data" / "results-schema1.json")
+    saved = storage.load(Path(__file__).parents[1] / "fixtures" / "results-schema1.json")
     timing = {k: raw[k] for k in ("steps", "windows", "warmup", "max_warmup")}
     saved_timing = codec.to_data(saved.config.run.timing)
     assert {k: saved_timing[k] for k in timing} == timing and saved.config.steps == raw["steps"]

@@ -214,5 +214,5 @@ def test_a_run_on_a_quiet_machine_shows_no_such_line(tmp_path, monkeypatch):
 
 
 def test_a_file_from_before_the_meter_loads_and_says_nothing():
-    old = storage.load(Path(__file__).parent / "data" / "results-schema1.json")
+    old = storage.load(Path(__file__).parents[1] / "fixtures" / "results-schema1.json")
     assert old.machine is None and machine_notes.header_line(old) is None and machine_notes.html_value(old) is None

@@ -22,7 +22,7 @@ from speedladder.spec import StepSpec
 from speedladder.step.workload import prepare
 from speedladder.verify.gates import Gates
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "fused_mlp.py"  # the file docs/rungs.md shows, run as it is
 FAST = ["--preset", "tiny", "--device", "cpu", "--window-steps", "3", "--loss-steps", "8", "--learns-steps", "0",
         "--no-profile", "--no-process-peak", "--quiet"]
