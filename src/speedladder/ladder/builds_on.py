@@ -11,7 +11,7 @@ from speedladder.records import Results, Role, RungResult
 # unless it measures at or above it (within 2x of its base): the profile already knew (docs/measurement.md, rule 4).
 SHORT_BELOW = 0.5
 
-# Kinds of rung that change how the model learns (rungs/api.KINDS): Muon can need 5x fewer tokens at 0.3x the
+# Kinds of rung that change how the model learns (rungs/registry.KINDS): Muon can need 5x fewer tokens at 0.3x the
 # tokens/s. Their tokens/s is measured and shown, but is not what they are for: a tokens/s ladder does not build on
 # them, and the race to a target loss judges them (docs/measurement.md, rule 13).
 JUDGED_BY_RACE = ("optimizer", "architecture")

@@ -61,7 +61,7 @@ class Results:
     race: RaceSection | None = None  # `speedladder race`: time to a target val loss, over seeds
     machine: MachineLoad | None = None  # run, tune, race: other processes' load before and during the windows
     # The recipe's learning-rate schedule as the command made it (its length the recipe's, else the command's
-    # training: training/recipe.Schedule.describe); the recipe's values are in config.recipe.
+    # training: step/schedule.Schedule.describe); the recipe's values are in config.recipe.
     schedule: str | None = None
     error: str | None = None
     detail: str | None = None

@@ -47,7 +47,7 @@ class TuneCandidate:
 
 @dataclass
 class TuneCommands:
-    """How the winner leaves the tool (climbing/tune.commands): measured again, trained, put in the user's loop.
+    """How the winner leaves the tool (tune/search.commands): measured again, trained, put in the user's loop.
     A file from before winner.toml has no "apply", and a "train_rungs" command line, kept in `extra`."""
 
     run: str = ""

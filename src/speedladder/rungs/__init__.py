@@ -1,8 +1,8 @@
-"""The techniques: every rung, built-in or a user's, declared through one API (api.py) into one registry, RUNGS.
+"""The techniques: every rung, built-in or a user's, declared through one API (registry.py) into one registry, RUNGS.
 
-builtin.py declares the source text's rungs and the ladder beyond (float8.py: the fp8 rungs' side of torchao);
-speedrun.py the speedrun's model records; load.py brings a user's rung files (--rung-file). Importing this package
-declares the built-in ones.
+builtin.py declares the source text's rungs and the ladder beyond (their model transforms are the models' own:
+models/transforms.py, models/float8.py for the fp8 rungs' side of torchao); speedrun.py the speedrun's model
+records; files.py brings a user's rung files (--rung-file). Importing this package declares the built-in ones.
 """
 
 from speedladder.models.float8 import (

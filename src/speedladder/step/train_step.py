@@ -67,7 +67,7 @@ def make_optimizer(params: dict[str, nn.Parameter], spec: StepSpec, lr: float, m
                    recipe: RecipeConfig | None = None) -> torch.optim.Optimizer | MuonAdamW:
     """The optimizer a spec asks for, over the model's parameters by name: AdamW in the implementation named
     (fused, foreach, or torch's default) with the recipe's weight decay, betas and eps and its split of what decays
-    (training/recipe.param_groups), or Muon for the hidden matrices under `blocks_prefix` and that AdamW for the rest; every
+    (step/schedule.param_groups), or Muon for the hidden matrices under `blocks_prefix` and that AdamW for the rest; every
     learning rate times spec.lr_scale. `adamw` builds the AdamW part (speedladder.apply passes the user's own),
     given the parameters (or the recipe's groups) and the implementation's keywords (fused=True, foreach=True or
     none)."""

@@ -99,7 +99,7 @@ class Workload:
 
     def raced(self, race: RaceConfig) -> RaceConfig:
         """The race with its budget and calibration as long as the recipe's schedule, and this workload's schedule
-        as long as the race's budget, every count in tokens (training/recipe.race_length)."""
+        as long as the race's budget, every count in tokens (step/schedule.race_length)."""
         budget, calibrate, span = race_length(self.cfg.run.recipe, race.budget_steps, race.calibrate_steps,
                                               self.base_spec.tokens_per_step)
         self.with_horizon(span, tokens_only=True)
