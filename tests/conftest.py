@@ -99,7 +99,7 @@ def only_folder(parent: Path) -> Path:
 
 def run_windows(step: Callable[[], object], device: torch.device, tokens_per_step: int, steps: int, windows: int,
                 warmup: int, max_warmup: int, counter: Callable[[], int] = counters.compile_count) -> timer.Timing:
-    """Warm up, then time `windows` windows of `steps` steps: what workload.measure_spec does with a base-less spec,
+    """Warm up, then time `windows` windows of `steps` steps: what measurement.measure_spec does with a base-less spec,
     for the meters' own tests."""
     timing = timer.warm_up(step, device, warmup, max_warmup, counter)
     timing.windows = [timer.time_window(step, device, tokens_per_step, steps, counter) for _ in range(windows)]

@@ -101,7 +101,7 @@ def test_the_layers_are_few_and_are_folders():
 
 # Where one basename in two folders names one idea seen from two sides: a feature's configuration section in
 # config/ (config/judge.py is `speedladder judge`'s settings), and the judge's own JSON report.
-SHARED_NAMES_ALLOWED = {"judge", "parallel", "report", "rule"}
+SHARED_NAMES_ALLOWED = {"judge", "parallel", "report"}
 
 
 def test_no_two_modules_share_a_name():

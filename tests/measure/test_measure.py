@@ -403,7 +403,8 @@ def test_windows_are_sized_from_a_timed_step_and_the_size_is_recorded(tiny):
     """measure_spec on CUDA sizes its windows from the warm-up (size_windows=True stands in for CUDA here): a rung
     and its base re-timed beside it share one window length, recorded with the step time it came from."""
     from speedladder.config.run import RunConfig, TimingConfig
-    from speedladder.step.workload import measure_spec, prepare
+    from speedladder.step.measurement import measure_spec
+    from speedladder.step.workload import prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu", timing=TimingConfig(windows=3, min_window_s=0.05)))
     configured = work.cfg.run.timing.steps

@@ -39,15 +39,9 @@ from speedladder.records import (
 from speedladder.records.timing import TimingRecord
 from speedladder.rungs import RUNGS, Rung, RungError
 from speedladder.spec import StepSpec
+from speedladder.step.measurement import measure_spec, note_load, read_machine_load
 from speedladder.step.train_step import TrainStep, matmul_precision
-from speedladder.step.workload import (
-    Workload,
-    free_device_memory,
-    measure_spec,
-    new_results,
-    note_load,
-    read_machine_load,
-)
+from speedladder.step.workload import Workload, free_device_memory, new_results
 from speedladder.verify import rerun
 from speedladder.verify.gates import Gates
 from speedladder.verify.probes import Probe
@@ -65,7 +59,7 @@ class Ladder:
     Runs, in order (`run`, one named phase per line): the machine's load before anything of ours
     (`_machine_load`); the baseline's profile in a child process and a prediction for every rung (`profile`); the
     climb (`_climb_all`): for each rung, its transform on the base spec, then `climb` -- skipped when its
-    requirement is unmet, else timed beside its base (`_time` -> workload.measure_spec), metered, its ratios derived
+    requirement is unmet, else timed beside its base (`_time` -> measurement.measure_spec), metered, its ratios derived
     (`_derive`), then gated (`_gate` -> Gates.check, against the reference of its shape, made once); the next rung
     builds on it only if it passed and paid; its fp32 control where the rung changes the precision; the rungs
     measured beside the top (`--beside`); then a command's own step (`after_climb`, tune's); each loss and miss

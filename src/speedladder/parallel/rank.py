@@ -32,8 +32,9 @@ from speedladder.measure import counters, devicemem
 from speedladder.parallel import costmodel, section
 from speedladder.records import storage
 from speedladder.spec import StepSpec
+from speedladder.step.measurement import measure_spec
 from speedladder.step.train_step import matmul_precision
-from speedladder.step.workload import measure_spec, prepare
+from speedladder.step.workload import prepare
 
 PREFIX = "speedladder[rank "
 FAIL_RANK_ENV = "SPEEDLADDER_FAIL_RANK"  # fault injection for the tests: this rank raises before training

@@ -47,8 +47,9 @@ from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, Race
 from speedladder.records.race_section import RaceRole
 from speedladder.rungs import RUNGS, compose
 from speedladder.spec import StepSpec
+from speedladder.step.measurement import read_machine_load
 from speedladder.step.train_step import TrainStep, matmul_precision
-from speedladder.step.workload import Workload, free_device_memory, new_results, read_machine_load
+from speedladder.step.workload import Workload, free_device_memory, new_results
 from speedladder.verify import probes
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
