@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from browser import find_browser, visit
 from conftest import TINY
 
 from speedladder.cli import main
@@ -162,53 +162,6 @@ def test_memory_fields_and_learns_curves_are_drawn_when_present():
     assert labels == [saved["learns_check"]["rung"], "eager", "other"]
 
 
-def _browser():
-    """Chromium and playwright, or a skip (a failure under CI=true, so CI cannot skip it silently)."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    missing = [name for name, ok in (("chromium", exe), ("playwright", sync_playwright)) if not ok]
-    if missing:
-        why = f"{' and '.join(missing)} not installed (apt-get install chromium; pip install -e '.[test]')"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and the browser test cannot run: {why}")
-        pytest.skip(why)
-    return exe, sync_playwright
-
-
-def visit(path: Path, look=lambda page: None, shot: Path | None = None) -> tuple[list[str], list[str]]:
-    """Open a file in headless Chromium with every other request aborted; the requests tried and the errors."""
-    exe, sync_playwright = _browser()
-    path = path.resolve()
-    requests: list[str] = []
-    errors: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=exe)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-
-            def block(route):  # the page itself is the only thing it may load
-                if route.request.url == path.as_uri():
-                    route.continue_()
-                else:
-                    requests.append(route.request.url)
-                    route.abort()
-
-            page.route("**/*", block)
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(path.as_uri())
-            page.wait_for_load_state("load")
-            look(page)
-            if shot is not None:
-                page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
-    return requests, errors
-
-
 # What each kind's summary box must say: the winner, and the lines that use it (the example's, read from its file).
 _EXAMPLE = json.loads(EXAMPLE.read_text())
 _FASTEST = next(r for r in _EXAMPLE["rungs"] if r["name"] == _EXAMPLE["fastest"])
@@ -343,7 +296,7 @@ def test_the_h200_pages_read_as_their_tables_do_at_900_and_1400_px(h200_pages):
     the table above the fold: what paid won there, nothing under "did not pay" did, an interrupted run's banner."""
     from speedladder.report.htmlkit import contrast
 
-    exe, sync_playwright = _browser()
+    exe, sync_playwright = find_browser()
     seen: dict[tuple[str, int], dict] = {}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=exe)

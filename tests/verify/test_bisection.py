@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from browser import visit
 from conftest import cli, plant, swap_attention
 from planted import NoCausalMask, WrongScale, check_after, gated, skip_last_block
 from test_emulated_precision import _drop_grad_under_autocast
-from test_html_report import visit
 
 from speedladder.progress import Progress
 from speedladder.verify.gates import Gates

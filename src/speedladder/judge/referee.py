@@ -48,7 +48,7 @@ from speedladder.measure import stats
 from speedladder.meta import __version__
 from speedladder.progress import Progress
 from speedladder.racing import target
-from speedladder.racing.runs import Prepared
+from speedladder.racing.runs import Entrant
 from speedladder.racing.verdicts import changes_learning, judge, pairs, time_of
 from speedladder.records import Gate, RaceEntry, from_dict
 from speedladder.records.storage import new_run_dir
@@ -174,7 +174,7 @@ class Referee:
         cand = self._entry(self.cand, self.metas[1], base)
         for entry, worker, buffer in zip((base, cand), self.workers, self.buffers):
             step = RemoteStep(worker, entry.spec, buffer, evaluator, work.init)
-            race.prepared.append(Prepared(entry, entry.spec, step))
+            race.prepared.append(Entrant(entry, entry.spec, step))
             race.section.entries.append(entry)
         race.base_step = race.prepared[0].step
         race.save()

@@ -35,7 +35,7 @@ from speedladder.judge.wire import WireError, read_answer, send_request
 from speedladder.judge.worker import Hello, Layout
 from speedladder.measure import machine_load
 from speedladder.racing import Race
-from speedladder.racing.runs import Going, Stepper
+from speedladder.racing.runs import RunInProgress, Stepper
 from speedladder.spec import StepSpec
 from speedladder.step.train_step import TrainStep, matmul_precision
 from speedladder.step.workload import Workload
@@ -286,7 +286,7 @@ class JudgeRace(Race):
     def _stream(self, step: Stepper, seed: int) -> Any:
         return self.work.stream(step.spec, seed=seed, device=torch.device("cpu"))
 
-    def _steps(self, g: Going, n: int) -> torch.Tensor | float:
+    def _steps(self, g: RunInProgress, n: int) -> torch.Tensor | float:
         if not isinstance(g.step, RemoteStep):
             return super()._steps(g, n)
         tps = g.step.spec.tokens_per_step

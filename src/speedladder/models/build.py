@@ -16,7 +16,7 @@ from torch import nn
 from speedladder.errors import UsageError, one_line
 from speedladder.models import detect, hf, user
 from speedladder.models import ours as ours_family
-from speedladder.models.definition import Family, ModelDef
+from speedladder.models.definition import ModelDef, ModelFamily
 from speedladder.models.gpt import GPTConfig, sample_next
 from speedladder.models.model_record import ModelRecord
 
@@ -41,7 +41,7 @@ def define(hf_name: str | None, hf_set: tuple[str, ...], source: str | None, obj
     return from_family(family, seq_len, vocab, seed)
 
 
-def from_family(family: Family, seq_len: int, vocab: int | None,
+def from_family(family: ModelFamily, seq_len: int, vocab: int | None,
                 seed: int | None) -> tuple[ModelDef, dict[str, torch.Tensor]]:
     """The ModelDef of a family and its initial weights, from one seeded build on the host."""
     model = make(family, torch.device("cpu"), seed)  # one build: the initial weights and the facts
@@ -49,7 +49,7 @@ def from_family(family: Family, seq_len: int, vocab: int | None,
     return model_def(family, model, seq_len, vocab), init
 
 
-def make(family: Family, device: torch.device, seed: int | None = None) -> nn.Module:
+def make(family: ModelFamily, device: torch.device, seed: int | None = None) -> nn.Module:
     """One model of the family on a device (seeded where given), or one line saying why it cannot be built."""
     if seed is not None:
         torch.manual_seed(seed)
@@ -63,7 +63,7 @@ def make(family: Family, device: torch.device, seed: int | None = None) -> nn.Mo
     return model
 
 
-def model_def(family: Family, model: nn.Module, seq_len: int, vocab: int | None,
+def model_def(family: ModelFamily, model: nn.Module, seq_len: int, vocab: int | None,
                facts: detect.Facts | None = None) -> ModelDef:
     """The one place a ModelDef is made: the family's word, the facts of its built model, the transforms it offers."""
     formula = family.formula(model) if family.formula else None
@@ -105,7 +105,7 @@ def of_module(module: nn.Module) -> ModelDef:
     if isinstance(module, GPT):
         family = ours_family.family(module.cfg)
     elif hf.is_hf(module):
-        family = Family(kind="hf", name=name, factory=lambda: module, offers=hf.offers)
+        family = ModelFamily(kind="hf", name=name, factory=lambda: module, offers=hf.offers)
     else:
         family = user.family(module, name, {}, None, 0)
     family = dataclasses.replace(family, name=name, factory=lambda: module, formula=None, source={})
@@ -123,7 +123,7 @@ def rebuild(record: ModelRecord) -> nn.Module:
         return hf.build(hf.config(source["hf"], tuple(source["hf_set"]), record.vocab_size)[0])
     if record.kind == "user":
         factory = functools.partial(user.load(source["model"]), **source["arguments"])
-        return make(Family(kind="user", name=record.name, factory=factory, offers=user.offers), torch.device("cpu"))
+        return make(ModelFamily(kind="user", name=record.name, factory=factory, offers=user.offers), torch.device("cpu"))
     raise UsageError(f"no way to rebuild a model of kind {record.kind!r}")
 
 

@@ -91,7 +91,7 @@ Formula = tuple[int, tuple[int, int, int]]
 
 
 @dataclass(frozen=True)
-class Offers:
+class TransformTable:
     """The transforms a family offers a model, by the capability each provides, and why it lacks the others."""
 
     transforms: Mapping[Capability, Transform] = field(default_factory=dict)
@@ -99,14 +99,14 @@ class Offers:
 
 
 @dataclass(frozen=True)
-class Family:
+class ModelFamily:
     """What a model family (models/ours.py, hf.py, user.py) exports: how to build its model, which transforms it
     offers, and what it knows of the model without looking; step.workload.define_model turns it into the one ModelDef."""
 
     kind: str  # "speedladder" (our GPT), "hf" (Hugging Face) or "user"
     name: str  # as results.json and the reports name it
     factory: Callable[[], nn.Module]  # a fresh model, random weights, on the current default device
-    offers: Callable[[nn.Module, str | None], Offers]  # (a built model, its blocks' path) -> its transforms
+    offers: Callable[[nn.Module, str | None], TransformTable]  # (a built model, its blocks' path) -> its transforms
     source: Mapping[str, Any] = field(default_factory=dict)  # how it was asked for: what results.json records
     formula: Callable[[nn.Module], Formula | None] | None = None  # the FLOPs formula's terms; None: counted
     convention: str | None = None  # known without a trial forward; None: detected
@@ -121,7 +121,7 @@ class Family:
 @dataclass(frozen=True)
 class ModelDef:
     """A model the ladder can climb: how to build it, call it, count it and change it. Built in one place only,
-    models.build (from_family, of_module, ours), from a Family and the Facts detect.facts found."""
+    models.build (from_family, of_module, ours), from a ModelFamily and the Facts detect.facts found."""
 
     kind: str  # "speedladder" (our GPT), "hf" (Hugging Face) or "user"
     name: str  # as results.json and the reports name it
