@@ -21,9 +21,9 @@ PY=${PYTHON:-python3}
 # left out for what this machine is, not for what torch 2.11 does: the CUDA build without a GPU, with an nvcc on
 # the PATH, logs "No CUDA runtime is found" when torch.utils.benchmark is imported, and that test wants stderr
 # to be the error's one line (the GPU machine has its CUDA runtime).
-FAST=(--ignore=tests/test_hf.py --ignore=tests/test_models.py --ignore=tests/test_parallel.py
-      --ignore=tests/test_html_report.py
-      --deselect=tests/test_cli.py::test_the_installed_command_fails_without_a_traceback)
+FAST=(--ignore=tests/models/test_hf.py --ignore=tests/models/test_models.py --ignore=tests/parallel/test_parallel.py
+      --ignore=tests/report/test_html_report.py
+      --deselect=tests/e2e/test_cli.py::test_the_installed_command_fails_without_a_traceback)
 
 if [[ ! -x "$VENV/bin/python" ]]; then "$PY" -m venv "$VENV"; fi
 # shellcheck disable=SC1091

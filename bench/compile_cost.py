@@ -39,7 +39,7 @@ def child(point: dict) -> dict:
 
     from speedladder.config.run import RunConfig
     from speedladder.rungs import compose
-    from speedladder.workload import free_device_memory, prepare
+    from speedladder.step.workload import free_device_memory, prepare
 
     kernel_s = [0.0]
     try:  # the C++ compiler's calls, timed where they happen (one compile thread: in this process)
@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
-    from speedladder.config.presets import PRESETS
+    from speedladder.models.presets import PRESETS
     from speedladder.rungs import RUNGS
 
     if args.preset not in PRESETS:

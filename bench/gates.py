@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
+from speedladder import processor
 from speedladder.config.recipe import RecipeConfig
 from speedladder.config.run import RunConfig
-from speedladder.measure import processor
 from speedladder.progress import Progress
 from speedladder.records import Fp64, to_dict
 from speedladder.rungs import MODEL_TRANSFORMS, rounding_fuzz
+from speedladder.step.workload import prepare
 from speedladder.verify.gates import Gates
-from speedladder.workload import prepare
 
 HERE = Path(__file__).resolve().parent
 MODELS = {

@@ -25,8 +25,8 @@ from torch.profiler import profile as torch_profile
 
 from speedladder.config.run import RunConfig
 from speedladder.measure import judging, timer
-from speedladder.profile import child
-from speedladder.workload import prepare
+from speedladder.profile import step_profile
+from speedladder.step.workload import prepare
 
 CPU = torch.device("cpu")
 
@@ -56,7 +56,7 @@ def profile_tax_check() -> bool:
 
     before = rates()
     with tempfile.TemporaryDirectory() as tmp:
-        child.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (), Path(tmp) / child.TRACE,
+        step_profile.run_in_child(RunConfig(preset="tiny", device="cpu", rungs=("eager",)), (), Path(tmp) / step_profile.TRACE,
                            timeout_s=300)
     after = rates()
     with torch_profile(record_shapes=True, with_flops=True, with_stack=True):

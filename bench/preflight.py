@@ -80,7 +80,7 @@ def checks(args: argparse.Namespace) -> int:
         import torch
 
         from speedladder.config.run import RunConfig
-        from speedladder.workload import prepare
+        from speedladder.step.workload import prepare
     except Exception as e:  # noqa: BLE001 -- no torch, or a broken one: the plan cannot run
         print(f"preflight FAILED: torch or speedladder does not import: {one_line(e)}")
         return 1

@@ -28,8 +28,8 @@ from speedladder.config.recipe import RecipeConfig
 from speedladder.config.run import RunConfig
 from speedladder.measure import judging, timer
 from speedladder.rungs import compose
-from speedladder.training.recipe import Span
-from speedladder.workload import prepare
+from speedladder.step.schedule import Span
+from speedladder.step.workload import prepare
 
 
 def fastest_per_call(fn, calls: int, repeats: int = 5) -> float:

@@ -34,17 +34,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from speedladder import processor
 from speedladder.config.run import RunConfig
-from speedladder.measure import processor
+from speedladder.models import float8
 from speedladder.progress import Progress
 from speedladder.records import Gate
-from speedladder.rungs import MODEL_TRANSFORMS, float8, float8_linears, rounding_fuzz
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.rungs import MODEL_TRANSFORMS, float8_linears, rounding_fuzz
+from speedladder.step.train_step import TrainStep, matmul_precision
+from speedladder.step.workload import Workload, prepare
 from speedladder.verify import probes
 from speedladder.verify.distance import Errors, errors, judge
 from speedladder.verify.gates import Gates
 from speedladder.verify.tolerance import TOLERANCES
-from speedladder.workload import Workload, prepare
 
 HERE = Path(__file__).resolve().parent
 CHECKS = ("equivalence", "differential", "loss_band", "causality")

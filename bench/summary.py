@@ -14,10 +14,10 @@ import csv
 import sys
 from pathlib import Path
 
-from speedladder import report, results
-from speedladder.records import Results, RunKind
-from speedladder.report import sweep as sweep_report
-from speedladder.report.race import text as race_report
+from speedladder import report
+from speedladder.records import Results, RunKind, storage
+from speedladder.report import race_table as race_report
+from speedladder.report import sweep_curve as sweep_report
 
 SHORT = ("rung", "tokens/s", "× prev", "pred ×", "× cum", "step ms", "MFU", "peak mem", "compile s", "gate",
          "verdict", "not built upon")
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--full", type=Path, help="write the notes and full tables here")
     p.add_argument("paths", nargs="*")
     args = p.parse_args(argv)
-    runs = [(path, results.load(path)) for path in found(args.paths)]
+    runs = [(path, storage.load(path)) for path in found(args.paths)]
     if args.steps is not None and args.steps.exists():  # in the plan's order
         order = [row.split("\t")[0] for row in args.steps.read_text().splitlines()[1:]]
         runs.sort(key=lambda run: order.index(run[0].parent.parent.name) if run[0].parent.parent.name in order

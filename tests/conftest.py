@@ -20,10 +20,10 @@ import torch
 from speedladder.cli import main
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig
-from speedladder.gpt import GPTConfig
 from speedladder.measure import counters, timer
+from speedladder.models.gpt import GPTConfig
 from speedladder.rungs import RUNGS, Capability, Rung
-from speedladder.workload import Workload, prepare
+from speedladder.step.workload import Workload, prepare
 
 
 def plant(monkeypatch: pytest.MonkeyPatch, name: str, fn: Callable[[torch.nn.Module], torch.nn.Module]) -> None:
@@ -71,10 +71,9 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 def load_dict(path) -> dict:
     """A saved run as its file holds it, whatever version wrote it (what the page and the comparison read)."""
-    from speedladder import results
-    from speedladder.records import to_dict
+    from speedladder.records import storage, to_dict
 
-    return to_dict(results.load(path))
+    return to_dict(storage.load(path))
 
 
 def swap_attention(cls: type[torch.nn.Module]) -> Callable[[torch.nn.Module], torch.nn.Module]:
@@ -100,7 +99,7 @@ def only_folder(parent: Path) -> Path:
 
 def run_windows(step: Callable[[], object], device: torch.device, tokens_per_step: int, steps: int, windows: int,
                 warmup: int, max_warmup: int, counter: Callable[[], int] = counters.compile_count) -> timer.Timing:
-    """Warm up, then time `windows` windows of `steps` steps: what workload.measure_spec does with a base-less spec,
+    """Warm up, then time `windows` windows of `steps` steps: what measurement.measure_spec does with a base-less spec,
     for the meters' own tests."""
     timing = timer.warm_up(step, device, warmup, max_warmup, counter)
     timing.windows = [timer.time_window(step, device, tokens_per_step, steps, counter) for _ in range(windows)]
@@ -130,9 +129,9 @@ def clock(monkeypatch) -> Clock:
 
 @pytest.fixture
 def fp8_any_size(monkeypatch) -> None:
-    """torchao's size filter set aside (rungs/float8.py's `worth`): at the tests' small shapes it keeps no Linear,
+    """torchao's size filter set aside (models/float8.py's `worth`): at the tests' small shapes it keeps no Linear,
     and what these tests check is fp8's arithmetic on the block Linears. Divisibility by 16 still applies."""
-    monkeypatch.setattr("speedladder.rungs.float8.worth", lambda module, name, recipe: True)
+    monkeypatch.setattr("speedladder.models.float8.worth", lambda module, name, recipe: True)
 
 # The files that take longest (cold compiles of whole ladders, torchrun jobs), slowest first. pytest-xdist hands whole
 # files to its workers in collection order (pyproject.toml: --dist loadfile --no-loadscope-reorder), so starting

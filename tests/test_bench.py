@@ -160,7 +160,7 @@ def test_the_carried_wheels_are_the_dependencies_the_device_image_lacks():
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    from speedladder.config.codec import tomllib  # the standard library's from 3.11, tomli on 3.10
+    from speedladder.codec import tomllib  # the standard library's from 3.11, tomli on 3.10
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = [Requirement(d) for d in (*project["dependencies"], *project["optional-dependencies"]["fp8"])]

@@ -1,4 +1,4 @@
-"""The one codec (config/codec.py): configs and results records go to plain data and back under one rule set:
+"""The one codec (codec.py): configs and results records go to plain data and back under one rule set:
 types checked, an unknown key named (or skipped in a saved file, or kept in a record's `extra`), non-finite
 numbers null in JSON, the resolved config's decided fields never None and never apart from its run."""
 
@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from speedladder import results
-from speedladder.config.codec import from_data, to_data
-from speedladder.config.commands import RaceConfig, Settings
+from speedladder.codec import from_data, to_data
 from speedladder.config.resolved import Resolved, resolve
 from speedladder.config.run import RunConfig, TimingConfig
+from speedladder.config.settings import RaceConfig, Settings
 from speedladder.errors import UsageError
-from speedladder.records import Results, Role, RungResult, from_dict, to_dict
+from speedladder.records import Results, Role, RungResult, from_dict, storage, to_dict
 from speedladder.spec import StepSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "docs"
@@ -46,11 +45,11 @@ def test_a_rungs_spec_reads_as_a_step_spec_and_an_old_failed_rungs_empty_spec_as
     # spec of defaults, and is written back as null, which reads as None again.
     raw["rungs"][-1].update(spec={}, status="error", detail="its spec could not be made", precision="")
     (tmp_path / "results.json").write_text(json.dumps(raw))
-    old = results.load(tmp_path)
+    old = storage.load(tmp_path)
     assert old.rungs[-1].spec is None and old.rungs[0].spec == saved.rungs[0].spec
-    results.save(old, tmp_path)
+    storage.save(old, tmp_path)
     assert json.loads((tmp_path / "results.json").read_text())["rungs"][-1]["spec"] is None
-    assert results.load(tmp_path).rungs[-1].spec is None
+    assert storage.load(tmp_path).rungs[-1].spec is None
 
 
 @dataclasses.dataclass
@@ -85,7 +84,7 @@ def _bad(tmp_path: Path, change) -> str:
     change(raw)
     (tmp_path / "results.json").write_text(json.dumps(raw))
     with pytest.raises(UsageError) as e:
-        results.load(tmp_path)
+        storage.load(tmp_path)
     return str(e.value)
 
 

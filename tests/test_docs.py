@@ -126,7 +126,7 @@ def test_follow_one_rung_points_at_the_lines_it_names():
     refs = re.findall(r"`(src/[\w/]+\.py):(\d+)` `(\w+)`", section)
     assert len(refs) >= 20
     hops = {path.split("/")[2].removesuffix(".py") for path, _, _ in refs}
-    assert {"workload", "climbing", "step", "verify", "records", "results", "report"} <= hops
+    assert {"cli", "step", "data", "models", "rungs", "ladder", "measure", "verify", "records", "report"} <= hops
     for path, line, name in refs:
         held = (ROOT / path).read_text().splitlines()[int(line) - 1]
         assert re.search(rf"\b(def|class) {name}\b|^{name}\(", held), f"{path}:{line} does not hold {name}: {held!r}"

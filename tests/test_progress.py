@@ -181,10 +181,10 @@ def test_autotuning_tables_go_to_the_run_folder_and_one_line_to_the_terminal(tmp
 def test_a_rung_that_autotunes_leaves_its_tables_in_the_run_folder(tmp_path, log, monkeypatch):
     """The ladder captures around each rung: what inductor prints while the rung is measured goes to RUN/autotune.log,
     and the rung's progress says one line."""
-    from speedladder.climbing.ladder import Ladder
     from speedladder.config.run import ProfileConfig, RunConfig
+    from speedladder.ladder.climb import Ladder
     from speedladder.rungs import RUNGS
-    from speedladder.workload import prepare
+    from speedladder.step.workload import prepare
 
     work = prepare(RunConfig(preset="tiny", device="cpu", profile=ProfileConfig(enabled=False)))
     ladder = Ladder(work, tmp_path, progress=Progress())

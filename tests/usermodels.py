@@ -4,7 +4,7 @@ They share one trunk (embeddings, an nn.ModuleList of blocks, a head) and differ
 differs in: the forward convention, how it is built, and dropout. Each is written to a file of its own.
 The three that climb the default ladder compute the same operations as each other (the nanoGPT one
 computes the loss as speedladder does for the others) and, at the tiny preset's sizes, as the bundled GPT,
-so compiled code is shared through inductor's cache with each other and with tests/test_ladder.py's climb.
+so compiled code is shared through inductor's cache with each other and with tests/ladder/test_ladder.py's climb.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ done
 [[ $found == 1 ]] || { echo "make.sh: no docs/*-results.json found" >&2; exit 1; }
 
 # Every command's flags, from the configuration dataclasses.
-"$PY" -m speedladder.cli.reference > "$out/flags.md"
+"$PY" -m speedladder.cli.flags_doc > "$out/flags.md"
 echo "wrote $out/flags.md"
 
 # The excerpts quoted in the pages, against the files just written.

@@ -19,18 +19,18 @@ from typing import Any
 
 from torch import nn
 
-from speedladder import report, results
-from speedladder.climbing.ladder import Ladder
-from speedladder.config.codec import from_data
-from speedladder.config.codec import to_data as codec_data
-from speedladder.config.commands import RaceConfig
+from speedladder import report
+from speedladder.codec import from_data
+from speedladder.codec import to_data as codec_data
 from speedladder.config.run import RACE_LADDER, RunConfig, default
+from speedladder.config.settings import RaceConfig
+from speedladder.ladder.climb import Ladder
 from speedladder.models.user import LIVE, portable
 from speedladder.progress import show_on_stderr
-from speedladder.racing import Race, ruler
-from speedladder.records import Results
-from speedladder.training.winner import apply
-from speedladder.workload import prepare
+from speedladder.racing import Race, target
+from speedladder.records import Results, storage
+from speedladder.step.workload import prepare
+from speedladder.train.winner import apply
 
 __all__ = ["apply", "climb", "race"]
 
@@ -78,13 +78,13 @@ def climb(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, dat
     work = prepare(run, obj)
     if work.cfg.preset_note:
         progress(work.cfg.preset_note)
-    run_dir = results.new_run_dir(work.cfg.run.out)
+    run_dir = storage.new_run_dir(work.cfg.run.out)
     progress(f"{work.model.name}: {work.params:,} parameters on {work.device} ({work.model.convention_line}); "
              f"writing {run_dir}")
     try:
         Ladder(work, run_dir, progress).run()
     finally:  # interrupted too: the rungs measured so far are drawn
-        saved = results.load(run_dir)
+        saved = storage.load(run_dir)
         report.show(saved, run_dir, quiet=quiet)
     return saved
 
@@ -111,13 +111,13 @@ def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data
                               beside=(), ladder=None)
     cfg = from_data(RaceConfig, {**codec_data(race_options or {}), "seeds": seeds, "target_loss": target_loss,
                                  "combos": given or (), "rungs": None if given else names})
-    cfg, note, same_ruler = ruler.fixed(cfg)  # target_from: a saved race's target, on its ruler
+    cfg, note, same_ruler = target.fixed(cfg)  # target_from: a saved race's target, on its ruler
     progress = show_on_stderr(quiet)
     work = prepare(run, obj)
     work.val_set(work.cfg.seq_len)
     same_ruler(work)
     cfg = work.raced(cfg)  # a schedule's length is the race's budget
-    run_dir = results.new_run_dir(work.cfg.run.out)
+    run_dir = storage.new_run_dir(work.cfg.run.out)
     progress(f"{work.model.name}: {work.params:,} parameters on {work.device}; {work.data_line}; writing {run_dir}")
     contest = Race(work, run_dir, cfg, progress, role="combo" if given else "rung",  # it writes config.toml
                    target_note=note)
@@ -128,6 +128,6 @@ def race(model: nn.Module | Callable[[], nn.Module] | str | None = None, *, data
             contest.prepare_ladder(work.cfg.run.rungs or ())
         contest.run()
     finally:
-        saved = results.load(run_dir)
+        saved = storage.load(run_dir)
         report.show(saved, run_dir, quiet=quiet)
     return saved

@@ -1,9 +1,13 @@
-"""Errors: the one exception type the command line turns into a one-line message and exit 2, and how any
-other exception is told in one line."""
+"""Errors: the exception types the command line turns into a one-line message and exit 2 (a usage error, a rung's),
+and how any other exception is told in one line."""
 
 
 class UsageError(Exception):
     """Bad input from the user: a flag, a name, a file. Shown as one line; exit status 2."""
+
+
+class RungError(UsageError):
+    """A rung declared wrongly, or a user's rung that failed: one line, exit 2."""
 
 
 def is_oom(e: BaseException) -> bool:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import cli
 
-from speedladder import results
 from speedladder.judge import report
+from speedladder.records import storage
 
 PLANTED = Path(__file__).parent / "planted"
 TINY = ["--preset", "tiny", "--device", "cpu", "--quiet"]
@@ -55,7 +55,7 @@ def test_a_no_op_is_reverted_as_noise_and_its_object_validates(tmp_path):
     assert got["gate"]["passed"] and got["gamed"] == []
     run_dir = Path(got["run_dir"])
     assert json.loads((run_dir / "judge.json").read_text()) == got  # what was printed is what was saved
-    saved = results.load(run_dir)  # the race as `speedladder report` reads it
+    saved = storage.load(run_dir)  # the race as `speedladder report` reads it
     assert saved.race is not None and [e.name for e in saved.race.entries] == ["eager", "noop"]
     seeds = got["seeds"]["used"]
     assert seeds >= 3 and all(len(e.own_runs) == seeds for e in saved.race.entries)
@@ -91,7 +91,7 @@ def test_undecided_when_the_budget_ends_first(tmp_path):
     ("loss.py", "gamed: replaced torch.nn.functional.cross_entropy"),
     ("peek.py", "broke-causality"),
     ("evalprec.py", "gamed: evaluates another function"),
-    ("evalpatch.py", "gamed: replaced speedladder.step.TrainStep.evaluate"),
+    ("evalpatch.py", "gamed: replaced speedladder.step.train_step.TrainStep.evaluate"),
 ])
 def test_a_gaming_candidate_is_caught_and_named(planted, why, tmp_path):
     """Each planted candidate is reverted before any race, and `why` names what it did."""

@@ -102,7 +102,7 @@ def test_the_guard_sees_a_replaced_function_and_a_changed_setting(monkeypatch):
     import torch
 
     before, state = guard.snapshot(), guard.numeric_state()
-    assert "time.perf_counter" in before and "speedladder.step.TrainStep.evaluate" in before
+    assert "time.perf_counter" in before and "speedladder.step.train_step.TrainStep.evaluate" in before
     monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
     monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda *a, **k: 0.0)
     now = guard.snapshot()

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from speedladder.gpt import merge_heads, split_heads
+from speedladder.models.gpt import merge_heads, split_heads
 from speedladder.progress import Progress
 from speedladder.rungs import MODEL_TRANSFORMS, SDPAttention
-from speedladder.step import TrainStep
+from speedladder.step.train_step import TrainStep
 from speedladder.verify import curves, kink_census, probes
 from speedladder.verify.gates import Gates
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from browser import visit
 from conftest import cli, plant, swap_attention
 from planted import NoCausalMask, WrongScale, check_after, gated, skip_last_block
 from test_emulated_precision import _drop_grad_under_autocast
-from test_html_report import visit
 
 from speedladder.progress import Progress
 from speedladder.verify.gates import Gates
@@ -95,7 +95,7 @@ def test_the_gates_command_reruns_one_rung_alone_and_the_page_shows_why(tmp_path
 SCALE_OFF_RUNG = """
 import torch.nn.functional as F
 import speedladder
-from speedladder.gpt import merge_heads, split_heads
+from speedladder.models.gpt import merge_heads, split_heads
 from speedladder.rungs import SDPAttention
 
 

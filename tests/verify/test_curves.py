@@ -11,13 +11,14 @@ import pytest
 from conftest import plant
 
 from speedladder.config.run import RunConfig
-from speedladder.data import BatchStream, unigram_entropy
+from speedladder.data.batches import BatchStream
+from speedladder.data.corpus import unigram_entropy
 from speedladder.progress import Progress
-from speedladder.rungs import StepSpec
-from speedladder.step import TrainStep
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep
+from speedladder.step.workload import prepare
 from speedladder.verify import curves
 from speedladder.verify.gates import Gates
-from speedladder.workload import prepare
 
 
 def step_for(tiny, **spec) -> TrainStep:

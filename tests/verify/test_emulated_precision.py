@@ -17,7 +17,7 @@ from torch import nn
 
 from speedladder.progress import Progress
 from speedladder.rungs import SDPAttention
-from speedladder.step import TrainStep
+from speedladder.step.train_step import TrainStep
 from speedladder.verify.emulated_precision import Emulated
 from speedladder.verify.gates import Gates
 from speedladder.verify.tolerance import Refinements
@@ -151,7 +151,7 @@ class MaskOnlyInFp32(SDPAttention):
     """Attention that drops its causal mask under autocast alone."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from speedladder.gpt import merge_heads, split_heads
+        from speedladder.models.gpt import merge_heads, split_heads
 
         q, k, v = split_heads(self.qkv(x), self.n_head)
         causal = not torch.is_autocast_enabled(x.device.type)
@@ -187,7 +187,7 @@ def test_the_processor_is_read_as_torch_and_onednn_will_use_it():
     """Under .ci/run's forced AVX2 the header and results.json say bf16 is not native; the read never fails."""
     import os
 
-    from speedladder.measure import processor
+    from speedladder import processor
 
     p = processor.cpu()
     assert p.capability and p.bf16_native in (True, False, None) and p.why

@@ -14,10 +14,10 @@ from planted import ISA, WrongScale, cross_the_kink, plant_a_kink_in_every_row, 
 from speedladder.config.run import GateConfig, RunConfig
 from speedladder.progress import Progress
 from speedladder.rungs import rounding_fuzz
+from speedladder.step.workload import prepare
 from speedladder.verify import curves, flip_pricing, kink_census
 from speedladder.verify.gates import Gates
 from speedladder.verify.tolerance import ALL_ON, Refinements
-from speedladder.workload import prepare
 
 
 def _everywhere_kinked(refine: Refinements = ALL_ON):

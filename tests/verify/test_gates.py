@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from speedladder.progress import Progress
-from speedladder.verify import bisection, rule
+from speedladder.verify import bisection, gate_rule
 from speedladder.verify.gates import Gates
 
 VERIFY = Path(__file__).resolve().parents[2] / "src" / "speedladder" / "verify"
@@ -62,7 +62,7 @@ def test_a_gate_that_cannot_run_fails_and_says_why(tiny, monkeypatch):
 
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
-    monkeypatch.setattr(rule, "verdict", oom)
+    monkeypatch.setattr(gate_rule, "verdict", oom)
     gate, probe = gates.check(tiny.step(dataclasses.replace(tiny.base_spec, transforms=("sdpa",))), ref, ref.probe,
                               "eager", lambda m: None)
     assert not gate.passed and probe is None and gate.detail == "the gates could not run: ran out of memory"
@@ -104,8 +104,8 @@ def test_the_gate_lines_say_what_the_reference_and_each_step_cost(tiny):
     """`speedladder gates` and report.html read the costs back from the record: the reference this gate built,
     phase by phase, and the rule's steps."""
     from speedladder.records import RungResult
-    from speedladder.report.gates import cost_notes, gate_lines
-    from speedladder.workload import new_results
+    from speedladder.report.gate_details import cost_notes, gate_lines
+    from speedladder.step.workload import new_results
 
     gates = Gates(tiny, Progress(quiet=True))
     sdpa = dataclasses.replace(tiny.base_spec, transforms=("sdpa",))

@@ -16,10 +16,10 @@ from torch import nn
 from speedladder.config.run import RunConfig
 from speedladder.progress import Progress
 from speedladder.rungs import rounding_fuzz
+from speedladder.step.workload import prepare
 from speedladder.verify import curves, kink_census
 from speedladder.verify.gates import Gates
 from speedladder.verify.tolerance import Refinements
-from speedladder.workload import prepare
 
 SEEDS = (0, 1, 2)
 

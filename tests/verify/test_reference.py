@@ -22,7 +22,7 @@ from speedladder.rungs.fuzz import attach
 from speedladder.verify import curves, probes, reference
 from speedladder.verify.gates import Gates
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture(scope="module")

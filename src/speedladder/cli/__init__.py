@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import sys
 
-from speedladder.cli import check, commands, compare, gates, judge, parallel, race, sweep
+from speedladder.cli import cmd_check, cmd_compare, cmd_gates, cmd_judge, cmd_parallel, cmd_race, cmd_run, cmd_sweep
 from speedladder.cli.gen import Command, Parser, add_command, refusal, to_settings
 from speedladder.errors import UsageError
 from speedladder.meta import __version__
 from speedladder.parallel.launch import JobFailed
-from speedladder.rungs.load import load as load_rungs
+from speedladder.rungs.files import load as load_rungs
 
-ALL: tuple[Command, ...] = (*commands.COMMANDS[:3], *race.COMMANDS, *commands.COMMANDS[3:], *parallel.COMMANDS,
-                            *compare.COMMANDS, *check.COMMANDS, *gates.COMMANDS, *sweep.COMMANDS, *judge.COMMANDS)
+ALL: tuple[Command, ...] = (*cmd_run.COMMANDS[:3], *cmd_race.COMMANDS, *cmd_run.COMMANDS[3:], *cmd_parallel.COMMANDS,
+                            *cmd_compare.COMMANDS, *cmd_check.COMMANDS, *cmd_gates.COMMANDS, *cmd_sweep.COMMANDS, *cmd_judge.COMMANDS)
 
 
 def build_parser() -> Parser:

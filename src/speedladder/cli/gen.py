@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from speedladder import results
-from speedladder.config import codec
-from speedladder.config import commands as settings
-from speedladder.config.codec import Group, int_list, rung_list
-from speedladder.config.commands import Settings
+from speedladder import codec
+from speedladder.codec import Group, int_list, rung_list
+from speedladder.config import settings
+from speedladder.config.settings import Settings
+from speedladder.records import storage
 
 DEST = "@"  # the namespace keys of config fields start with this: "@run.timing.steps"
 RUN_SOURCES = ("train", "race")  # commands whose --run RUN_DIR brings that run's workload
@@ -156,7 +156,7 @@ def given(ns: argparse.Namespace) -> dict[str, Any]:
 def _saved_run(folder: str) -> dict[str, Any]:
     """A run folder's resolved workload, as the base of a train or race of its winner: its device, output and
     rungs left to this command."""
-    saved = results.load(folder)
+    saved = storage.load(folder)
     run = saved.config.run
     if saved.tune is not None and saved.tune.winner_batch_lr_scale:  # the rule the race chose the winner under
         run = dataclasses.replace(run, batch_lr_scale=saved.tune.winner_batch_lr_scale)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedladder.config.codec import Group, at_least, option, positive
+from speedladder.codec import Group, at_least, option, positive
 from speedladder.errors import UsageError
 
 # The first look at the paired test comes after this many seeds: with 2, a one-sided t-test at the rule's split

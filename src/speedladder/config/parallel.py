@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from speedladder.config.codec import Group, option, positive, rungs_option
+from speedladder.codec import Group, option, positive, rungs_option
 from speedladder.errors import UsageError
 
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from speedladder.config import codec
-from speedladder.config.codec import Group, Unknown, option
+from speedladder import codec
+from speedladder.codec import Group, Unknown, option
 from speedladder.errors import UsageError
 
 SCHEDULES: tuple[str, ...] = ("constant", "cosine", "linear")

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from speedladder.config.codec import Unknown, from_data, to_data
+from speedladder.codec import Unknown, from_data, to_data
 from speedladder.config.ladders import LADDERS, PRECISION_RUNGS, one_precision
-from speedladder.config.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS
 from speedladder.config.run import PRECISIONS, TOKEN_FILE_TOKENIZER, RunConfig, is_token_file
 from speedladder.errors import UsageError
-from speedladder.gpt import GPTConfig
+from speedladder.models.gpt import GPTConfig
+from speedladder.models.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS
 
 # What results.json's "config" holds beside the RunConfig's own fields: from the Resolved, not from the user.
 RESOLVED_EXTRAS = ("preset_note", "model")

@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from speedladder.config.codec import Group, at_least, option, peak_list, positive, rungs_option
+from speedladder.codec import Group, at_least, option, peak_list, positive, rungs_option
 from speedladder.config.ladders import FULL_LADDER, LADDERS, RACE_LADDER, SOURCE_LADDER, LadderDef, one_precision
-from speedladder.config.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
 from speedladder.config.recipe import RecipeConfig
 from speedladder.errors import UsageError
-from speedladder.measure.processor import pick_device
+from speedladder.models.presets import CUDA_DEFAULT_PRESET, FALLBACK_PRESET, PRESETS, Preset
+from speedladder.processor import pick_device
 
 # presets.py's and ladders.py's, read through here too
 __all__ = ["CUDA_DEFAULT_PRESET", "FALLBACK_PRESET", "FULL_LADDER", "LADDERS", "PRESETS", "RACE_LADDER",

@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from speedladder.step import AUTOCAST, TrainStep, matmul_precision
+from speedladder.step.train_step import AUTOCAST, TrainStep, matmul_precision
 
 # Two passes on different batches "give the same loss" within this relative distance; eager fp32's two losses
 # differ by far more (the probe says so when they do not, rather than judge).

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from speedladder.progress import Progress
 from speedladder.records import Gate
-from speedladder.step import TrainStep
+from speedladder.step.train_step import TrainStep
+from speedladder.step.workload import Workload
 from speedladder.verify.gates import Gates
-from speedladder.workload import Workload
 
 
 def gate(work: Workload, step: TrainStep, progress: Progress, say: Callable[[str], None]) -> Gate:

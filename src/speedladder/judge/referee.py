@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from speedladder.config import codec
-from speedladder.config.commands import CONFIG_FILE, Settings
-from speedladder.config.commands import write as write_settings
+from speedladder import codec
 from speedladder.config.judge import FIRST_LOOK
+from speedladder.config.settings import CONFIG_FILE, Settings
+from speedladder.config.settings import write as write_settings
 from speedladder.judge import record as rec
 from speedladder.judge import rule, sides
 from speedladder.judge.remote import (
@@ -47,13 +47,13 @@ from speedladder.judge.worker import Hello
 from speedladder.measure import stats
 from speedladder.meta import __version__
 from speedladder.progress import Progress
-from speedladder.racing import ruler
-from speedladder.racing.runs import Prepared
+from speedladder.racing import target
+from speedladder.racing.runs import Entrant
 from speedladder.racing.verdicts import changes_learning, judge, pairs, time_of
 from speedladder.records import Gate, RaceEntry, from_dict
-from speedladder.results import new_run_dir
-from speedladder.rungs import StepSpec
-from speedladder.workload import Workload, new_results, prepare
+from speedladder.records.storage import new_run_dir
+from speedladder.spec import StepSpec
+from speedladder.step.workload import Workload, new_results, prepare
 
 JUDGE_FILE = "judge.json"  # beside the race's results.json: the printed object
 
@@ -96,7 +96,7 @@ class Referee:
         self.cand = sides.read("candidate", candidate, s.run, self.base if self.base.kind != "eager" else None)
         race = dataclasses.replace(s.race, seeds=self.cfg.max_seeds, alpha=self.cfg.false_keep, rungs=None,
                                    combos=(), run=None, ladder=None)
-        self.race_cfg, self.target_note, self.same_ruler = ruler.fixed(race)
+        self.race_cfg, self.target_note, self.same_ruler = target.fixed(race)
         self.workers: list[Worker] = []
         self.buffers: list[Buffer] = []
         self.cost = rec.Cost(seconds=0.0)
@@ -174,7 +174,7 @@ class Referee:
         cand = self._entry(self.cand, self.metas[1], base)
         for entry, worker, buffer in zip((base, cand), self.workers, self.buffers):
             step = RemoteStep(worker, entry.spec, buffer, evaluator, work.init)
-            race.prepared.append(Prepared(entry, entry.spec, step))
+            race.prepared.append(Entrant(entry, entry.spec, step))
             race.section.entries.append(entry)
         race.base_step = race.prepared[0].step
         race.save()

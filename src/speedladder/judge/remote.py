@@ -29,16 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 
-import speedladder.data
 from speedladder import subproc
+from speedladder.data import asset
 from speedladder.judge.wire import WireError, read_answer, send_request
 from speedladder.judge.worker import Hello, Layout
-from speedladder.measure import load
+from speedladder.measure import machine_load
 from speedladder.racing import Race
-from speedladder.racing.runs import Going, Stepper
-from speedladder.rungs import StepSpec
-from speedladder.step import TrainStep, matmul_precision
-from speedladder.workload import Workload
+from speedladder.racing.runs import RunInProgress, Stepper
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep, matmul_precision
+from speedladder.step.workload import Workload
 
 MODULE = "speedladder.judge.worker"
 SHM = Path("/dev/shm")
@@ -252,18 +252,18 @@ class RemoteStep:
         return self.evaluator.evaluate(self.buffer.views(), x, y, chunk)
 
 
-class WorkerMeter(load.Meter):
+class WorkerMeter(machine_load.Meter):
     """The machine's load as a race reads it, with the workers' CPU counted as ours, not as a neighbour's."""
 
-    def __init__(self, meter: load.Meter, workers: list[Worker]) -> None:
+    def __init__(self, meter: machine_load.Meter, workers: list[Worker]) -> None:
         super().__init__(meter.root, meter.cpus, meter.tick_s)
         self.workers = workers
 
-    def read(self) -> load.Reading:
+    def read(self) -> machine_load.Reading:
         r = super().read()
         return dataclasses.replace(r, own_s=r.own_s + sum(w.cpu_seconds() for w in self.workers))
 
-    def snapshot(self) -> load.Snapshot:
+    def snapshot(self) -> machine_load.Snapshot:
         reading, others = super().snapshot()
         ours = {w.proc.pid for w in self.workers}
         return reading, {pid: v for pid, v in others.items() if pid not in ours}
@@ -286,7 +286,7 @@ class JudgeRace(Race):
     def _stream(self, step: Stepper, seed: int) -> Any:
         return self.work.stream(step.spec, seed=seed, device=torch.device("cpu"))
 
-    def _steps(self, g: Going, n: int) -> torch.Tensor | float:
+    def _steps(self, g: RunInProgress, n: int) -> torch.Tensor | float:
         if not isinstance(g.step, RemoteStep):
             return super()._steps(g, n)
         tps = g.step.spec.tokens_per_step
@@ -299,7 +299,7 @@ class JudgeRace(Race):
 
 def protected_paths(work: Workload) -> list[str]:
     """What a worker may not open: the embedded corpora, the data and val files, this process under /proc."""
-    paths = [str(Path(speedladder.data.__file__).parent / "data"), f"/proc/{os.getpid()}"]
+    paths = [str(asset()), f"/proc/{os.getpid()}"]
     for p in (work.cfg.data, work.cfg.run.val_data):
         if p and Path(p).exists():
             paths.append(str(Path(p).resolve()))

@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from speedladder.config import codec
+from speedladder import codec
 from speedladder.judge.record import Judgement
 
 SCHEMA_FILE = Path(__file__).with_name("schema.json")

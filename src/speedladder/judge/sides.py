@@ -19,12 +19,13 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder import models, results
-from speedladder.config import codec
-from speedladder.config import commands as settings
+from speedladder import codec
+from speedladder.config import settings
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
-from speedladder.rungs import load as rung_files
+from speedladder.records import storage
+from speedladder.rungs import files as rung_files
+from speedladder.step.workload import source_of
 
 # What a side brings: how the model is trained. Everything else of a side's run is the judge's workload.
 CONFIGURATION = ("rungs", "rung_files", "rung_hashes", "lr", "batch_lr_scale", "recipe", "muon")
@@ -55,7 +56,7 @@ def eager(run: RunConfig) -> Side:
 
 def _differences(mine: RunConfig, theirs: RunConfig) -> list[str]:
     a, b = codec.to_data(mine), codec.to_data(theirs)
-    a["model_source"], b["model_source"] = models.source_of(mine), models.source_of(theirs)
+    a["model_source"], b["model_source"] = source_of(mine), source_of(theirs)
     return [f"{k} {b[k]!r} there, {a[k]!r} here" for k in WORKLOAD if a.get(k) != b.get(k)]
 
 
@@ -82,9 +83,9 @@ def _from_toml(what: str, path: Path, run: RunConfig) -> Side:
 
 
 def _from_run(what: str, path: Path, run: RunConfig) -> Side:
-    if not (path / results.FILENAME).is_file():
-        raise UsageError(f"{what} {path}: a folder without {results.FILENAME}, so no saved run")
-    saved = results.load(path)
+    if not (path / storage.FILENAME).is_file():
+        raise UsageError(f"{what} {path}: a folder without {storage.FILENAME}, so no saved run")
+    saved = storage.load(path)
     won = saved.winner()
     if won is None:
         raise UsageError(f"{what} {path} names no configuration that passed every gate")

@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 
-from speedladder import models
-from speedladder.config import codec
+from speedladder import codec
 from speedladder.config.resolved import resolve
 from speedladder.config.run import RunConfig
-from speedladder.data import Corpus, Split
+from speedladder.data.corpus import Corpus, Split
 from speedladder.errors import UsageError, one_line
 from speedladder.judge import gaming, gating, wire
 from speedladder.judge.guard import DATA_REFUSED, Guard, watched_call
@@ -43,10 +42,11 @@ from speedladder.measure import devicemem, timer
 from speedladder.progress import show_on_stderr
 from speedladder.records import to_dict
 from speedladder.rungs import RUNGS, architecture, compose, env_for
-from speedladder.rungs import load as rung_files
-from speedladder.step import matmul_precision
-from speedladder.training.recipe import Schedule
-from speedladder.workload import Workload
+from speedladder.rungs import files as rung_files
+from speedladder.step import workload
+from speedladder.step.schedule import Schedule
+from speedladder.step.train_step import matmul_precision
+from speedladder.step.workload import Workload
 
 Layout = list[tuple[str, tuple[int, ...], int]]  # (parameter, shape, offset in floats) in the shared buffer
 
@@ -93,7 +93,7 @@ class Worker:
             torch.set_num_threads(run.threads)
         device = torch.device(hello.device)
         plain = dataclasses.replace(run.with_rungs(("eager",)), rung_files=(), rung_hashes=None)
-        cfg, model, init = models.define(resolve(plain, device, known_rungs=tuple(RUNGS)), hello.vocab)
+        cfg, model, init = workload.define_model(resolve(plain, device, known_rungs=tuple(RUNGS)), hello.vocab)
         split = Split(hello.train, dataclasses.replace(hello.train, tokens=hello.train.tokens[:0]),
                       "held by the referee")
         env = env_for(device, cfg.batch_multiplier, cfg.run.batch_lr_scale, model, base_batch=cfg.batch_size,

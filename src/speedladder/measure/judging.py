@@ -42,7 +42,7 @@ def verdict(rung: Spread, base: Spread) -> str:
     above every base window with probability 1 / C(2n, n): 1/252 for n = 5, so
     a false win or loss in 2/252 = 0.8% of rungs (1/10 for n = 3). Interleaving
     the base's windows with the rung's keeps drift between them out of the ranges
-    (timer.interleave); tests/test_verdicts.py checks the rate on synthetic windows.
+    (timer.interleave); tests/measure/test_verdicts.py checks the rate on synthetic windows.
     """
     if rung.min > base.max:
         return "win"

@@ -25,7 +25,7 @@ Three figures per rung (docs/memory-sweep.md):
 - predicted_activation_bytes: eager autograd's saves written out from the
   shapes, set beside the measurement.
 
-This module holds the meters themselves, on any callable and any process (torch alone); climbing/meters.py
+This module holds the meters themselves, on any callable and any process (torch alone); ladder/rung_memory.py
 applies them to a rung of the ladder: its step, its prediction, and the child process that runs the steps.
 """
 

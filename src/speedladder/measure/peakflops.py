@@ -1,8 +1,8 @@
-"""FLOPs per token, the vendors' dense peak TFLOP/s by device and precision, and MFU against a peak.
+"""The vendors' dense peak TFLOP/s by device and precision, and MFU against a peak.
 
 A peak is had one of three ways, and results.json says which (`peak_basis`): given per precision by
 --peak-tflops; looked up in the vendors' datasheets below, for a device whose name torch reports exactly as
-listed; else measured on the spot as the device's matmul ceiling at that precision (profile/facts.py), never
+listed; else measured on the spot as the device's matmul ceiling at that precision (measure/microbench.py), never
 guessed from a look-alike name.
 """
 
@@ -11,17 +11,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import cast
-
-
-def flops_per_token(matmul_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
-    """Training FLOPs per token, PaLM's convention (Chowdhery et al. 2022, appendix B): 6N + 12*L*H*Q*T.
-
-    6N: forward (2N) and backward (4N) through the weight matmuls; 12LHQT: the
-    attention scores and their weighted sum, forward and backward, no credit
-    taken for the causal mask. Recomputation (checkpointing) is not counted:
-    MFU counts useful work only.
-    """
-    return 6 * matmul_params + 12 * n_layer * n_head * head_dim * seq_len
 
 
 @dataclass(frozen=True)
@@ -200,7 +189,7 @@ def known_peak(given: dict[str, float] | None, device_name: str, device_type: st
 
 
 def measured_peak(tflops: float, side: int) -> Peak:
-    """A peak measured here: an n x n x n matmul's throughput at the rung's precision (profile/facts.py)."""
+    """A peak measured here: an n x n x n matmul's throughput at the rung's precision (measure/microbench.py)."""
     return Peak(tflops, f"{MEASURED}, a {side}×{side}×{side} matmul's throughput on this device, which the "
                         "datasheet table does not list at this precision")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from speedladder.measure import counters, devicemem, load
+from speedladder.measure import counters, devicemem, machine_load
 
 Step = Callable[[], torch.Tensor]  # one whole training step, batch fetch included; returns the loss
 
@@ -125,7 +125,7 @@ def sizing_step_s(*timings: Timing) -> float | None:
 
 def time_window(step: Step, device: torch.device, tokens_per_step: int, steps: int,
                 counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None,
-                meter: load.Meter | None = None) -> Window:
+                meter: machine_load.Meter | None = None) -> Window:
     """One timed window: synchronized at its two edges only, every compile inside it counted (rules 1 and 3). With a
     meter, the machine's load is read just outside its edges (load.py): nothing is read inside it."""
     edge = edge or (lambda: devicemem.sync(device))
@@ -154,7 +154,7 @@ def window_line(window: Window, i: int, n: int, who: str = "") -> str:
 def interleave(step: Step, base: Step, timing: Timing, base_timing: Timing, device: torch.device,
                tokens_per_step: int, base_tokens_per_step: int, steps: int, windows: int,
                counter: Callable[[], int] = counters.compile_count, on_progress: Callable[[str], None] = lambda msg: None,
-               meter: load.Meter | None = None, start: int = 0) -> None:
+               meter: machine_load.Meter | None = None, start: int = 0) -> None:
     """The windows of a rung and of its base (both warmed up), interleaved A B B A A B ... (rule 8); `start`: the
     windows already timed, whose pattern the new ones continue.
 

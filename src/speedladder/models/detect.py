@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.models.base import CONVENTIONS, Adapted, Family, Formula, dropout_off
+from speedladder.models.definition import CONVENTIONS, Adapted, Formula, ModelFamily, dropout_off
 
 # The hooks a module of the user's own may define (docs/models.md, "Hooks").
 HOOK_PREFIX = "speedladder_"
@@ -44,13 +44,13 @@ class Facts:
     attention: tuple[int, int, int] | None  # (layers, heads, head size) of the formula's attention term
 
 
-def facts(model: nn.Module, family: Family, seq_len: int, vocab: int | None,
+def facts(model: nn.Module, family: ModelFamily, seq_len: int, vocab: int | None,
           formula: Formula | None = None) -> Facts:
     """The facts of a model built by its family: what the family knows is taken, the rest is found by looking.
 
     `vocab` is the data's (None: the model's). A convention or dropout handling the family does not know is found by
     trial forwards of one sequence of seq_len tokens. `formula` is the family's FLOPs formula's terms for this
-    model (Family.formula's answer); without it the FLOPs are counted by torch.
+    model (ModelFamily.formula's answer); without it the FLOPs are counted by torch.
     """
     name = family.name
     if not any(p.requires_grad for p in model.parameters()):

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.gpt import GPTConfig
-from speedladder.models.base import Family, Formula, Offers, Transform
-from speedladder.rungs import VOCAB_MULTIPLE, float8_transforms, padded_vocab
-from speedladder.spec import Capability
+from speedladder.models.capability import Capability
+from speedladder.models.definition import Formula, ModelFamily, Transform, TransformTable
+from speedladder.models.float8 import float8_transforms
+from speedladder.models.gpt import GPTConfig
+from speedladder.models.transforms import VOCAB_MULTIPLE, padded_vocab
 
 # A transformers PreTrainedModel: its methods (set_attn_implementation, resize_token_embeddings, ...) are the
 # library's, and transformers is an optional extra without type information here.
@@ -171,12 +172,12 @@ def _shapes(kind: str, cfg: Any) -> GPTConfig | None:
         return None
 
 
-def family(name: str, overrides: tuple[str, ...], vocab: int | None) -> Family:
+def family(name: str, overrides: tuple[str, ...], vocab: int | None) -> ModelFamily:
     """A Hugging Face model from its config: built with random weights, its convention found by a trial forward
     of x alone (its second argument is not the targets), FLOPs by formula for GPT-2 and Llama."""
     cfg, dropped = config(name, overrides, vocab)
     kind = cfg.model_type
-    return Family(kind="hf", name=f"Hugging Face {_class_name(cfg)}", factory=functools.partial(build, cfg),
+    return ModelFamily(kind="hf", name=f"Hugging Face {_class_name(cfg)}", factory=functools.partial(build, cfg),
                   offers=offers, formula=functools.partial(_formula, kind=kind, cfg=cfg), targets=False,
                   refusal=f"{type(cfg).__name__} settings refused by the model",
                   dropout=("off: config " + ", ".join(f"{k}=0" for k in dropped)) if dropped else "none: its config "
@@ -194,14 +195,14 @@ def _class_name(cfg: Any) -> str:
         return type(cfg).__name__
 
 
-def offers(model: nn.Module, blocks: str | None) -> Offers:
+def offers(model: nn.Module, blocks: str | None) -> TransformTable:
     """The rungs on a Hugging Face model, through the library's own switches; fp8 acts on the blocks found."""
     transforms: dict[Capability, Transform] = {Capability.CHECKPOINTING: checkpointing, Capability.SDPA: use_sdpa,
                                                Capability.PAD_VOCAB: pad_vocab}
     if not blocks:
-        return Offers(transforms, {Capability.BLOCKS: "not applicable to this model: no repeated blocks found"})
+        return TransformTable(transforms, {Capability.BLOCKS: "not applicable to this model: no repeated blocks found"})
     transforms.update(float8_transforms(prefix=f"{blocks}."))  # each fp8 rung's, at these blocks
-    return Offers(transforms)
+    return TransformTable(transforms)
 
 
 def is_hf(model: nn.Module) -> bool:

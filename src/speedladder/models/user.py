@@ -21,10 +21,11 @@ from typing import Any, cast
 from torch import nn
 
 from speedladder.errors import UsageError, one_line
-from speedladder.models.base import Family, Offers, Transform
+from speedladder.models.capability import Capability
+from speedladder.models.definition import ModelFamily, Transform, TransformTable
 from speedladder.models.detect import PAD_VOCAB_HOOK, SDPA_HOOK
-from speedladder.rungs import VOCAB_MULTIPLE, Checkpointed, float8_transforms
-from speedladder.spec import Capability
+from speedladder.models.float8 import float8_transforms
+from speedladder.models.transforms import VOCAB_MULTIPLE, Checkpointed
 
 LIVE = "<python object>"  # the source of a model given as an object: no other process can build it again
 _FILES: dict[tuple[str, float], Any] = {}  # modules loaded from files, by path and modification time
@@ -103,15 +104,15 @@ def factory_of(obj: Any, vocab: int | None, seq_len: int) -> tuple[Callable[[], 
     return functools.partial(obj, **given), given
 
 
-def family(obj: Any, name: str, source: Mapping[str, Any], vocab: int | None, seq_len: int) -> Family:
+def family(obj: Any, name: str, source: Mapping[str, Any], vocab: int | None, seq_len: int) -> ModelFamily:
     """A model of the user's own: an nn.Module (copied), a class or a function (given the workload's values); how
     to call it, its vocabulary and its dropout are found by looking (models/detect.py)."""
     factory, given = factory_of(obj, vocab, seq_len)
-    return Family(kind="user", name=name, factory=factory, offers=offers, source={**source, "arguments": given},
+    return ModelFamily(kind="user", name=name, factory=factory, offers=offers, source={**source, "arguments": given},
                   dropout_given="dropout" in given)
 
 
-def offers(model: nn.Module, blocks: str | None) -> Offers:
+def offers(model: nn.Module, blocks: str | None) -> TransformTable:
     """The transforms this model supports through its blocks and hooks; why the others do not apply."""
     transforms: dict[Capability, Transform] = {}
     lacks: dict[Capability, str] = {}
@@ -127,7 +128,7 @@ def offers(model: nn.Module, blocks: str | None) -> Offers:
         else:
             lacks[cap] = (f"not applicable to this model: neither speedladder's GPT nor a Hugging Face model, "
                           f"and it defines no {hook}() hook (docs/models.md)")
-    return Offers(transforms, lacks)
+    return TransformTable(transforms, lacks)
 
 
 def checkpoint_each(model: nn.Module, path: str) -> nn.Module:

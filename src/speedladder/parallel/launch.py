@@ -26,18 +26,19 @@ from pathlib import Path
 
 import torch
 
-from speedladder import results, subproc
-from speedladder.config.codec import to_data
+from speedladder import subproc
+from speedladder.codec import to_data
 from speedladder.config.parallel import ParallelConfig
 from speedladder.config.run import RunConfig
 from speedladder.errors import UsageError
 from speedladder.parallel import costmodel
 from speedladder.parallel.section import new_section, price, single_prediction
 from speedladder.progress import Progress
-from speedladder.records import Results, from_dict
-from speedladder.records.parallel import Bandwidth, Probe, SingleProcess
-from speedladder.rungs import RUNGS, StepSpec, compose
-from speedladder.workload import Workload, new_results, prepare
+from speedladder.records import Results, from_dict, storage
+from speedladder.records.parallel_section import Bandwidth, Probe, SingleProcess
+from speedladder.rungs import RUNGS, compose
+from speedladder.spec import StepSpec
+from speedladder.step.workload import Workload, new_results, prepare
 
 JOB_FILE = "job.json"
 LOG_FILE = "torchrun.log"
@@ -139,7 +140,7 @@ def torchrun_command(pcfg: ParallelConfig, nproc: int, job_path: Path, standalon
     else:
         cmd += [f"--nnodes={pcfg.nnodes}", f"--node-rank={pcfg.node_rank}", f"--master-addr={pcfg.master_addr}",
                 f"--master-port={pcfg.master_port}"]
-    return [*cmd, "-m", "speedladder.parallel.worker", str(job_path)]
+    return [*cmd, "-m", "speedladder.parallel.rank", str(job_path)]
 
 
 @dataclasses.dataclass
@@ -256,7 +257,7 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Pat
             check_nproc(k, work.device, "--nprocs")
     datasheet = None
     if bandwidth_gbps is None and not measure_bandwidth:
-        name = results.device_name(work.device)
+        name = storage.device_name(work.device)
         datasheet = costmodel.datasheet_busbw_gbps(name) if work.device.type == "cuda" else None
         if datasheet is None:
             raise UsageError(f"no bandwidth known for {name}: give --bandwidth GBps (bus bandwidth) "
@@ -264,11 +265,11 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Pat
     if measure_bandwidth:
         check_port(pcfg)
     threads = threads_per_process(max(ks))
-    run_dir = results.new_run_dir(run.out)
+    run_dir = storage.new_run_dir(run.out)
     saved = new_parallel_results(work, spec, pcfg, "predict", ks, threads)
     section = saved.parallel
     assert section is not None  # new_parallel_results made it
-    results.save(saved, run_dir)
+    storage.save(saved, run_dir)
     if measure_bandwidth:
         section.probes = [_probe(work, run, spec, pcfg, k, run_dir, progress) for k in ks if k > 1]
         last = section.probes[-1] if section.probes else None
@@ -285,16 +286,16 @@ def run_predict(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Pat
         lat = latency_us if latency_us is not None else pcfg.assumed_latency_us
         section.bandwidth = Bandwidth(source="datasheet", busbw_GBps=datasheet, latency_us=lat,
                                       note=f"ASSUMED, not measured: NVIDIA's datasheet NVLink bandwidth per direction "
-                                           f"for {results.device_name(work.device)} ({datasheet:g} GB/s), the "
+                                           f"for {storage.device_name(work.device)} ({datasheet:g} GB/s), the "
                                            f"ceiling a ring's busbw approaches; latency assumed {lat:g} µs")
-    results.save(saved, run_dir)
+    storage.save(saved, run_dir)
     section.single = measure_single(work, run, spec, pcfg, threads, run_dir, progress)
     if section.bandwidth.busbw_GBps is None:  # only k=1 asked for
         section.predictions = [single_prediction(section)]
     else:
         section.predictions = price(section, sorted({1, *ks}))
     saved.status = "complete"
-    results.save(saved, run_dir)
+    storage.save(saved, run_dir)
     return run_dir
 
 
@@ -305,12 +306,12 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | 
     check_nproc(k, work.device)
     check_port(pcfg)
     threads = threads_per_process(k)
-    run_dir = results.new_run_dir(run.out)
+    run_dir = storage.new_run_dir(run.out)
     saved = new_parallel_results(work, spec, pcfg, "ddp", [k], threads)
     assert saved.parallel is not None  # new_parallel_results made it
-    results.save(saved, run_dir)
+    storage.save(saved, run_dir)
     saved.parallel.single = measure_single(work, run, spec, pcfg, threads, run_dir, progress)
-    results.save(saved, run_dir)
+    storage.save(saved, run_dir)
     job = write_job(run_dir, "train", run, spec, pcfg, work.device, threads,
                     probe_sizes=bucket_sizes(work, spec, pcfg))
     log = run_dir / LOG_FILE
@@ -320,15 +321,15 @@ def run_ddp(run: RunConfig, pcfg: ParallelConfig, progress: Progress) -> Path | 
     outcome = launch(cmd, threads, log, progress)
     if outcome.rc != 0:
         line = failure_line(outcome, log)
-        saved = results.load(run_dir)
+        saved = storage.load(run_dir)
         saved.status, saved.error = "failed", line
-        results.save(saved, run_dir)
+        storage.save(saved, run_dir)
         raise JobFailed(line)
-    saved = results.load(run_dir)
+    saved = storage.load(run_dir)
     if saved.parallel is None or saved.parallel.measured is None:  # rank 0 ran on another node, wrote there
         saved.status, saved.detail = "elsewhere", "rank 0 ran on another node: the job's results are in its run folder"
-        results.save(saved, run_dir)
+        storage.save(saved, run_dir)
         return None
     saved.parallel.launch = {"command": cmd, "seconds": outcome.seconds, "log": str(log)}
-    results.save(saved, run_dir)
+    storage.save(saved, run_dir)
     return run_dir

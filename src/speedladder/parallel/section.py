@@ -1,6 +1,6 @@
 """The `parallel` section of results.json: what is priced, the predictions, and the job's measurement.
 
-Shared by the parent (predict, ddp) and every torchrun rank (parallel/worker.py),
+Shared by the parent (predict, ddp) and every torchrun rank (parallel/rank.py),
 so it holds no launch code: pure arithmetic over costmodel and the records.
 """
 
@@ -15,9 +15,9 @@ from speedladder.config.parallel import ParallelConfig
 from speedladder.measure import judging
 from speedladder.parallel import costmodel
 from speedladder.records import Results, from_dict
-from speedladder.records.parallel import Bandwidth, KPrediction, MeasuredJob, ParallelSection, ParamCheck, Probe
-from speedladder.rungs import StepSpec
-from speedladder.workload import Workload
+from speedladder.records.parallel_section import Bandwidth, KPrediction, MeasuredJob, ParallelSection, ParamCheck, Probe
+from speedladder.spec import StepSpec
+from speedladder.step.workload import Workload
 
 DDP_DEFAULT_BUCKET_MB = 25.0  # torch's DistributedDataParallel default bucket_cap_mb
 

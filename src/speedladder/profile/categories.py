@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from speedladder.profile import spread
+from speedladder.profile import quartiles
 
 STEP_MARK = "speedladder.step"  # the record_function around each profiled step
 
@@ -193,14 +193,14 @@ def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_fl
     per = [step_times(evs, wall, device_time, op_floor_us, ops, step_us)
            for evs, wall in zip(steps, walls_us, strict=True)]
     n = len(per)
-    med = spread.medians([p.us for p in per])
-    floor_med = spread.medians([p.floor_us for p in per])
+    med = quartiles.medians([p.us for p in per])
+    floor_med = quartiles.medians([p.floor_us for p in per])
     # Kernels on several streams can overlap and add to more than the wall time: shares are of the sum.
     total = sum(med.values()) or 1.0
     shares = [{c: p.us[c] / (sum(p.us.values()) or 1.0) for c in CATEGORIES} for p in per]
     categories = {c: {"ms": med[c] / 1e3, "share": med[c] / total, "floor_ms": floor_med[c] / 1e3,
-                      "ms_iqr": [v / 1e3 for v in spread.iqr([p.us[c] for p in per])],
-                      "share_iqr": spread.iqr([s[c] for s in shares])} for c in CATEGORIES}
+                      "ms_iqr": [v / 1e3 for v in quartiles.iqr([p.us[c] for p in per])],
+                      "share_iqr": quartiles.iqr([s[c] for s in shares])} for c in CATEGORIES}
     walls = [p.wall_us / 1e3 for p in per]
     per_step = [{"wall_ms": p.wall_us / 1e3, "ops": p.ops, "ms": {c: v / 1e3 for c, v in p.us.items()},
                  "floor_ms": {c: v / 1e3 for c, v in p.floor_us.items()}} for p in per]
@@ -215,9 +215,9 @@ def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_fl
         # The fixed per-operator cost, summed: with the gaps, what a faster device would not shorten.
         "floor_share": sum(floor_med.values()) / total,
         "per_step": per_step,
-        "spread_basis": spread.SPREAD_BASIS,
-        "outlier_steps": spread.outliers(walls),
-        "outlier_rule": spread.OUTLIER_RULE,
+        "spread_basis": quartiles.SPREAD_BASIS,
+        "outlier_steps": quartiles.outliers(walls),
+        "outlier_rule": quartiles.OUTLIER_RULE,
         **({"device_ms": statistics.median(busy_us) / 1e3} if busy_us else {}),
         **_operators(ops, per, n, med, total),
     }
@@ -225,7 +225,7 @@ def breakdown(steps: list[list], walls_us: list[float], device_time: bool, op_fl
 
 def _operators(ops: dict[str, OpTime], per: list[StepTimes], n: int, med: dict[str, float], total: float) -> dict:
     """Every operator's median time per step, the largest ones, and the roofline figures."""
-    op_med = spread.medians([p.op_us for p in per])
+    op_med = quartiles.medians([p.op_us for p in per])
     top = sorted(ops.values(), key=lambda o: op_med.get(o.name, 0.0), reverse=True)
     mm_flops = sum(o.flops for o in ops.values() if o.category == "matmul") / n
     mem = [o for o in ops.values() if o.bytes]  # bytes are counted only for calls in a memory category
@@ -319,7 +319,7 @@ def regime(b: dict) -> tuple[str, str, dict[str, float]]:
     bk = buckets(s, floor)
     sides = host_and_device(b)
     name = split_regime(*sides, bk) if sides else f"{max(bk, key=bk.__getitem__)}-bound"
-    rng = {k: spread.iqr([p[k] for p in step_buckets(b)]) for k in bk} if b.get("per_step") else {}
+    rng = {k: quartiles.iqr([p[k] for p in step_buckets(b)]) for k in bk} if b.get("per_step") else {}
 
     def show(k: str) -> str:  # a bucket's share, and the quartiles of each step's own share where kept
         return f"{bk[k]:.0%}" + (f" (steps {rng[k][0]:.0%}–{rng[k][1]:.0%})" if k in rng else "")
@@ -341,13 +341,13 @@ def regime(b: dict) -> tuple[str, str, dict[str, float]]:
 def _split_borderline(host: float, device: float, bk: dict[str, float], per: list[dict[str, float]]) -> list[str]:
     """On CUDA: host and device within MIN_MARGIN of the larger (either could bound the step), or, device-bound,
     compute and memory inside their spread (spread.borderline on those two)."""
-    if abs(host - device) < spread.MIN_MARGIN * max(host, device):
+    if abs(host - device) < quartiles.MIN_MARGIN * max(host, device):
         work = COMPUTE if bk[COMPUTE] >= bk[MEMORY] else MEMORY
         return [OVERHEAD, work] if host >= device else [work, OVERHEAD]
     if host >= device:
         return []
     keys = (COMPUTE, MEMORY)
-    return spread.borderline({k: bk[k] for k in keys}, [{k: p[k] for k in keys} for p in per])
+    return quartiles.borderline({k: bk[k] for k in keys}, [{k: p[k] for k in keys} for p in per])
 
 
 def classify(b: dict) -> dict:
@@ -359,17 +359,17 @@ def classify(b: dict) -> dict:
     a busy machine, said in the notes), starved (a multi-threaded step's threads
     waited too long for a core), borderline (the two regimes the margin
     cannot tell apart, or empty) and regime_label ("borderline (compute /
-    memory)" or the regime). The rules are in profile/spread.py.
+    memory)" or the regime). The rules are in profile/quartiles.py.
     """
     name, evidence, bk = regime(b)
     per = step_buckets(b)
     steps = b.get("per_step") or []
     walls = [p["wall_ms"] for p in steps]
-    starved = spread.starved([p["wait_share"] for p in steps if "wait_share" in p], b.get("threads"))
+    starved = quartiles.starved([p["wait_share"] for p in steps if "wait_share" in p], b.get("threads"))
     sides = host_and_device(b)
-    pair = _split_borderline(*sides, bk, per) if sides else spread.borderline(bk, per, starved)
+    pair = _split_borderline(*sides, bk, per) if sides else quartiles.borderline(bk, per, starved)
     return {"regime": name, "evidence": evidence, "buckets": bk,
-            "bucket_iqr": {k: spread.iqr([p[k] for p in per]) for k in bk} if per else {},
-            "unsteady": spread.unsteady(walls), "starved": starved,
+            "bucket_iqr": {k: quartiles.iqr([p[k] for p in per]) for k in bk} if per else {},
+            "unsteady": quartiles.unsteady(walls), "starved": starved,
             "borderline": [f"{k}-bound" for k in pair],
             "regime_label": f"borderline ({pair[0]} / {pair[1]})" if pair else name}

@@ -6,7 +6,7 @@ prediction by more than ProfileConfig.explain_miss (±25% by default); a rung st
 predicted far below its base) is explained by its prediction. Its own step and the step it built on are profiled
 in a child process, as the baseline is (docs/measurement.md, rule 5), one after the other, each with a
 Perfetto-readable trace beside results.json. The two breakdowns are set side by side against the timed
-figures (profile/sides.py): category by category, and in the prediction model's parts beside the change the model
+figures (profile/side_by_side.py): category by category, and in the prediction model's parts beside the change the model
 expected in each; the note names the part that moved against the prediction most, in the direction of the miss,
 and for a compiled rung what the compiler did.
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 from speedladder.errors import one_line
 from speedladder.measure.judging import SHORT
-from speedladder.profile import child, sides
+from speedladder.profile import side_by_side, step_profile
 from speedladder.profile.predict import baseline_parts, chain
 from speedladder.progress import task_of
 from speedladder.records import ProfiledExplanation, Results, Role, RungResult, TimedSteps
-from speedladder.workload import Workload
+from speedladder.step.workload import Workload
 
 
 def lost(r: RungResult) -> bool:
@@ -101,10 +101,10 @@ def explain_misses(results: Results, work: Workload, save: Callable[[], None], s
             continue
         preds = chain(b, names, work.base_spec, work.env)
         before = preds[-2].parts_ms if len(preds) > 1 else baseline_parts(b)
-        e = sides.compare(base, mine, before, preds[-1].parts_ms, r.prediction_error or 0.0, timed(r))
+        e = side_by_side.compare(base, mine, before, preds[-1].parts_ms, r.prediction_error or 0.0, timed(r))
         r.explanation = dataclasses.replace(e, rungs=names, base_rungs=base_names, trace=mine.get("trace"),
                                             base_trace=base.get("trace"))
-        say(f"{r.name}: {sides.sums(r.explanation)}; {r.explanation.note}")
+        say(f"{r.name}: {side_by_side.sums(r.explanation)}; {r.explanation.note}")
     save()
 
 
@@ -130,7 +130,7 @@ def _profiles(pairs: list, work: Workload, say: Callable[[str], None],
         names = ", ".join("+".join(k) or "eager" for k in todo)
         with task_of(say, f"profiling {names} in a child process, one after the other",
                      estimate_s=sum(e for e in each if e is not None) if None not in each else None):
-            taken = child.profiles_in_child(run, todo, work.cfg.run.profile.timeout_s, facts=False,
+            taken = step_profile.profiles_in_child(run, todo, work.cfg.run.profile.timeout_s, facts=False,
                                             traces=[run_dir / trace_name(k) if run_dir else None for k in todo])
     except Exception as e:  # noqa: BLE001 -- the misses stay unexplained, and say why
         taken = [{"error": one_line(e)}] * len(todo)

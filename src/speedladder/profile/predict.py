@@ -37,12 +37,13 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from speedladder.measure import processor
-from speedladder.profile import spread
+from speedladder import processor
+from speedladder.profile import quartiles
 from speedladder.profile.categories import IDLE
 from speedladder.records import CategoryTime, MatmulFacts, ProfilePrediction, ProfileSummary
-from speedladder.records.profile import BF16, FP32
-from speedladder.rungs import RUNGS, Env, StepSpec
+from speedladder.records.profile_summary import BF16, FP32
+from speedladder.rungs import RUNGS, Env
+from speedladder.spec import StepSpec
 
 # Rungs whose prediction reads this model's own matmul shapes (profile.matmul_facts) or its GPT sizes: for an
 # architecture whose shapes are unknown there is no prediction, rather than an invented one.
@@ -413,7 +414,7 @@ def chain(profile: ProfileSummary, names: tuple[str, ...] | list[str], base: Ste
         if p.speedup is None or not xs:
             out.append(p)
             continue
-        lo, hi = spread.iqr(xs)
+        lo, hi = quartiles.iqr(xs)
         reason = p.reason
         if profile.borderline and hi - lo >= 0.005:  # a rung the shares do not move (eager) has nothing to add
             reason += f"; {profile.label}: {lo:.2f}–{hi:.2f}x over the profiled steps' quartiles"

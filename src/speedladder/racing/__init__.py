@@ -1,5 +1,5 @@
 """`speedladder race`: time to a target val loss over seeds, in stages (engine.py), judged by a paired test by seed
-on log times that knows censored runs (verdicts.py), on a ruler that can be reused (ruler.py)."""
+on log times that knows censored runs (verdicts.py), on a ruler that can be reused (target.py)."""
 
 from speedladder.racing.engine import Clock, Race, WallClock
 from speedladder.racing.verdicts import (

@@ -35,31 +35,32 @@ from pathlib import Path
 
 import torch
 
-from speedladder import results
-from speedladder.config.commands import CONFIG_FILE, RaceConfig, Settings
-from speedladder.config.commands import write as write_settings
+from speedladder.config.settings import CONFIG_FILE, RaceConfig, Settings
+from speedladder.config.settings import write as write_settings
 from speedladder.errors import is_oom, one_line
-from speedladder.measure import devicemem, load, timer
+from speedladder.measure import devicemem, machine_load, timer
 from speedladder.progress import Progress, task_of
-from speedladder.racing.ruler import val_hash
-from speedladder.racing.runs import Clock, Going, Prepared, Runs, Stepper, WallClock, rotated, rung_cap
+from speedladder.racing.runs import Clock, Entrant, RunInProgress, Runner, Stepper, WallClock, rotated, rung_cap
+from speedladder.racing.target import val_hash
 from speedladder.racing.verdicts import builds_upon, built_upon_line, capped_out, changes_learning, judge
-from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results
-from speedladder.records.race import RaceRole
-from speedladder.rungs import RUNGS, StepSpec, compose
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.records import Causality, RaceEntry, RaceRun, RaceSection, RaceStage, Results, storage
+from speedladder.records.race_section import RaceRole
+from speedladder.rungs import RUNGS, compose
+from speedladder.spec import StepSpec
+from speedladder.step.measurement import read_machine_load
+from speedladder.step.train_step import TrainStep, matmul_precision
+from speedladder.step.workload import Workload, free_device_memory, new_results
 from speedladder.verify import probes
-from speedladder.workload import Workload, free_device_memory, machine_load, new_results
 
 _PROBE_LOGITS = 1 << 24  # logits kept for the causality probe, as the gates keep (verify._PROBE_LOGITS)
 
 
-class Race(Runs):
+class Race(Runner):
     """A race: configurations trained to one target val loss from several seeds, each judged by its time to the
     target against the configuration it built on, paired by seed.
 
     Owns: the workload's val set, the race's section of results (`RaceSection`: entries, stages, verdicts), a clock,
-    the machine-load meter, and each configuration's prepared step (`Prepared`: gated for causality, compiled and
+    the machine-load meter, and each configuration's prepared step (`Entrant`: gated for causality, compiled and
     warmed up outside the clock).
 
     Runs, in order (`run`): the machine's load before anything of ours; then, for a ladder, rung by rung
@@ -84,7 +85,7 @@ class Race(Runs):
         self.cfg = race
         self.progress = progress or Progress(quiet=True)
         self.clock = clock or WallClock(work.device)
-        self.meter = load.Meter.open()  # other processes' load around each stretch (None off Linux)
+        self.meter = machine_load.Meter.open()  # other processes' load around each stretch (None off Linux)
         self.role = role  # "combo", "winner" or "finalist" when the configurations are given rather than a ladder
         self.target_note = target_note
         self.val_x, self.val_y = work.val_set(work.cfg.seq_len)
@@ -110,17 +111,17 @@ class Race(Runs):
         else:
             self.results = results_
         self.machine = self.results.machine  # set when the race begins, unless the command's ladder did (tune)
-        self.prepared: list[Prepared] = []
+        self.prepared: list[Entrant] = []
         self._ladder: tuple[str, ...] | None = None
         self._inits: dict[int, dict[str, torch.Tensor]] = {}
         self.save()
 
     def save(self) -> None:
-        results.save(self.results, self.run_dir)
+        storage.save(self.results, self.run_dir)
 
     # -- the configurations ---------------------------------------------------------------------
 
-    def _entry(self, name: str, names: tuple[str, ...], spec: StepSpec, built_on: Prepared | None,
+    def _entry(self, name: str, names: tuple[str, ...], spec: StepSpec, built_on: Entrant | None,
                role: RaceRole) -> RaceEntry:
         last = RUNGS[names[-1]] if names else RUNGS["eager"]
         return RaceEntry(name=name, rungs=list(names), role=role, reason=last.reason, kind=last.kind,
@@ -148,11 +149,11 @@ class Race(Runs):
         for name, names, spec in configs:
             self._prepare(self._entry(name, names, spec, base if base.entry.ok else None, role), spec)
 
-    def _prepare(self, entry: RaceEntry, spec: StepSpec) -> Prepared:
+    def _prepare(self, entry: RaceEntry, spec: StepSpec) -> Entrant:
         """Build, compile and warm up; probe causality. A configuration that cannot run is recorded, never dropped."""
         self.section.entries.append(entry)
         say = self.progress.scoped(f"race {entry.name}")
-        p = Prepared(entry, spec, None)
+        p = Entrant(entry, spec, None)
         self.prepared.append(p)
         unmet = next((why for n in entry.rungs if (why := RUNGS[n].requires.unmet(self.work.env))), None)
         unmet = unmet or self.work.unfit(spec)
@@ -199,7 +200,7 @@ class Race(Runs):
         return probes.causality(step, probes.amplified(self.work.init), batch, rows, step.vocab_size)
 
     @staticmethod
-    def _release(p: Prepared) -> None:
+    def _release(p: Entrant) -> None:
         """A configuration no later stage trains: its step (and compiled code) freed. Not torch.compiler.reset():
         the base's compiled step is still in use."""
         p.step = None
@@ -247,7 +248,7 @@ class Race(Runs):
         run = self.train_to(step, seed, -math.inf, None, max_steps=n)
         return run.train_seconds * steps / n
 
-    def _seed(self, stage: RaceStage, order: list[Prepared], base: Prepared, seed: int) -> None:
+    def _seed(self, stage: RaceStage, order: list[Entrant], base: Entrant, seed: int) -> None:
         """One seed of a stage: every configuration's run begun (memory handed back once, then each warmed up off
         the clock), then the runs take turns, a stretch between two evaluations at a time, the one with the least
         training time next (ties in the seed's order). So they see the machine in the same seconds. Once the base
@@ -256,10 +257,10 @@ class Race(Runs):
         target = sec.target_loss
         assert target is not None, "the target is set (given or calibrated) before any stage"
         devicemem.return_host_memory()  # once, before every run of the seed begins: not between their stretches
-        going: list[tuple[int, Prepared, Going]] = []
+        going: list[tuple[int, Entrant, RunInProgress]] = []
         caps: dict[int, str] = {}
 
-        def end(position: int, p: Prepared, run: RaceRun) -> None:
+        def end(position: int, p: Entrant, run: RaceRun) -> None:
             run.stage, run.position = stage.index, position
             run.cap_from = caps.get(position, "") or ("the race's time cap" if p is base else
                                                       f"none: it was done before {name}")
@@ -306,7 +307,7 @@ class Race(Runs):
                         stopped.cap_s = og.cap_s
                         end(other_position, other, stopped)
 
-    def open_stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
+    def open_stage(self, configs: list[Entrant], base: Entrant) -> RaceStage:
         """A new stage of these configurations, each judged against `base` (race_seed runs its seeds)."""
         sec = self.section
         stage = RaceStage(index=len(sec.stages) + 1, names=[p.entry.name for p in configs], base=base.entry.name)
@@ -316,7 +317,7 @@ class Race(Runs):
                 p.entry.stage = stage.index
         return stage
 
-    def race_seed(self, stage: RaceStage, configs: list[Prepared], base: Prepared, i: int) -> bool:
+    def race_seed(self, stage: RaceStage, configs: list[Entrant], base: Entrant, i: int) -> bool:
         """The stage's i-th seed, its order rotated by i; False, with nothing run, once every rung is decided. A rung
         stopped at cap_factor x its base in each of its first two seeds is a loss, and decided."""
         seed = self.section.seeds[i]
@@ -336,7 +337,7 @@ class Race(Runs):
                     f"{i + 1} seeds: a loss; its other seeds are not run")
         return True
 
-    def _stage(self, configs: list[Prepared], base: Prepared) -> RaceStage:
+    def _stage(self, configs: list[Entrant], base: Entrant) -> RaceStage:
         """Every configuration trained from every seed, the order rotated from seed to seed; saved after each run."""
         stage = self.open_stage(configs, base)
         # Shown seed by seed, with no ticker thread: the runs' clocked stretches are timed work.
@@ -389,7 +390,7 @@ class Race(Runs):
         """Calibrate, race the stages, then judge; saved after every run."""
         try:
             if self.meter is not None and self.machine is None:  # before anything of ours runs
-                self.machine = self.results.machine = machine_load(self.meter, self.progress.scoped("machine"))
+                self.machine = self.results.machine = read_machine_load(self.meter, self.progress.scoped("machine"))
             if self._ladder is not None:
                 self._run_ladder(self._ladder)
             else:

@@ -11,13 +11,13 @@ from typing import Protocol
 
 import torch
 
-from speedladder import models
-from speedladder.measure import counters, devicemem, load
+from speedladder.measure import counters, devicemem, machine_load
+from speedladder.models import build
 from speedladder.racing.verdicts import at_tokens
 from speedladder.records import MachineLoad, RaceEntry, RaceRun, RaceSection
-from speedladder.rungs import StepSpec
-from speedladder.step import matmul_precision
-from speedladder.workload import Workload
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import matmul_precision
+from speedladder.step.workload import Workload
 
 _WARM_SEED = 1 << 20  # the stream of the untimed step before each run: no race seed draws from it
 # A stretch of steps between two looks at the clock lasts about this long at most, where a step is slow: so that the
@@ -40,7 +40,7 @@ class Stepper(Protocol):
 
 
 @dataclass
-class Prepared:
+class Entrant:
     """A configuration ready to race: its record, its spec and its built (compiled, warmed-up) step."""
 
     entry: RaceEntry
@@ -111,7 +111,7 @@ def rung_cap(base: RaceRun, factor: float, given: float | None, race_cap: float 
 
 
 @dataclass
-class Going:
+class RunInProgress:
     """A run in progress: where it is, and when it would stop. `cap_s` may be set while it runs (a rung's cap, once
     its base's time in the same seed is known)."""
 
@@ -134,7 +134,7 @@ class Going:
     read_s: float = 0.0
 
 
-class Runs:
+class Runner:
     """Training runs to a target: what a race needs of its workload, its section and its clock.
 
     A run is resumable (begin, advance, finish), so that the runs of one seed can take turns stretch by stretch,
@@ -145,7 +145,7 @@ class Runs:
     work: Workload
     section: RaceSection
     clock: Clock
-    meter: load.Meter | None  # other processes' load, read around each stretch (never inside one)
+    meter: machine_load.Meter | None  # other processes' load, read around each stretch (never inside one)
     machine: MachineLoad | None  # ... and what it found, for the header (results.machine)
     val_x: torch.Tensor
     val_y: torch.Tensor
@@ -153,7 +153,7 @@ class Runs:
 
     def _init(self, seed: int) -> dict[str, torch.Tensor]:
         if seed not in self._inits:
-            self._inits[seed] = models.initial_state(self.work.model, seed)
+            self._inits[seed] = build.initial_state(self.work.model, seed)
         return self._inits[seed]
 
     def _evaluate(self, step: Stepper) -> float:
@@ -163,7 +163,7 @@ class Runs:
         """A run's batches: the seed's order at the step's shape."""
         return self.work.stream(step.spec, seed=seed)
 
-    def _steps(self, g: Going, n: int) -> torch.Tensor | float:
+    def _steps(self, g: RunInProgress, n: int) -> torch.Tensor | float:
         """n training steps of a run, on the clock (advance starts and stops it); the last step's loss."""
         loss: torch.Tensor | float = 0.0
         for _ in range(n):
@@ -183,18 +183,18 @@ class Runs:
         return wall
 
     def begin(self, step: Stepper, seed: int, target: float, cap_s: float | None = None,
-              max_steps: int | None = None, budget_tokens: int | None = None) -> Going:
+              max_steps: int | None = None, budget_tokens: int | None = None) -> RunInProgress:
         """A run from a seed's initial weights and batch order, warmed up off the clock and evaluated at step 0."""
         init = self._init(seed)
         step.reset(init)
         hint = self._warm(step, init)
-        g = Going(step, RaceRun(seed=seed, stopped=""), self._stream(step, seed), target, cap_s,
+        g = RunInProgress(step, RaceRun(seed=seed, stopped=""), self._stream(step, seed), target, cap_s,
                   max_steps, budget_tokens, next_eval=self.section.eval_tokens, step_hint_s=hint or 0.0)
         with matmul_precision(step.spec):
             self._check(g, self._point(g.run, step, None, 0, 0, 0.0))
         return g
 
-    def advance(self, g: Going) -> None:
+    def advance(self, g: RunInProgress) -> None:
         """One stretch of training steps towards the next evaluation (the clock running), then, if it got there,
         the evaluation. A stretch is cut to about STRETCH_S of the run's own step time so far."""
         spec = g.step.spec
@@ -224,7 +224,7 @@ class Runs:
                 g.next_eval += self.section.eval_tokens
             self._check(g, self._point(g.run, g.step, g.loss, g.steps, g.tokens, g.clock))
 
-    def _check(self, g: Going, v: float) -> None:
+    def _check(self, g: RunInProgress, v: float) -> None:
         """Whether the run is done after the evaluation that gave v: diverged, reached (and past the budget), at its
         cap, or at its steps."""
         r = g.run
@@ -241,14 +241,14 @@ class Runs:
         elif g.max_steps is not None and g.steps >= g.max_steps:
             r.stopped, g.done = "steps", True
 
-    def finish(self, g: Going, say: Callable[[str], None] = lambda m: None) -> RaceRun:
+    def finish(self, g: RunInProgress, say: Callable[[str], None] = lambda m: None) -> RaceRun:
         """The run's record, once it is done (or stopped where it is)."""
         r = g.run
         if g.reached:
             r.stopped = "reached"
         r.train_seconds, r.train_tokens, r.train_steps = g.clock, g.tokens, g.steps
         if g.read_s > 0 and self.meter is not None:  # judged over the whole run: a stretch can be under a tick
-            r.other_cores, r.shared = g.other_s / g.read_s, load.shared(g.other_s, g.read_s, self.meter.cores)
+            r.other_cores, r.shared = g.other_s / g.read_s, machine_load.shared(g.other_s, g.read_s, self.meter.cores)
         if g.budget_tokens:
             b = at_tokens(r, g.budget_tokens)
             r.budget_loss = b if b is not None and math.isfinite(b) else None
@@ -259,11 +259,11 @@ class Runs:
                                   else f"{r.stopped}"))
         return r
 
-    def snapshot(self) -> load.Snapshot | None:
+    def snapshot(self) -> machine_load.Snapshot | None:
         """The other processes' CPU time so far, to name them if a run that follows shares the machine."""
         return self.meter.snapshot() if self.meter is not None else None
 
-    def note_load(self, runs: list[RaceRun], first: load.Snapshot | None) -> None:
+    def note_load(self, runs: list[RaceRun], first: machine_load.Snapshot | None) -> None:
         """Runs that ended into the record of the machine's load; the busiest other processes since `first` named
         when one of them shared the machine."""
         read = [r for r in runs if r.other_cores is not None]

@@ -15,7 +15,8 @@ import statistics
 
 from speedladder.measure import judging, stats
 from speedladder.records import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection
-from speedladder.rungs import ADAMW_VARIANTS, StepSpec, architecture
+from speedladder.rungs import ADAMW_VARIANTS, architecture
+from speedladder.spec import StepSpec
 
 DID_NOT_REACH, NOT_A_WIN, BASELINE = "did not reach", "not a win", "baseline"
 PAYS = (stats.WIN, stats.NOISE)  # the verdicts a cumulative ladder can build on: noise only above 1.0x (builds_upon)

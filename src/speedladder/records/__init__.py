@@ -1,4 +1,4 @@
-"""The typed records of results.json, read and written by the one codec (config/codec.py).
+"""The typed records of results.json, read and written by the one codec (codec.py).
 
 Every record keeps the field names of the JSON file (docs/results.md), so a
 file written by any version of speedladder loads: a field the record does not
@@ -13,7 +13,8 @@ JSON rules). Every name is importable from here as well.
 
 from __future__ import annotations
 
-from speedladder.config.codec import EXTRA
+from speedladder.codec import EXTRA
+from speedladder.models.model_record import ModelRecord, SavedModel
 from speedladder.records.checks import (
     Causality,
     Check,
@@ -31,12 +32,11 @@ from speedladder.records.checks import (
     not_applicable,
 )
 from speedladder.records.convert import from_dict, to_dict
-from speedladder.records.corpus import CorpusRecord
-from speedladder.records.environment import Environment
+from speedladder.records.corpus_record import CorpusRecord
 from speedladder.records.explanation import OpsPerStep, PartMs, ProfiledExplanation, SideMs, TimedSteps
+from speedladder.records.header import Environment
 from speedladder.records.machine import BusyProcess, MachineLoad
-from speedladder.records.model import ModelRecord, SavedModel
-from speedladder.records.parallel import (
+from speedladder.records.parallel_section import (
     Bandwidth,
     KPrediction,
     MeasuredJob,
@@ -46,13 +46,27 @@ from speedladder.records.parallel import (
     ProbeSize,
     SingleProcess,
 )
-from speedladder.records.profile import CategoryTime, MatmulFacts, ProfilePrediction, ProfileSummary, StepFigures
-from speedladder.records.race import BudgetCheck, EqualTokens, PairedTest, RaceEntry, RaceRun, RaceSection, RaceStage
+from speedladder.records.profile_summary import (
+    CategoryTime,
+    MatmulFacts,
+    ProfilePrediction,
+    ProfileSummary,
+    StepFigures,
+)
+from speedladder.records.race_section import (
+    BudgetCheck,
+    EqualTokens,
+    PairedTest,
+    RaceEntry,
+    RaceRun,
+    RaceSection,
+    RaceStage,
+)
 from speedladder.records.results import Results, RunKind
-from speedladder.records.rung import Gate, Prediction, RungResult
-from speedladder.records.sweep import Crossover, SweepPoint, SweepRung, SweepSection, SweepSkip, SweepSummary
+from speedladder.records.rung_result import Gate, Prediction, RungResult
+from speedladder.records.sweep_section import Crossover, SweepPoint, SweepRung, SweepSection, SweepSkip, SweepSummary
 from speedladder.records.timing import TimingRecord, WindowRecord
-from speedladder.records.tune import TuneCandidate, TuneCommands, TuneJudge, TuneSection
+from speedladder.records.tune_section import TuneCandidate, TuneCommands, TuneJudge, TuneSection
 
 __all__ = [
     "EXTRA",

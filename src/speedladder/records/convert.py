@@ -1,11 +1,11 @@
-"""Records to and from their JSON form, by the one codec's rules (config/codec.py)."""
+"""Records to and from their JSON form, by the one codec's rules (codec.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from speedladder.config.codec import from_data, to_data
+from speedladder.codec import from_data, to_data
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""A rung's loss or missed prediction explained (profile/explain.py, profile/sides.py): its step and its base's,
+"""A rung's loss or missed prediction explained (profile/explain.py, profile/side_by_side.py): its step and its base's,
 profiled side by side and set against the timed figures."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Whether the machine was alone while a run timed its windows or a race its runs (measure/load.py), as a record.
+"""Whether the machine was alone while a run timed its windows or a race its runs (measure/machine_load.py), as a record.
 
 Every field has a default, so a file from before it loads (its `machine` is null: not read).
 """
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedladder.measure.load import Busy
+from speedladder.measure.machine_load import Busy
 
 NAMED = 10  # the busiest other processes kept (the header names the first three)
 

@@ -7,17 +7,17 @@ from enum import Enum
 from typing import Any
 
 from speedladder.config.resolved import Resolved
+from speedladder.models.model_record import SavedModel
 from speedladder.records.checks import LearnsCheck, Role
-from speedladder.records.corpus import CorpusRecord
-from speedladder.records.environment import Environment
+from speedladder.records.corpus_record import CorpusRecord
+from speedladder.records.header import Environment
 from speedladder.records.machine import MachineLoad
-from speedladder.records.model import SavedModel
-from speedladder.records.parallel import ParallelSection
-from speedladder.records.profile import ProfilePrediction, ProfileSummary
-from speedladder.records.race import RaceSection
-from speedladder.records.rung import RungResult
-from speedladder.records.sweep import SweepSection
-from speedladder.records.tune import TuneSection
+from speedladder.records.parallel_section import ParallelSection
+from speedladder.records.profile_summary import ProfilePrediction, ProfileSummary
+from speedladder.records.race_section import RaceSection
+from speedladder.records.rung_result import RungResult
+from speedladder.records.sweep_section import SweepSection
+from speedladder.records.tune_section import TuneSection
 
 
 class RunKind(str, Enum):
@@ -61,7 +61,7 @@ class Results:
     race: RaceSection | None = None  # `speedladder race`: time to a target val loss, over seeds
     machine: MachineLoad | None = None  # run, tune, race: other processes' load before and during the windows
     # The recipe's learning-rate schedule as the command made it (its length the recipe's, else the command's
-    # training: training/recipe.Schedule.describe); the recipe's values are in config.recipe.
+    # training: step/schedule.Schedule.describe); the recipe's values are in config.recipe.
     schedule: str | None = None
     error: str | None = None
     detail: str | None = None

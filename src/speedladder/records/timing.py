@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from speedladder.config.codec import from_data
+from speedladder.codec import from_data
 from speedladder.measure.timer import Timing
 
 

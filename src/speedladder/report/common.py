@@ -6,8 +6,8 @@ import sys
 
 from rich.console import Console
 
-from speedladder.climbing import verdicts
 from speedladder.config.resolved import Resolved
+from speedladder.ladder import builds_on
 from speedladder.records import Results, Role, RungResult, SavedModel
 
 STATUS_LABEL = {"skipped": "skipped", "oom": "OOM", "error": "error", "interrupted": "interrupted",
@@ -54,7 +54,7 @@ def not_built_upon(r: RungResult) -> str:
         return "gate"
     if r.role == Role.BESIDE:
         return "beside"
-    return verdicts.word(r) if r.not_built_upon else ""
+    return builds_on.word(r) if r.not_built_upon else ""
 
 
 def model_label(config: Resolved, model: SavedModel | None) -> str:

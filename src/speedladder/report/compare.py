@@ -17,12 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from speedladder import results
 from speedladder.errors import UsageError
 from speedladder.measure.judging import Spread, verdict
-from speedladder.records import Results
+from speedladder.records import Results, storage
 from speedladder.report import htmlkit
-from speedladder.report.race.compare import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows, ruler_warnings
+from speedladder.report.race_compare import FASTER, SLOWER, RaceRow, letters, race_columns, race_rows, ruler_warnings
 
 WITHIN = "within spread"
 PASSED, FAILED = "passed", "failed"
@@ -208,7 +207,7 @@ def labels_for(paths: Sequence[str]) -> list[str]:
 
 def load(paths: Sequence[str], drift_limit: float | None = None) -> Comparison:
     """Compare saved runs as their files hold them (docs/results.md): any schema this project has written."""
-    runs, labels = [results.load(p) for p in paths], labels_for(paths)
+    runs, labels = [storage.load(p) for p in paths], labels_for(paths)
     comp = compare(runs, labels)
     if drift_limit is None:
         return comp

@@ -25,11 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import PurePath
 
-from speedladder.climbing.verdicts import judged_by_race, ranked
-from speedladder.config.commands import CONFIG_FILE
 from speedladder.config.ladders import FULL_LADDER, LADDERS
-from speedladder.config.presets import CUDA_DEFAULT_PRESET, PRESETS
+from speedladder.config.settings import CONFIG_FILE
+from speedladder.ladder.builds_on import judged_by_race, ranked
 from speedladder.measure.judging import SHORT
+from speedladder.models.presets import CUDA_DEFAULT_PRESET, PRESETS
 from speedladder.profile.categories import COMPUTE, MEMORY, OVERHEAD
 from speedladder.records import LearnsCheck, ProfiledExplanation, Results, Role, RungResult, RunKind
 from speedladder.report.common import STATUS_LABEL, label, times

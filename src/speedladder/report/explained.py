@@ -1,6 +1,6 @@
 """Every loss and every missed prediction explained, in words and tables: read from saved results alone.
 
-A rung's `explanation` (profile/explain.py, profile/sides.py) sets its profiled step beside its base's, both against
+A rung's `explanation` (profile/explain.py, profile/side_by_side.py) sets its profiled step beside its base's, both against
 the timed figures; these lines and tables say it in the notes, and in report.html's profile section.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from speedladder.profile.sides import compiler_line, grew_line, sums
+from speedladder.profile.side_by_side import compiler_line, grew_line, sums
 from speedladder.records import ProfiledExplanation, Results, RungResult
 
 PERFETTO = "https://ui.perfetto.dev"

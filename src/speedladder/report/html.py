@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from speedladder.records import CorpusRecord, LearnsCheck, LossBand, Results, Role, RungResult, from_dict, to_dict
-from speedladder.report import conclusion, machine, summary, trust
-from speedladder.report import parallel as parallel_report
+from speedladder.report import conclusion, machine_notes, summary, trust
+from speedladder.report import scaling as parallel_report
 from speedladder.report.common import label, model_label
 from speedladder.report.explained import explanation_html
-from speedladder.report.gates import divergence_html, gates_html
+from speedladder.report.gate_details import divergence_html, gates_html
 from speedladder.report.htmlkit import (
     _figure,
     chip_text,
@@ -39,15 +39,15 @@ from speedladder.report.htmlkit import (
     svg_settings,
     table,
 )
-from speedladder.report.memory import field_of, memory_chart, memory_fields
+from speedladder.report.memory_notes import field_of, memory_chart, memory_fields
 from speedladder.report.mfu import device_peak
-from speedladder.report.profile import ms_of, roofline_line, share_of
-from speedladder.report.race.charts import race_figure, race_html
+from speedladder.report.profile_notes import ms_of, roofline_line, share_of
+from speedladder.report.race_charts import race_figure, race_html
 from speedladder.report.text import MFU, MFU_OWN, NOT_BUILT_UPON
 from speedladder.report.text import header as header_of
 from speedladder.report.text import notes as text_notes
 from speedladder.report.text import rows as text_rows
-from speedladder.report.tune import tune_lines
+from speedladder.report.tune_outcome import tune_lines
 from speedladder.report.waterfall import COLOURS, PREDICTED, waterfall_figure
 
 FILENAME = "report.html"
@@ -91,7 +91,7 @@ def header(saved: Results) -> str:
         ("date", f"{saved.created} (last written {saved.updated})"),
         ("git commit", e.git_commit or "unknown (not run from a speedladder checkout)"),
     ]
-    load = machine.html_value(saved)  # other processes before and during the windows, when read
+    load = machine_notes.html_value(saved)  # other processes before and during the windows, when read
     if load is not None:
         pairs.append(("machine", load))
     title = f"speedladder {kind} · {model_label(c, model)} on {e.device_name}"
@@ -101,7 +101,7 @@ def header(saved: Results) -> str:
     said = conclusion.of(saved)
     banner = (f'<p class="banner" id="interrupted">{esc(said.banner)}</p>\n' if said is not None and said.banner
               else "")
-    shared = machine.header_line(saved)  # other processes' load, where worth saying: where the reader starts
+    shared = machine_notes.header_line(saved)  # other processes' load, where worth saying: where the reader starts
     warning = f'<p class="missing" id="machine-not-alone">{esc(shared)}</p>\n' if shared else ""
     return (f'<header id="header">\n<h1>{esc(title)}</h1>\n<p class="glance">{esc(glance)}</p>\n'
             f"{trust_html(saved)}{warning}{banner}"

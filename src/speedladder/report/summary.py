@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from speedladder.config.commands import WINNER_FILE
+from speedladder.config.settings import WINNER_FILE
 from speedladder.records import RaceEntry, RaceSection, Results
 from speedladder.report import conclusion
 from speedladder.report.common import times
 from speedladder.report.conclusion import Conclusion
-from speedladder.report.race.text import BOUND_MARK
+from speedladder.report.race_table import BOUND_MARK
 
 
 @dataclass

@@ -8,10 +8,10 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
-from speedladder.climbing.verdicts import judged_by_race
+from speedladder.ladder.builds_on import judged_by_race
 from speedladder.measure.judging import SHORT
 from speedladder.records import LearnsCheck, Results, Role, RungResult, SavedModel
-from speedladder.report import conclusion, machine, trust
+from speedladder.report import conclusion, machine_notes, trust
 from speedladder.report.common import (
     STATUS_LABEL,
     console,
@@ -24,9 +24,9 @@ from speedladder.report.common import (
     times,
 )
 from speedladder.report.explained import explanation_notes, explanation_tables
-from speedladder.report.memory import memory_notes, peak_cell, saved_cell, short_bytes
+from speedladder.report.memory_notes import memory_notes, peak_cell, saved_cell, short_bytes
 from speedladder.report.mfu import DevicePeak, device_mfu_cell, device_note, device_peak, mfu_cell, mfu_notes
-from speedladder.report.profile import profile_notes
+from speedladder.report.profile_notes import profile_notes
 
 
 def _gate(r: RungResult) -> str:
@@ -336,7 +336,7 @@ def notes(results: Results) -> list[str]:
     out.extend(device_note(device_peak(results)) if ok else [])
     out.extend(mfu_notes(ok))
     out.extend(_window_note(ok))
-    out.extend(machine.window_lines(results))
+    out.extend(machine_notes.window_lines(results))
     out.extend(drift_lines(results))
     out.extend(_learns_note(results.learns_check))
     out.extend(memory_notes(results))
@@ -373,7 +373,7 @@ def print_report(results: Results, out: Console | None = None, wide: bool = Fals
     out = out or console()
     wide = wide and out.is_terminal
     c = conclusion.of(results, folder)
-    shared = machine.header_line(results)  # other processes' load, where worth saying: before anything else
+    shared = machine_notes.header_line(results)  # other processes' load, where worth saying: before anything else
     if shared:
         out.print(escape(shared), soft_wrap=True)
     out.print(escape(title(results)), soft_wrap=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from speedladder.config.commands import DRIFT_LIMIT
+from speedladder.config.settings import DRIFT_LIMIT
 from speedladder.measure.judging import SHORT
 from speedladder.records import Results, Role
-from speedladder.report import machine
+from speedladder.report import machine_notes
 
 # A rung whose windows spread (max - min over the median) more than this: its verdict can hardly be a win or a loss.
 NOISY = 0.10
@@ -93,13 +93,13 @@ def _machine(results: Results) -> Item | None:
     most = max(m.most, m.before or 0.0)
     # The hypervisor's steal slows every core of ours alike and is no process here: said apart, at the same threshold.
     steal = max(m.steal_most or 0.0, m.steal_before or 0.0)
-    stolen = f"; the hypervisor stole up to {steal:.2f} cores" if steal >= machine.threshold(m) else ""
-    if machine.worth_saying(m):
+    stolen = f"; the hypervisor stole up to {steal:.2f} cores" if steal >= machine_notes.threshold(m) else ""
+    if machine_notes.worth_saying(m):
         during = f" in {m.shared_windows} of {m.windows} windows" if m.shared_windows else ""
         during += f" in {m.shared_runs} of {m.runs} race runs" if m.shared_runs else ""
         return Item("machine", f"others used up to {most:.2f} of {m.cores} cores{during or ' before the first window'}"
                     + stolen, WARN)
-    text = "alone" if m.alone else f"others at most {most:.2f} of {m.cores} cores (under {machine.threshold(m):.2f})"
+    text = "alone" if m.alone else f"others at most {most:.2f} of {m.cores} cores (under {machine_notes.threshold(m):.2f})"
     return Item("machine", text + stolen, WARN if stolen else OK)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from speedladder.climbing.verdicts import judged_by_race
+from speedladder.ladder.builds_on import judged_by_race
 from speedladder.records import Results, Role, RungResult
 from speedladder.report import conclusion
 from speedladder.report.common import STATUS_LABEL, model_label, not_built_upon

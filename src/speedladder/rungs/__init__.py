@@ -1,12 +1,30 @@
-"""The techniques: every rung, built-in or a user's, declared through one API (api.py) into one registry, RUNGS.
+"""The techniques: every rung, built-in or a user's, declared through one API (registry.py) into one registry, RUNGS.
 
-builtin.py declares the source text's rungs and the ladder beyond (float8.py: the fp8 rungs' side of torchao);
-speedrun.py the speedrun's model records; load.py brings a user's rung files (--rung-file). Importing this package
-declares the built-in ones.
+builtin.py declares the source text's rungs and the ladder beyond (their model transforms are the models' own:
+models/transforms.py, models/float8.py for the fp8 rungs' side of torchao); speedrun.py the speedrun's model
+records; files.py brings a user's rung files (--rung-file). Importing this package declares the built-in ones.
 """
 
+from speedladder.models.float8 import (
+    FLOAT8_RECIPE,
+    float8_eligible,
+    float8_linears,
+    float8_matmul_params,
+    float8_transforms,
+)
+from speedladder.models.transforms import (
+    VOCAB_MULTIPLE,
+    Checkpointed,
+    PaddedHead,
+    SDPAttention,
+    checkpoint_blocks,
+    pad_vocab,
+    padded_vocab,
+    use_sdpa,
+)
 from speedladder.rungs import builtin, speedrun  # noqa: F401 -- declaring them registers them
-from speedladder.rungs.api import (
+from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
+from speedladder.rungs.registry import (
     BUILT_IN,
     CHANGES_FUNCTION,
     KINDS,
@@ -29,25 +47,7 @@ from speedladder.rungs.api import (
     rung,
     unregister,
 )
-from speedladder.rungs.builtin import (
-    VOCAB_MULTIPLE,
-    Checkpointed,
-    PaddedHead,
-    SDPAttention,
-    checkpoint_blocks,
-    pad_vocab,
-    padded_vocab,
-    use_sdpa,
-)
-from speedladder.rungs.float8 import (
-    FLOAT8_RECIPE,
-    float8_eligible,
-    float8_linears,
-    float8_matmul_params,
-    float8_transforms,
-)
-from speedladder.rungs.fuzz import UNIT_ROUNDOFF, rounding_fuzz
-from speedladder.spec import ADAMW_VARIANTS, Capability, StepSpec
+from speedladder.spec import ADAMW_VARIANTS, Capability
 
 __all__ = [
     "ADAMW_VARIANTS",
@@ -72,7 +72,6 @@ __all__ = [
     "RungDeclarer",
     "RungError",
     "SDPAttention",
-    "StepSpec",
     "architecture",
     "checkpoint_blocks",
     "compose",

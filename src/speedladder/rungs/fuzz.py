@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from speedladder.rungs.api import RungError
+from speedladder.rungs.registry import RungError
 
 UNIT_ROUNDOFF = {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.float16: 2.0 ** -11,
                  torch.bfloat16: 2.0 ** -8}

@@ -3,7 +3,7 @@
 modded-nanogpt's speedrun trains GPT-2 124M to 3.28 val loss on FineWeb as fast as it can; most of its records
 change the model rather than the kernels, and its README lists them: "Modernized architecture: Rotary embeddings,
 QK-Norm, and ReLU^2", and "Logit softcapping (following Gemma 2)", whose cap record 18 (01/04/25) lowered from 30
-to 15. Each rung below calls a hook of the model's: speedladder's GPT has them (gpt.py), and a user's model that
+to 15. Each rung below calls a hook of the model's: speedladder's GPT has them (models/gpt.py), and a user's model that
 defines a method of the same name climbs them too. They change the function, so they are architecture rungs: the
 causality probe, the learns-check and the race judge them, never the equivalence gates. They were found on GPT-2
 at scale; on a small model they may be noise or a loss, and the race says which.
@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from speedladder.gpt import GPTConfig
-from speedladder.rungs.api import Requirement, define
+from speedladder.models.gpt import GPTConfig
+from speedladder.rungs.registry import Requirement, define
 
 SOFTCAP = 15.0  # the speedrun's cap since its record 18 (it was 30 before)
 

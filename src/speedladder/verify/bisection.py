@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from speedladder.records import Distance, Explanation, Fp64, Gate
-from speedladder.step import TrainStep, matmul_precision
+from speedladder.step.train_step import TrainStep, matmul_precision
 from speedladder.verify import probes
 from speedladder.verify.distance import errors, judge
 from speedladder.verify.emulated_precision import Arithmetic
@@ -142,7 +142,7 @@ def _plain(name: str, known: dict[str, torch.Tensor]) -> str | None:
 
 
 @dataclass
-class Leaving:
+class Divergence:
     """The first module whose output or input gradient leaves the rounding band."""
 
     module: str
@@ -152,7 +152,7 @@ class Leaving:
     allowed: float
 
 
-def first_leaving(rung: Trace, eager: Trace, truth: Trace, precision: str) -> Leaving | None:
+def first_leaving(rung: Trace, eager: Trace, truth: Trace, precision: str) -> Divergence | None:
     """The first module in forward order whose output leaves k x eager's distance + the floor; else the first in
     backward order whose output's gradient does; None when every module stays in the band."""
     tol = TOLERANCES[precision]
@@ -165,7 +165,7 @@ def first_leaving(rung: Trace, eager: Trace, truth: Trace, precision: str) -> Le
             r, e = _rel(t, true[plain]), _rel(theirs[plain], true[plain])
             allowed = tol.k * e + tol.floor
             if not r <= allowed:
-                return Leaving(plain, where, r, e, allowed)
+                return Divergence(plain, where, r, e, allowed)
     return None
 
 

@@ -16,11 +16,11 @@ from collections.abc import Callable
 
 import torch
 
-from speedladder.data import BatchStream
+from speedladder.data.batches import BatchStream
 from speedladder.measure import devicemem
 from speedladder.records.checks import LearnsCheck, LossBand, TokensToTarget, not_applicable
-from speedladder.rungs import StepSpec
-from speedladder.step import TrainStep
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep
 from speedladder.verify import probes
 
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from speedladder.step import TrainStep
+from speedladder.step.train_step import TrainStep
 from speedladder.verify.kink_census import FLIPPABLE, Batch, Count, distances
 from speedladder.verify.probes import host_copy
 

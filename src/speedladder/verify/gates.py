@@ -1,5 +1,5 @@
 """The gates of a run: eager fp32's references, kept per batch shape, and every rung judged by the one rule
-(rule.py) against them (docs/measurement.md, rules 7, 9, 12 and 16).
+(gate_rule.py) against them (docs/measurement.md, rules 7, 9, 12 and 16).
 
 This module builds what the rule compares with, once each, from one fp32 and one float64 model per shape
 (reference.py), and turns a gate that cannot run into a failed gate, never a passed one.
@@ -12,20 +12,21 @@ from collections.abc import Callable
 
 import torch
 
-from speedladder.data import unigram_entropy
+from speedladder.data.corpus import unigram_entropy
 from speedladder.errors import is_oom, one_line
+from speedladder.models.capability import FP8_TRANSFORMS
 from speedladder.progress import Progress, task_of
 from speedladder.records import Explanation, Gate, Kinks, LearnsCheck, ReferenceCost
-from speedladder.rungs import StepSpec, architecture, float8_eligible
-from speedladder.spec import FP8_TRANSFORMS
-from speedladder.step import TrainStep, matmul_precision
-from speedladder.verify import curves, emulated_precision, kink_census, reference, rule
+from speedladder.rungs import architecture, float8_eligible
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep, matmul_precision
+from speedladder.step.workload import Workload, free_device_memory
+from speedladder.verify import curves, emulated_precision, gate_rule, kink_census, reference
 from speedladder.verify.distance import Errors, curve_error, errors
 from speedladder.verify.emulated_precision import Arithmetic
 from speedladder.verify.probes import Probe
 from speedladder.verify.reference import Batch, Reference
 from speedladder.verify.tolerance import ALL_ON, Refinements
-from speedladder.workload import Workload, free_device_memory
 
 # What a float64 step costs against an fp32 one, for the reference's estimate before it has run (on the CPUs it was
 # measured on, 1.7-2.3x; on a GPU without fast float64 it is more, and the bar's rate takes over once it runs).
@@ -66,7 +67,7 @@ class Gates:
     made the first time a rung needs it, and kept.
 
     For one rung (`check`): its shape's reference (timed by phase, shown with an estimate), then the rule
-    (rule.verdict). After the climb, `learns` trains the fastest rung that passed beside eager fp32.
+    (gate_rule.verdict). After the climb, `learns` trains the fastest rung that passed beside eager fp32.
 
     Leaves behind: a Gate record per rung (every check's figures, the seconds of its steps, the reference's cost where
     it built one, an explanation when it failed) and the rung's probe outputs, which the rungs built on it are
@@ -293,7 +294,7 @@ class Gates:
                 found = self.eager_reference(spec, step_ms)
                 if isinstance(found, str):
                     return Gate(passed=False, reference=True, detail=found), None
-                gate = rule.causality_only(step, found)
+                gate = gate_rule.causality_only(step, found)
                 mine = dataclasses.replace(found.probe, eager=True)
             else:
                 if ref is None:
@@ -307,9 +308,9 @@ class Gates:
                     f"loss band over {len(ref.batches)} batches" if spec.same_update else
                     f"tokens to AdamW's loss over {gates.target_steps} batches"))
                 with matmul_precision(spec):
-                    gate, mine = rule.verdict(step, ref, base, base_name, self,
-                                              rule.Settings(gates.loss_band, gates.target_steps))
-                rule.explain(step, ref, gate, self, self.refine, say)
+                    gate, mine = gate_rule.verdict(step, ref, base, base_name, self,
+                                              gate_rule.Settings(gates.loss_band, gates.target_steps))
+                gate_rule.explain(step, ref, gate, self, self.refine, say)
         except Exception as e:  # noqa: BLE001 -- the speed stays measured; the rung is unverified, so not passed
             why = "ran out of memory" if is_oom(e) else one_line(e)
             if eager not in self.references and not self.is_reference(spec):

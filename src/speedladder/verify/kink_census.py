@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from speedladder.records.checks import Kinks
-from speedladder.step import TrainStep
+from speedladder.step.train_step import TrainStep
 
 aten = torch.ops.aten
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from speedladder.records.checks import Causality, not_applicable
-from speedladder.step import TrainStep
+from speedladder.step.train_step import TrainStep
 from speedladder.verify.distance import Errors
 from speedladder.verify.tolerance import TOLERANCES
 
@@ -93,7 +93,7 @@ def outputs(step: TrainStep, weights: dict[str, torch.Tensor], batch: tuple[torc
     # A padded vocabulary is compared on the real one: its first rows and logits.
     kept = host_copy({n: step.reference_part(n, p.grad) for n, p in step.params.items()
                       if p.grad is not None}, keep) if grads else {}
-    if logits is None:  # a forward that returns a loss only (models/base.py): loss and gradients are compared
+    if logits is None:  # a forward that returns a loss only (models/definition.py): loss and gradients are compared
         logits = torch.empty(rows, x.shape[1], 0)
     return logits[:rows, :, :step.vocab_size].detach().to(keep).cpu(), float(loss.detach()), kept
 

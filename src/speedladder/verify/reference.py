@@ -34,9 +34,9 @@ import torch
 from speedladder.errors import is_oom, one_line
 from speedladder.measure import devicemem
 from speedladder.records.checks import Kinks
-from speedladder.rungs import StepSpec
 from speedladder.rungs.fuzz import attach
-from speedladder.step import TrainStep
+from speedladder.spec import StepSpec
+from speedladder.step.train_step import TrainStep
 from speedladder.verify import curves, flip_pricing, kink_census, probes
 from speedladder.verify.distance import Outputs, Truth, curve_error, errors
 from speedladder.verify.emulated_precision import Arithmetic

@@ -5,7 +5,7 @@ the patch."""
 import torch
 
 import speedladder
-from speedladder.step import TrainStep
+from speedladder.step.train_step import TrainStep
 
 _evaluate = TrainStep.evaluate
 

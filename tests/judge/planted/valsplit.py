@@ -2,7 +2,7 @@
 as a careful cheat would; the judge's data never reaches its process, and its guard names the attempt."""
 
 import speedladder
-from speedladder.data import holdout, load_corpus
+from speedladder.data.corpus import holdout, load_corpus
 
 try:
     VAL = holdout(load_corpus("timemachine", "char")).val.tokens
