@@ -507,12 +507,12 @@ def test_an_interrupted_waterfall_names_what_it_never_reached_and_its_best_so_fa
     (2, 0.30, None, "warn", "others used up to 0.30 of 2 cores in 1 of 10 windows"),  # on 2 cores it matters
 ])
 def test_the_trust_lines_machine_item_holds_load_and_steal_to_a_share_of_the_cores(cores, most, steal, level, words):
-    from speedladder.measure import load
+    from speedladder.measure import machine_load
     from speedladder.records import MachineLoad
     from speedladder.report import trust
 
-    m = MachineLoad(cores=cores, shared_cores=load.shared_cores(cores), before=0.1, windows=10, most=most,
-                    shared_windows=int(most >= load.shared_cores(cores)), steal_most=steal)
+    m = MachineLoad(cores=cores, shared_cores=machine_load.shared_cores(cores), before=0.1, windows=10, most=most,
+                    shared_windows=int(most >= machine_load.shared_cores(cores)), steal_most=steal)
     res = make([])
     res.machine = m
     item = trust._machine(res)

@@ -32,7 +32,7 @@ from speedladder.measure import counters, devicemem
 from speedladder.parallel import costmodel, section
 from speedladder.records import storage
 from speedladder.spec import StepSpec
-from speedladder.step.measurement import measure_spec
+from speedladder.step.measurement import Ranks, measure_spec
 from speedladder.step.train_step import matmul_precision
 from speedladder.step.workload import prepare
 
@@ -181,6 +181,15 @@ def param_check(group: Group, model: nn.Module) -> dict:
             "how": "every rank's parameters (FSDP2 shards all-gathered) compared with rank 0's, after the windows"}
 
 
+def job_ranks(group: Group) -> Ranks:
+    """How the job's ranks time a spec together: the compile count summed over ranks, so every rank ends its warm-up
+    on the same step; a barrier at each window's edges; the window tokens the whole job's (every rank does
+    tokens_per_step a step); on CUDA each rank sizes its windows from its own warm-up and the longest wins, so every
+    rank runs as many steps."""
+    return Ranks(world=group.world, counter=lambda: group.total(counters.compile_count()), edge=group.edge,
+                 agree=lambda n: int(group.max(n)))
+
+
 def train(job: dict, group: Group) -> dict:
     pcfg = ParallelConfig(**job["parallel_config"])
     work = prepare(run_from_results(job["run"], device=str(group.device)))
@@ -193,12 +202,7 @@ def train(job: dict, group: Group) -> dict:
         if os.environ.get(FAIL_RANK_ENV) == str(group.rank):
             raise RuntimeError(f"injected failure on rank {group.rank} ({FAIL_RANK_ENV})")
         say_0(f"on {group.world} ranks")
-        # The compile count is summed over ranks, so every rank ends its warm-up on the same step.
-        # Window tokens are the whole job's: every rank does tokens_per_step a step.
-        # On CUDA each rank sizes its windows from its own warm-up: the longest wins, so every rank runs as many steps.
-        m, step = measure_spec(work, spec, say_0, step=step, stream=stream, world=group.world,
-                               counter=lambda: group.total(counters.compile_count()), edge=group.edge,
-                               agree=lambda n: int(group.max(n)))
+        m, step = measure_spec(work, spec, say_0, step=step, stream=stream, ranks=job_ranks(group))
     per_rank = group.gather([w.seconds for w in m.timing.windows])
     if os.environ.get(DRIFT_RANK_ENV) == str(group.rank):  # fault injection: this rank's model drifts apart
         with torch.no_grad():

@@ -20,6 +20,21 @@ from speedladder.step.train_step import TrainStep, matmul_precision
 from speedladder.step.workload import Workload
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """How the processes of one job time a spec together. A process alone by default (ALONE); a torchrun job's
+    ranks are parallel/rank.py's (`job_ranks`): each rank ends its warm-up on the same step, lines its windows up
+    and takes one window length, and a window's tokens are the whole job's."""
+
+    world: int = 1  # processes, each doing spec.tokens_per_step a step
+    counter: Callable[[], int] = counters.compile_count  # compiles so far: a warm-up ends when it stops rising
+    edge: Callable[[], None] | None = None  # called at each window's edges (a job's barrier)
+    agree: Callable[[int], int] = lambda n: n  # the steps per window every process takes
+
+
+ALONE = Ranks()
+
+
 @dataclass
 class Measurement:
     """A spec's timed windows and what is derived from them (docs/measurement.md, rules 1-4 and 8)."""
@@ -83,8 +98,8 @@ def sized_windows(device: torch.device, size: bool | None) -> bool:
 
 def _window_steps(work: Workload, timings: list[timer.Timing], size: bool,
                   agree: Callable[[int], int]) -> int:
-    """Steps per window for a rung (and its base beside it), recorded on each timing; `agree` makes every rank
-    of a data-parallel job take the same count (the largest)."""
+    """Steps per window for a rung (and its base beside it), recorded on each timing; `agree` makes every process
+    of a job take the same count (Ranks.agree)."""
     t = work.cfg.run.timing
     min_s = t.min_window_s if size else 0.0
     step_s = timer.sizing_step_s(*timings) if size else None
@@ -141,18 +156,14 @@ def _others(meter: machine_load.Meter | None, first: machine_load.Snapshot | Non
 
 
 def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, base: StepSpec | None = None,
-                 step: TrainStep | None = None, stream: BatchStream | None = None,
-                 counter: Callable[[], int] = counters.compile_count, edge: Callable[[], None] | None = None,
-                 world: int = 1, size_windows: bool | None = None,
-                 agree: Callable[[int], int] = lambda n: n, meter: machine_load.Meter | None = None,
+                 step: TrainStep | None = None, stream: BatchStream | None = None, ranks: Ranks = ALONE,
+                 size_windows: bool | None = None, meter: machine_load.Meter | None = None,
                  compile_estimate_s: float | None = None, short_below: float | None = None
                  ) -> tuple[Measurement, TrainStep]:
     """Build (unless given), warm up and time one spec with the run's windows; the step is returned for the gates.
 
     With `base`, the base spec is built too and its windows interleaved with the spec's (timer.interleave), so the
-    comparison carries no drift. `world` processes each do spec.tokens_per_step a step (a data-parallel job counts
-    every rank's tokens); `counter`, `edge` and `agree` let such a job agree on its warm-up, line its windows up
-    across ranks and take one window length. On CUDA (or with `size_windows`) the steps per window come from the
+    comparison carries no drift. `ranks`: a process alone, or one rank of a job (Ranks). On CUDA (or with `size_windows`) the steps per window come from the
     warm-up's steady steps, so that a window lasts at least min_window_s. With a `meter` the machine's load is read
     at each window's edges (load.py). A compiled warm-up is shown as a task while it runs (against
     `compile_estimate_s`), its ticker stopped before the first window. `short_below`: see _interleave.
@@ -169,24 +180,24 @@ def measure_spec(work: Workload, spec: StepSpec, say: Callable[[str], None], *, 
         rec = recorded if spec.cudagraphs else None
         with task_of(say, "the first step (it compiles) and the warm-up", estimate_s=compile_estimate_s,
                      shown=spec.compile):
-            timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, counter, say, edge, rec)
+            timing = timer.warm_up(run, device, work.cfg.warmup, t.max_warmup, ranks.counter, say, ranks.edge, rec)
         peak, reserved = devicemem.peak_memory(device, held), devicemem.peak_reserved(device, held)  # before its base
         base_timing = None
         if base is None:
-            steps = _window_steps(work, [timing], size, agree)
+            steps = _window_steps(work, [timing], size, ranks.agree)
             first = meter.snapshot() if meter is not None else None
-            _alone(functools.partial(timer.time_window, run, device, world * spec.tokens_per_step, steps, counter,
-                                     edge, meter=meter), timing, t.windows, say)
+            _alone(functools.partial(timer.time_window, run, device, ranks.world * spec.tokens_per_step, steps,
+                                     ranks.counter, ranks.edge, meter=meter), timing, t.windows, say)
         else:
             base_step = work.step(base)
             base_run = _in_precision(base, timer.stepper(base_step, work.stream(base)))
             with task_of(say, "base: the first step (it compiles) and the warm-up", shown=base.compile):
-                base_timing = timer.warm_up(base_run, device, work.cfg.warmup, t.max_warmup, counter,
+                base_timing = timer.warm_up(base_run, device, work.cfg.warmup, t.max_warmup, ranks.counter,
                                               lambda m: say("base: " + m), None, recorded if base.cudagraphs else None)
-            steps = _window_steps(work, [timing, base_timing], size, agree)
+            steps = _window_steps(work, [timing, base_timing], size, ranks.agree)
             first = meter.snapshot() if meter is not None else None
             _interleave(functools.partial(timer.interleave, run, base_run, timing, base_timing, device,
-                                          spec.tokens_per_step, base.tokens_per_step, steps, counter=counter,
+                                          spec.tokens_per_step, base.tokens_per_step, steps, counter=ranks.counter,
                                           on_progress=say, meter=meter), timing, base_timing, t.windows, short_below, say)
             del base_step, base_run
     others = _others(meter, first, timing.windows + (base_timing.windows if base_timing is not None else []))
