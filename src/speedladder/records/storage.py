@@ -43,7 +43,7 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 def git_commit() -> str | None:
     """The commit of the speedladder source tree, with '-dirty' if it has changes; None if not a checkout."""
-    src = Path(__file__).resolve().parent  # the package's folder
+    src = Path(__file__).resolve().parents[1]  # the package's folder (this module is in its records/)
     top = _run(["git", "rev-parse", "--show-toplevel"], cwd=src)
     # An installed copy inside some other repository (a venv in a project) is not a speedladder checkout.
     if top is None or Path(top).resolve() / "src" / "speedladder" != src:
