@@ -166,3 +166,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def interrupt_at_window(monkeypatch: pytest.MonkeyPatch, n: int) -> None:
+    """Ctrl-C in the n-th timed window of a run (counting every window, a base's interleaved ones too)."""
+    real = timer.time_window
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timer, "time_window", interrupted)

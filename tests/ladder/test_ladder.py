@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import plant
+from conftest import interrupt_at_window, plant
 
 from speedladder import report
 from speedladder.cli import main
@@ -48,7 +48,6 @@ def source_run(tmp_path_factory) -> dict:
     import io
     import threading
 
-    from speedladder.measure import timer
 
     # Which progress tickers were alive as each timed window began: none may be (a thread beside the steps).
     real, tickers = timer.time_window, []
@@ -299,16 +298,7 @@ def test_out_of_memory_in_one_rung_is_recorded_and_the_ladder_goes_on(tmp_path, 
 
 
 def test_ctrl_c_keeps_the_results_so_far(tmp_path, monkeypatch, capsys):
-    real = timer.time_window
-    calls = []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 7:  # eager's 5 windows, then the 2nd of bf16's (interleaved with eager's)
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(timer, "time_window", interrupted)
+    interrupt_at_window(monkeypatch, 7)  # eager's 5 windows, then the 2nd of bf16's (interleaved with eager's)
     rc = main(["run", *FAST, "--rungs", "eager,bf16,ckpt", "--quiet", "--out", str(tmp_path)])
     assert rc == 130
     res = saved(tmp_path)

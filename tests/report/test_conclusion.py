@@ -10,12 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import resolved
+from conftest import interrupt_at_window, resolved
 from rich.console import Console
 
 from speedladder.cli import main
 from speedladder.ladder import builds_on
-from speedladder.measure import timer
 from speedladder.measure.judging import Spread
 from speedladder.records import (
     CorpusRecord,
@@ -371,16 +370,7 @@ def test_learns_steps_0_records_a_check_not_passed_and_the_run_never_says_it_lea
 
 
 def test_a_run_stopped_before_the_learns_check_records_it_not_run(tmp_path, monkeypatch, capsys):
-    real = timer.time_window
-    calls = []
-
-    def interrupted(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 7:  # eager's 5 windows, then the 2nd of bf16's (interleaved with eager's)
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(timer, "time_window", interrupted)
+    interrupt_at_window(monkeypatch, 7)  # eager's 5 windows, then the 2nd of bf16's (interleaved with eager's)
     assert main(["run", "--preset", "tiny", "--device", "cpu", "--rungs", "eager,bf16,batch", "--window-steps", "2",
                  "--loss-steps", "2", "--no-profile", "--no-process-peak", "--out", str(tmp_path)]) == 130
     out = capsys.readouterr().out
